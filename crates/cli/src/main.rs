@@ -1,0 +1,50 @@
+//! The `farmem` binary: a thin shell over the library crates. Each subcommand lives in its own
+//! file under `cmd/` and owns its argument struct; this file only parses and dispatches.
+#![forbid(unsafe_code)]
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// farmem: transparent remote memory for Linux programs.
+///
+/// A program runs with a local memory budget; the pages that do not fit live on donors
+/// (processes lending idle memory, usually on other machines) and come back on access.
+#[derive(Parser)]
+#[command(name = "farmem", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
+}
+
+fn main() -> std::process::ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    let result: anyhow::Result<std::process::ExitCode> = match cli.command {};
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("farmem: error: {err:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+/// Logs go to stderr; `FARMEM_LOG` (or `RUST_LOG`) sets the filter, default `info`.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("FARMEM_LOG")
+        .ok()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
