@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what farmem's build, tests and benchmarks need on a fresh Debian machine, then builds
+# farmem (release). Idempotent: a package already present is not fetched again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages: the C compiler for test programs, and the real programs the tests and
+# benchmarks run under farmem (/usr/bin/python3 with numpy and scikit-learn from Debian).
+PACKAGES=(build-essential pkg-config redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages: ${missing[*]} — run as root or install them with apt-get" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The packaged servers start themselves; farmem's tests and benchmarks start their own.
+  for svc in redis-server memcached; do
+    if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
+    if command -v service >/dev/null 2>&1; then service "$svc" stop >/dev/null 2>&1 || true; fi
+  done
+fi
+
+# Rust: the machine image ships rustup's toolchain; Debian's rustc is too old for the workspace.
+if ! command -v cargo >/dev/null 2>&1; then
+  for d in "$HOME/.cargo/bin" /root/.cargo/bin /usr/local/cargo/bin; do
+    [ -x "$d/cargo" ] && export PATH="$d:$PATH" && break
+  done
+fi
+command -v cargo >/dev/null 2>&1 || {
+  echo "setup: cargo not found: install Rust ≥ 1.80 (rustup) and re-run" >&2
+  exit 1
+}
+
+cargo build --release --workspace --locked 2>&1 | grep -Ev '^\s+(Compiling|Downloaded|Downloading)' >&2 || {
+  echo "setup: cargo build failed" >&2
+  exit 1
+}
