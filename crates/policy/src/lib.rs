@@ -18,6 +18,7 @@
 
 pub mod evict;
 mod linked;
+pub mod measures;
 
 pub mod prefetch;
 

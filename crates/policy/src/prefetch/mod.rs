@@ -3,9 +3,17 @@
 //! One file per prefetcher: [`leap`] (Leap's majority-trend prefetcher, per thread or per
 //! process), and its rivals [`none`], [`next_n`], [`stride`] and [`readahead`].
 
+pub mod leap;
+pub mod next_n;
 pub mod none;
+pub mod readahead;
+pub mod stride;
 
+pub use leap::{AccessHistory, Leap, LeapConfig};
+pub use next_n::{NextN, NextNConfig};
 pub use none::{NoPrefetch, NoPrefetchConfig};
+pub use readahead::{Readahead, ReadaheadConfig};
+pub use stride::{Stride, StrideConfig};
 
 use crate::PolicyError;
 
@@ -46,13 +54,30 @@ pub trait Prefetcher: Send {
     fn on_access(&mut self, access: &Access, out: &mut Vec<u64>);
 }
 
-/// Names accepted by [`by_name`].
-pub const NAMES: &[&str] = &["none"];
+/// Names accepted by [`by_name`]; `leap` (per-thread streams) is the default.
+pub const NAMES: &[&str] = &[
+    "leap",
+    "leap-process",
+    "none",
+    "next-n",
+    "stride",
+    "readahead",
+];
 
-/// The prefetcher called `name`, with its default configuration.
+/// The prefetcher called `name`, with its default configuration: `leap` (Leap, one history
+/// per thread), `leap-process` (Leap as published, one history per process), `none`, `next-n`,
+/// `stride`, `readahead`.
 pub fn by_name(name: &str) -> Result<Box<dyn Prefetcher>, PolicyError> {
     match name {
+        "leap" => Ok(Box::new(Leap::new(LeapConfig::default())?)),
+        "leap-process" => Ok(Box::new(Leap::new(LeapConfig {
+            per_thread: false,
+            ..LeapConfig::default()
+        })?)),
         "none" => Ok(Box::new(NoPrefetch::new(NoPrefetchConfig::default()))),
+        "next-n" => Ok(Box::new(NextN::new(NextNConfig::default())?)),
+        "stride" => Ok(Box::new(Stride::new(StrideConfig::default())?)),
+        "readahead" => Ok(Box::new(Readahead::new(ReadaheadConfig::default())?)),
         other => Err(PolicyError::UnknownPolicy {
             kind: "prefetch",
             name: other.to_string(),
@@ -79,7 +104,7 @@ mod tests {
         let err = by_name("oracle").err().expect("not a prefetcher");
         assert!(err
             .to_string()
-            .starts_with("unknown prefetch policy \"oracle\": choose one of none"));
+            .starts_with("unknown prefetch policy \"oracle\": choose one of leap, leap-process, none, next-n, stride, readahead"));
     }
 
     #[test]

@@ -1,0 +1,684 @@
+//! Leap's majority-trend prefetcher (Leap, ATC'20, section 3), per thread or per process.
+//!
+//! # Design
+//!
+//! Each stream keeps an [`AccessHistory`]: a circular buffer of the last H_size deltas between
+//! consecutive accesses (faults and prefetch hits; the first access records a delta of 0).
+//! [`AccessHistory::find_trend`] is the paper's FINDTREND: a Boyer-Moore majority vote over the
+//! newest `w = H_size / N_split` deltas, kept only if it occurs more than `w / 2` times, doubling
+//! `w` up to H_size until a majority is found.
+//!
+//! The prefetch window (GETPREFETCHWINDOWSIZE) follows the prefetch hits `C` since the previous
+//! prefetch: `C > 0` gives the next power of two ≥ `C + 1`, capped at PW_max; `C = 0` gives 1 if
+//! a trend exists now and 0 otherwise; and the window never falls below half the previous one,
+//! so it shrinks smoothly (8, 4, 2, 1, 0) and reaches 0, suspended, only when hits stay at zero.
+//! DOPREFETCH then brings `p + Δ, p + 2Δ, … p + PW·Δ` for the trend Δ, or, with no trend but a
+//! non-zero window, follows the previous trend speculatively; while suspended, nothing.
+//!
+//! **Streams.** `leap` keeps one history per thread id (the runtime knows which thread
+//! faulted), so interleaved strides from several threads are seen as the separate regular
+//! streams they are; Leap's paper uses one history per process (`leap-process`) and names
+//! thread-specific prefetching as future work. At most `max_streams` thread streams are kept;
+//! the least recently active is forgotten first.
+//!
+//! **Pipelining (our extension, `pipelined`, default on).** Leap's kernel prefetches only on a
+//! cache miss, so even a perfect sequential scan with PW_max = 8 faults once every 9 pages. Here
+//! the first page of each prefetched window is its *marker*: when the program hits the marker,
+//! the next window is computed at once (same window rule) and continues from the end of the
+//! previous window when the trend is unchanged, so a stream that keeps its trend stops faulting.
+//! This is the trigger Linux's file readahead uses (`PG_readahead`); the runtime can leave that
+//! page uninstalled to see the hit. With `pipelined = false` the prefetcher is the paper's.
+//!
+//! # Limitations
+//!
+//! The window grows from the prefetch hits the caller reports: a caller that sees only the
+//! marker hit (one per window) keeps windows of 2 pages.
+
+use std::collections::HashMap;
+
+use super::{offset, Access, Prefetcher};
+use crate::linked::LinkedSet;
+use crate::PolicyError;
+
+/// Configuration of [`Leap`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeapConfig {
+    /// H_size: number of deltas kept per stream. Default 32 (the paper's).
+    pub history_size: usize,
+    /// N_split: the first trend window is `history_size / n_split`. Default 4.
+    pub n_split: usize,
+    /// PW_max: largest prefetch window, in pages. Default 8 (the paper's).
+    pub max_window_pages: usize,
+    /// One history per thread id (true, `leap`) or one for the process (false, `leap-process`).
+    pub per_thread: bool,
+    /// Issue the next window when the marker page of the previous one is hit. Default true.
+    pub pipelined: bool,
+    /// Most thread streams kept at once (per-thread mode). Default 4096.
+    pub max_streams: usize,
+}
+
+impl Default for LeapConfig {
+    fn default() -> Self {
+        Self {
+            history_size: 32,
+            n_split: 4,
+            max_window_pages: 8,
+            per_thread: true,
+            pipelined: true,
+            max_streams: 4096,
+        }
+    }
+}
+
+impl LeapConfig {
+    fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |reason: String| {
+            Err(PolicyError::InvalidConfig {
+                policy: "leap",
+                reason,
+            })
+        };
+        if self.history_size < 2 || self.history_size > 4096 {
+            return bad(format!(
+                "history_size is {}; use 2..=4096 (the paper uses 32)",
+                self.history_size
+            ));
+        }
+        if self.n_split == 0 || self.n_split > self.history_size {
+            return bad(format!(
+                "n_split is {}; use 1..=history_size ({})",
+                self.n_split, self.history_size
+            ));
+        }
+        if self.max_window_pages == 0 || self.max_window_pages > 256 {
+            return bad(format!(
+                "max_window_pages is {}; use 1..=256 (the paper uses 8)",
+                self.max_window_pages
+            ));
+        }
+        if self.max_streams == 0 {
+            return bad("max_streams is 0; keep at least 1 stream".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Leap's ACCESSHISTORY: the last H_size deltas between consecutive accesses of one stream.
+#[derive(Debug, Clone)]
+pub struct AccessHistory {
+    deltas: Vec<i64>,
+    /// Index of the newest delta.
+    head: usize,
+    len: usize,
+    last_page: Option<u64>,
+}
+
+impl AccessHistory {
+    /// An empty history of `size` deltas (`size` ≥ 1).
+    pub fn new(size: usize) -> Self {
+        let size = size.max(1);
+        Self {
+            deltas: vec![0; size],
+            head: size - 1,
+            len: 0,
+            last_page: None,
+        }
+    }
+
+    /// Records an access to `page`; returns the delta stored (0 for the first access).
+    pub fn record(&mut self, page: u64) -> i64 {
+        let delta = match self.last_page {
+            Some(prev) => page.wrapping_sub(prev) as i64,
+            None => 0,
+        };
+        self.last_page = Some(page);
+        self.head = (self.head + 1) % self.deltas.len();
+        self.deltas[self.head] = delta;
+        self.len = (self.len + 1).min(self.deltas.len());
+        delta
+    }
+
+    /// The newest `k` deltas (fewer if fewer were recorded), newest first.
+    fn newest(&self, k: usize) -> impl Iterator<Item = i64> + '_ {
+        let size = self.deltas.len();
+        (0..k.min(self.len)).map(move |i| self.deltas[(self.head + size - i) % size])
+    }
+
+    /// FINDTREND: the majority delta of the newest `w` deltas, starting at
+    /// `w = size / n_split` and doubling up to `size`; a delta is the majority of a window of
+    /// `w` only if it occurs more than `w / 2` times in it (slots not yet filled vote for none).
+    pub fn find_trend(&self, n_split: usize) -> Option<i64> {
+        let size = self.deltas.len();
+        let mut w = (size / n_split.max(1)).max(1);
+        loop {
+            // Boyer-Moore majority vote, then a counting pass to confirm.
+            let mut candidate = 0i64;
+            let mut votes = 0usize;
+            for d in self.newest(w) {
+                if votes == 0 {
+                    candidate = d;
+                    votes = 1;
+                } else if d == candidate {
+                    votes += 1;
+                } else {
+                    votes -= 1;
+                }
+            }
+            if votes > 0 {
+                let count = self.newest(w).filter(|&d| d == candidate).count();
+                if count > w / 2 {
+                    return Some(candidate);
+                }
+            }
+            if w >= size {
+                return None;
+            }
+            w = (w * 2).min(size);
+        }
+    }
+}
+
+/// Per-stream state: history, window and the pipelining marker.
+#[derive(Debug, Clone)]
+struct Stream {
+    history: AccessHistory,
+    prev_window: usize,
+    hits_since_prefetch: usize,
+    last_trend: Option<i64>,
+    /// First page of the last window issued: its hit triggers the next window.
+    marker: Option<u64>,
+    /// Last page of the last window issued, and the delta it followed.
+    frontier: Option<(u64, i64)>,
+}
+
+impl Stream {
+    fn new(cfg: &LeapConfig) -> Self {
+        Self {
+            history: AccessHistory::new(cfg.history_size),
+            prev_window: 0,
+            hits_since_prefetch: 0,
+            last_trend: None,
+            marker: None,
+            frontier: None,
+        }
+    }
+
+    /// GETPREFETCHWINDOWSIZE.
+    fn window_size(&mut self, cfg: &LeapConfig, trend_now: bool) -> usize {
+        let hits = self.hits_since_prefetch;
+        let mut window = if hits == 0 {
+            usize::from(trend_now)
+        } else {
+            (hits + 1).next_power_of_two()
+        };
+        window = window.min(cfg.max_window_pages);
+        if window < self.prev_window / 2 {
+            window = self.prev_window / 2; // shrink smoothly
+        }
+        self.prev_window = window;
+        window
+    }
+
+    fn on_access(&mut self, cfg: &LeapConfig, access: &Access, out: &mut Vec<u64>) {
+        self.history.record(access.page);
+        let from_marker = if access.prefetch_hit {
+            self.hits_since_prefetch += 1;
+            if !(cfg.pipelined && self.marker == Some(access.page)) {
+                return; // Leap prefetches on faults (and, pipelined, on marker hits)
+            }
+            true
+        } else {
+            false
+        };
+        // DOPREFETCH
+        let trend = self.history.find_trend(cfg.n_split);
+        let window = self.window_size(cfg, trend.is_some());
+        self.hits_since_prefetch = 0;
+        self.marker = None;
+        if window == 0 {
+            return; // suspended until a new trend appears
+        }
+        let delta = match trend {
+            Some(d) => {
+                self.last_trend = Some(d);
+                d
+            }
+            None => match self.last_trend {
+                Some(d) => d, // speculative: follow the previous trend
+                None => return,
+            },
+        };
+        if delta == 0 {
+            return;
+        }
+        let base = match self.frontier {
+            Some((page, d)) if from_marker && d == delta => page,
+            _ => access.page,
+        };
+        let start = out.len();
+        for i in 1..=window as u64 {
+            if let Some(p) = offset(base, delta, i) {
+                out.push(p);
+            }
+        }
+        if out.len() > start {
+            self.marker = Some(out[start]);
+            self.frontier = out.last().map(|&p| (p, delta));
+        }
+    }
+}
+
+/// Leap's prefetcher; see the module docs.
+#[derive(Debug)]
+pub struct Leap {
+    cfg: LeapConfig,
+    process: Stream,
+    threads: HashMap<u32, Stream>,
+    /// Thread ids, least recently active first.
+    recency: LinkedSet,
+}
+
+impl Leap {
+    /// A Leap prefetcher; fails if `cfg` is out of range.
+    pub fn new(cfg: LeapConfig) -> Result<Self, PolicyError> {
+        cfg.validate()?;
+        Ok(Self {
+            process: Stream::new(&cfg),
+            threads: HashMap::new(),
+            recency: LinkedSet::new(),
+            cfg,
+        })
+    }
+
+    /// The trend the stream of `thread` (ignored per process) would follow now, if any.
+    pub fn current_trend(&self, thread: u32) -> Option<i64> {
+        let stream = if self.cfg.per_thread {
+            self.threads.get(&thread)?
+        } else {
+            &self.process
+        };
+        stream.history.find_trend(self.cfg.n_split)
+    }
+
+    /// The window size used by the last prefetch decision of `thread`'s stream.
+    pub fn current_window(&self, thread: u32) -> usize {
+        let stream = if self.cfg.per_thread {
+            self.threads.get(&thread)
+        } else {
+            Some(&self.process)
+        };
+        stream.map_or(0, |s| s.prev_window)
+    }
+}
+
+impl Prefetcher for Leap {
+    fn name(&self) -> &'static str {
+        if self.cfg.per_thread {
+            "leap"
+        } else {
+            "leap-process"
+        }
+    }
+
+    fn on_access(&mut self, access: &Access, out: &mut Vec<u64>) {
+        if !self.cfg.per_thread {
+            self.process.on_access(&self.cfg, access, out);
+            return;
+        }
+        let id = u64::from(access.thread);
+        if !self.recency.remove(id) && self.threads.len() >= self.cfg.max_streams {
+            if let Some(oldest) = self.recency.pop_front() {
+                self.threads.remove(&(oldest as u32));
+            }
+        }
+        self.recency.push_back(id);
+        let cfg = &self.cfg;
+        self.threads
+            .entry(access.thread)
+            .or_insert_with(|| Stream::new(cfg))
+            .on_access(cfg, access, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn miss(page: u64, thread: u32) -> Access {
+        Access {
+            page,
+            thread,
+            time_ns: 0,
+            prefetch_hit: false,
+        }
+    }
+    fn hit(page: u64, thread: u32) -> Access {
+        Access {
+            page,
+            thread,
+            time_ns: 0,
+            prefetch_hit: true,
+        }
+    }
+
+    /// Leap, section 3.2 and Figure 5: H_size 8, N_split 2.
+    #[test]
+    fn paper_worked_example_trends() {
+        let pages = [
+            0x48, 0x45, 0x42, 0x3F, 0x3C, 0x02, 0x04, 0x06, 0x08, 0x0A, 0x0C, 0x10, 0x39, 0x12,
+            0x14, 0x16,
+        ];
+        let mut h = AccessHistory::new(8);
+        let trends: Vec<Option<i64>> = pages
+            .iter()
+            .map(|&p| {
+                h.record(p);
+                h.find_trend(2)
+            })
+            .collect();
+        // The paper's checkpoints.
+        assert_eq!(trends[3], Some(-3), "t3: -3 within t0-t3");
+        assert_eq!(
+            trends[7], None,
+            "t7: neither t4-t7 nor t0-t7 has a majority"
+        );
+        assert_eq!(trends[8], Some(2), "t8: +2 within t5-t8");
+        assert_eq!(trends[15], Some(2), "t15: +2 within t8-t15 despite t11-t13");
+        // Every step, worked out by hand with the same rule.
+        let expected = [
+            None,
+            None,
+            None,
+            Some(-3),
+            Some(-3),
+            Some(-3),
+            None,
+            None,
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2),
+            Some(2),
+        ];
+        assert_eq!(trends, expected);
+    }
+
+    #[test]
+    fn history_stores_deltas_like_the_paper() {
+        // Section 4: faults 0x2, 0x5, 0x4, 0x6, 0x1, 0x9 store 0, +3, -1, +2, -5, +8.
+        let mut h = AccessHistory::new(32);
+        let d: Vec<i64> = [2u64, 5, 4, 6, 1, 9].iter().map(|&p| h.record(p)).collect();
+        assert_eq!(d, vec![0, 3, -1, 2, -5, 8]);
+    }
+
+    fn paper_leap() -> Leap {
+        Leap::new(LeapConfig {
+            pipelined: false,
+            ..LeapConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn window_grows_with_hits_and_caps_at_pw_max() {
+        let mut l = paper_leap();
+        let mut out = Vec::new();
+        for p in 0..3 {
+            l.on_access(&miss(p, 0), &mut out);
+        }
+        assert!(out.is_empty(), "no trend yet in 3 deltas of a window of 8");
+        // Deltas 0,1,1,1 then 0,1,1,1,1: a window of 8 needs five equal deltas.
+        l.on_access(&miss(3, 0), &mut out);
+        l.on_access(&miss(4, 0), &mut out);
+        assert!(out.is_empty());
+        l.on_access(&miss(5, 0), &mut out); // deltas 0,1,1,1,1,1: five 1s > 4
+        assert_eq!(out, vec![6], "no hits yet: window 1 along the trend");
+        out.clear();
+        l.on_access(&hit(6, 0), &mut out);
+        assert!(out.is_empty(), "the paper's Leap prefetches only on faults");
+        l.on_access(&miss(7, 0), &mut out); // 1 hit since last prefetch -> 2
+        assert_eq!(out, vec![8, 9]);
+        out.clear();
+        l.on_access(&hit(8, 0), &mut out);
+        l.on_access(&hit(9, 0), &mut out);
+        l.on_access(&miss(10, 0), &mut out); // 2 hits -> 4
+        assert_eq!(out, vec![11, 12, 13, 14]);
+        out.clear();
+        for p in 11..=14 {
+            l.on_access(&hit(p, 0), &mut out);
+        }
+        l.on_access(&miss(15, 0), &mut out); // 4 hits -> 8
+        assert_eq!(out, (16..=23).collect::<Vec<_>>());
+        out.clear();
+        for p in 16..=23 {
+            l.on_access(&hit(p, 0), &mut out);
+        }
+        l.on_access(&miss(24, 0), &mut out); // 8 hits -> 16, capped at 8
+        assert_eq!(out, (25..=32).collect::<Vec<_>>());
+        assert_eq!(l.current_window(0), 8);
+    }
+
+    #[test]
+    fn window_shrinks_smoothly_and_suspends_when_the_trend_stays_away() {
+        let mut l = paper_leap();
+        let mut out = Vec::new();
+        // A +1 trend with hits until the window is full (8).
+        for p in 0..6 {
+            l.on_access(&miss(p, 0), &mut out);
+        }
+        for _ in 0..4 {
+            let window: Vec<u64> = std::mem::take(&mut out);
+            for &p in &window {
+                l.on_access(&hit(p, 0), &mut out);
+            }
+            let next = window.last().copied().unwrap() + 1;
+            l.on_access(&miss(next, 0), &mut out);
+        }
+        assert_eq!(l.current_window(0), 8);
+        // Now scattered faults and no hits. The +1 majority survives in the larger windows for a
+        // while (window 1 along it, after halving from 8), then vanishes and the window reaches 0.
+        let mut state = 12345u64;
+        let mut steps = Vec::new();
+        for _ in 0..40 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let page = (state >> 20) % 1_000_000;
+            out.clear();
+            l.on_access(&miss(page, 0), &mut out);
+            steps.push((l.current_window(0), out.len(), l.current_trend(0)));
+        }
+        let windows: Vec<usize> = steps.iter().map(|s| s.0).collect();
+        assert_eq!(
+            &windows[..3],
+            &[4, 2, 1],
+            "halves, never drops straight to the new size"
+        );
+        let zero_at = windows
+            .iter()
+            .position(|&w| w == 0)
+            .expect("prefetching must stop");
+        for (i, &(w, issued, trend)) in steps.iter().enumerate() {
+            assert_eq!(issued, w, "step {i}: issues exactly the window");
+            if (3..zero_at).contains(&i) {
+                assert_eq!(
+                    (w, trend),
+                    (1, Some(1)),
+                    "step {i}: the old trend still holds"
+                );
+            }
+            if i >= zero_at {
+                assert_eq!(w, 0, "step {i}: suspended");
+            }
+        }
+    }
+
+    #[test]
+    fn speculative_prefetch_follows_the_previous_trend_while_the_window_lasts() {
+        let cfg = LeapConfig {
+            history_size: 4,
+            n_split: 1,
+            pipelined: false,
+            ..LeapConfig::default()
+        };
+        let mut l = Leap::new(cfg).unwrap();
+        let mut out = Vec::new();
+        for p in [0u64, 3, 6, 9] {
+            l.on_access(&miss(p, 0), &mut out);
+        }
+        assert_eq!(out, vec![12], "deltas 0,3,3,3: trend +3, window 1");
+        out.clear();
+        l.on_access(&hit(12, 0), &mut out);
+        l.on_access(&miss(15, 0), &mut out);
+        assert_eq!(out, vec![18, 21]);
+        out.clear();
+        l.on_access(&hit(18, 0), &mut out);
+        l.on_access(&hit(21, 0), &mut out);
+        l.on_access(&miss(24, 0), &mut out);
+        assert_eq!(out, vec![27, 30, 33, 36]);
+        out.clear();
+        for p in [27, 30, 33, 36] {
+            l.on_access(&hit(p, 0), &mut out);
+        }
+        l.on_access(&miss(100, 0), &mut out); // deltas 3,3,3,64: still +3; 4 hits -> 8
+        assert_eq!(out, (1..=8).map(|i| 100 + 3 * i).collect::<Vec<_>>());
+        let mut issued = Vec::new();
+        for p in [500u64, 7, 2000, 40, 41] {
+            out.clear();
+            l.on_access(&miss(p, 0), &mut out);
+            assert_eq!(l.current_trend(0), None, "no majority after {p}");
+            issued.push(out.clone());
+        }
+        assert_eq!(
+            issued,
+            vec![
+                vec![503, 506, 509, 512],
+                vec![10, 13],
+                vec![2003],
+                vec![],
+                vec![]
+            ],
+            "no trend: previous +3 followed speculatively while the window shrinks 4, 2, 1, 0"
+        );
+    }
+
+    #[test]
+    fn pipelined_marker_hit_extends_the_window_without_faults() {
+        let mut l = Leap::new(LeapConfig::default()).unwrap();
+        let mut out = Vec::new();
+        for p in 0..6 {
+            l.on_access(&miss(p, 0), &mut out);
+        }
+        assert_eq!(out, vec![6]);
+        // Simulate a program that only hits prefetched pages from now on.
+        let mut faults = 0;
+        let mut issued: std::collections::VecDeque<u64> = out.drain(..).collect();
+        let mut page = 6;
+        while page < 200 {
+            let is_hit = issued.front() == Some(&page);
+            if is_hit {
+                issued.pop_front();
+            } else {
+                faults += 1;
+                issued.clear();
+            }
+            let mut new = Vec::new();
+            l.on_access(
+                &Access {
+                    page,
+                    thread: 0,
+                    time_ns: 0,
+                    prefetch_hit: is_hit,
+                },
+                &mut new,
+            );
+            issued.extend(new.into_iter().filter(|&p| p > page));
+            page += 1;
+        }
+        assert_eq!(
+            faults, 0,
+            "a sequential stream never faults once the trend is found"
+        );
+        assert_eq!(l.current_window(0), 8);
+    }
+
+    #[test]
+    fn per_thread_streams_separate_interleaved_strides() {
+        let mut per_thread = Leap::new(LeapConfig::default()).unwrap();
+        let mut per_process = Leap::new(LeapConfig {
+            per_thread: false,
+            ..LeapConfig::default()
+        })
+        .unwrap();
+        let strides = [3u64, 5, 7, 11];
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for i in 0..40u64 {
+            for (t, s) in strides.iter().enumerate() {
+                let page = (t as u64) * 1_000_000 + i * s;
+                let acc = miss(page, t as u32);
+                per_thread.on_access(&acc, &mut a);
+                per_process.on_access(&acc, &mut b);
+            }
+        }
+        for (t, s) in strides.iter().enumerate() {
+            assert_eq!(per_thread.current_trend(t as u32), Some(*s as i64));
+        }
+        assert_eq!(
+            per_process.current_trend(0),
+            None,
+            "interleaving hides every stride"
+        );
+        assert!(b.is_empty(), "per process: never a trend, never a prefetch");
+        assert!(
+            a.len() >= 4 * 30,
+            "per thread: each stream prefetches: {}",
+            a.len()
+        );
+    }
+
+    #[test]
+    fn stream_table_is_bounded() {
+        let mut l = Leap::new(LeapConfig {
+            max_streams: 2,
+            ..LeapConfig::default()
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        for t in 0..5 {
+            l.on_access(&miss(7, t), &mut out);
+        }
+        assert_eq!(l.threads.len(), 2);
+        assert!(l.threads.contains_key(&3) && l.threads.contains_key(&4));
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected_with_the_reason() {
+        let e = Leap::new(LeapConfig {
+            n_split: 0,
+            ..LeapConfig::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid leap configuration: n_split is 0; use 1..=history_size (32)"
+        );
+        assert!(Leap::new(LeapConfig {
+            history_size: 1,
+            ..LeapConfig::default()
+        })
+        .is_err());
+        assert!(Leap::new(LeapConfig {
+            max_window_pages: 0,
+            ..LeapConfig::default()
+        })
+        .is_err());
+        assert!(Leap::new(LeapConfig {
+            max_streams: 0,
+            ..LeapConfig::default()
+        })
+        .is_err());
+    }
+}
