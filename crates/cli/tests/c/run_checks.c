@@ -1,0 +1,276 @@
+/*
+ * The C test program of `farmem run` (crates/cli/tests/run_c_program.rs).
+ *
+ * Usage: run_checks DATA_MIB
+ * DATA_MIB is the size of the working set each check uses; run it under a budget well below
+ * it so pages are evicted between writing and checking. Prints "ok NAME" per check and exits
+ * 0, or prints "FAIL NAME: why" and exits 1.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static size_t data_bytes;
+static const size_t PAGE = 4096;
+
+#define FAIL(name, ...)                                                                  \
+    do {                                                                                 \
+        fprintf(stderr, "FAIL %s: ", name);                                              \
+        fprintf(stderr, __VA_ARGS__);                                                    \
+        fprintf(stderr, "\n");                                                           \
+        exit(1);                                                                         \
+    } while (0)
+
+static inline uint64_t pattern(uint64_t seed, size_t i) {
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)i * 0xBF58476D1CE4E5B9ULL;
+    return x ^ (x >> 29);
+}
+
+static void fill(uint64_t *p, size_t words, uint64_t seed) {
+    for (size_t i = 0; i < words; i++) p[i] = pattern(seed, i);
+}
+
+/* Returns the index of the first wrong word, or SIZE_MAX. */
+static size_t check(const uint64_t *p, size_t words, uint64_t seed) {
+    for (size_t i = 0; i < words; i++)
+        if (p[i] != pattern(seed, i)) return i;
+    return SIZE_MAX;
+}
+
+/* Touches `bytes` of other memory so that earlier pages get evicted. */
+static void pressure(size_t bytes) {
+    uint64_t *q = malloc(bytes);
+    if (!q) FAIL("pressure", "malloc(%zu) failed", bytes);
+    fill(q, bytes / 8, 99);
+    free(q);
+}
+
+static void check_api(void) {
+    const char *n = "malloc-api";
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, 10000) != 0 || ((uintptr_t)p & 4095)) FAIL(n, "posix_memalign");
+    free(p);
+    if (posix_memalign(&p, 3, 10) != EINVAL) FAIL(n, "posix_memalign(3) must be EINVAL");
+    p = aligned_alloc(256, 1024);
+    if (!p || ((uintptr_t)p & 255)) FAIL(n, "aligned_alloc");
+    free(p);
+    p = memalign(1 << 16, 100);
+    if (!p || ((uintptr_t)p & 0xffff)) FAIL(n, "memalign");
+    free(p);
+    p = valloc(1);
+    if (!p || ((uintptr_t)p & 4095)) FAIL(n, "valloc");
+    free(p);
+    p = pvalloc(5000);
+    if (!p || ((uintptr_t)p & 4095) || malloc_usable_size(p) < 8192) FAIL(n, "pvalloc");
+    free(p);
+    char *s = malloc(100);
+    if (!s || malloc_usable_size(s) < 100) FAIL(n, "malloc_usable_size");
+    memset(s, 'x', 100);
+    s = realloc(s, 1 << 20);
+    for (int i = 0; i < 100; i++)
+        if (s[i] != 'x') FAIL(n, "realloc lost data");
+    errno = 1234;
+    free(s);
+    if (errno != 1234) FAIL(n, "free changed errno");
+    errno = 0;
+    if (reallocarray(NULL, SIZE_MAX / 2, 3) != NULL || errno != ENOMEM) FAIL(n, "reallocarray overflow");
+    errno = 0;
+    if (calloc(SIZE_MAX / 2, 3) != NULL || errno != ENOMEM) FAIL(n, "calloc overflow");
+    if (malloc_usable_size(NULL) != 0) FAIL(n, "malloc_usable_size(NULL)");
+    p = strdup("glibc allocates through us");
+    free(p);
+    printf("ok %s\n", n);
+}
+
+static void check_read_into_evicted(void) {
+    const char *n = "read-into-evicted";
+    size_t words = data_bytes / 8;
+    uint64_t *buf = malloc(data_bytes);
+    if (!buf) FAIL(n, "malloc");
+    fill(buf, words, 1);
+    pressure(data_bytes);
+    /* a file with 1 MiB of known bytes, read into the (evicted) start of buf */
+    char path[] = "/tmp/farmem-run-checks-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) FAIL(n, "mkstemp");
+    unlink(path);
+    size_t file_bytes = 1 << 20;
+    uint64_t *src = malloc(file_bytes);
+    fill(src, file_bytes / 8, 7);
+    if (write(fd, src, file_bytes) != (ssize_t)file_bytes) FAIL(n, "write");
+    free(src);
+    pressure(data_bytes);
+    if (lseek(fd, 0, SEEK_SET) != 0) FAIL(n, "lseek");
+    ssize_t got = read(fd, buf, file_bytes);
+    if (got != (ssize_t)file_bytes) FAIL(n, "read returned %zd (errno %d: %s)", got, errno, strerror(errno));
+    close(fd);
+    size_t bad = check(buf, file_bytes / 8, 7);
+    if (bad != SIZE_MAX) FAIL(n, "word %zu of the read data is wrong", bad);
+    for (size_t i = file_bytes / 8; i < words; i++)
+        if (buf[i] != pattern(1, i)) FAIL(n, "word %zu after the read is wrong", i);
+    free(buf);
+    printf("ok %s\n", n);
+}
+
+struct thread_arg {
+    uint64_t *mem;
+    size_t words;
+    int id;
+    int failed;
+};
+
+static void *thread_main(void *v) {
+    struct thread_arg *a = v;
+    for (int round = 0; round < 3; round++) {
+        uint64_t seed = (uint64_t)a->id * 100 + (uint64_t)round;
+        fill(a->mem, a->words, seed);
+        /* small allocations from every thread too */
+        for (int k = 0; k < 2000; k++) {
+            char *s = malloc(16 + (size_t)(k % 200));
+            s[0] = (char)k;
+            free(s);
+        }
+        if (check(a->mem, a->words, seed) != SIZE_MAX) a->failed = 1;
+    }
+    return NULL;
+}
+
+static void check_threads(void) {
+    const char *n = "threads";
+    pthread_t t[8];
+    struct thread_arg a[8];
+    for (int i = 0; i < 8; i++) {
+        a[i].words = data_bytes / 8 / 8;
+        a[i].mem = malloc(a[i].words * 8);
+        if (!a[i].mem) FAIL(n, "malloc");
+        a[i].id = i;
+        a[i].failed = 0;
+        if (pthread_create(&t[i], NULL, thread_main, &a[i]) != 0) FAIL(n, "pthread_create");
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        if (a[i].failed) FAIL(n, "thread %d read back wrong data", i);
+        free(a[i].mem);
+    }
+    printf("ok %s\n", n);
+}
+
+static void check_fork(void) {
+    const char *n = "fork";
+    size_t words = data_bytes / 8;
+    uint64_t *buf = malloc(data_bytes);
+    if (!buf) FAIL(n, "malloc");
+    fill(buf, words, 3);
+    pressure(data_bytes); /* most of buf is now evicted */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) FAIL(n, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* the child: every byte as at the moment of the fork */
+        size_t bad = check(buf, words, 3);
+        if (bad != SIZE_MAX) {
+            fprintf(stderr, "FAIL fork: child saw word %zu wrong\n", bad);
+            _exit(1);
+        }
+        /* and the child can allocate and write memory of its own */
+        uint64_t *mine = malloc(data_bytes / 4);
+        fill(mine, data_bytes / 32, 5);
+        if (check(mine, data_bytes / 32, 5) != SIZE_MAX) _exit(2);
+        _exit(0);
+    }
+    /* the parent keeps writing while the child checks */
+    fill(buf, words, 4);
+    int status;
+    if (waitpid(pid, &status, 0) != pid) FAIL(n, "waitpid");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) FAIL(n, "child failed (status %d)", status);
+    if (check(buf, words, 4) != SIZE_MAX) FAIL(n, "parent's data changed");
+    free(buf);
+    printf("ok %s\n", n);
+}
+
+static void check_mremap(void) {
+    const char *n = "mremap-grow";
+    size_t first = 32UL << 20;
+    uint64_t *m = mmap(NULL, first, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap");
+    fill(m, first / 8, 11);
+    uint64_t *g = mremap(m, first, data_bytes, MREMAP_MAYMOVE);
+    if (g == MAP_FAILED) FAIL(n, "mremap: %s", strerror(errno));
+    if (check(g, first / 8, 11) != SIZE_MAX) FAIL(n, "data moved wrong");
+    uint64_t *tail = g + first / 8;
+    size_t tail_words = (data_bytes - first) / 8;
+    for (size_t i = 0; i < tail_words; i++)
+        if (tail[i] != 0) FAIL(n, "grown part not zero at word %zu", i);
+    fill(tail, tail_words, 12);
+    pressure(data_bytes);
+    if (check(g, first / 8, 11) != SIZE_MAX) FAIL(n, "old part wrong after pressure");
+    if (check(tail, tail_words, 12) != SIZE_MAX) FAIL(n, "new part wrong after pressure");
+    if (munmap(g, data_bytes) != 0) FAIL(n, "munmap");
+    printf("ok %s\n", n);
+}
+
+static void check_dontneed(void) {
+    const char *n = "madv-dontneed";
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap");
+    fill(m, data_bytes / 8, 13);
+    pressure(data_bytes);
+    size_t half = data_bytes / 2;
+    if (madvise(m, half, MADV_DONTNEED) != 0) FAIL(n, "madvise");
+    for (size_t i = 0; i < half / 8; i++)
+        if (m[i] != 0) FAIL(n, "word %zu not zero after MADV_DONTNEED", i);
+    for (size_t i = half / 8; i < data_bytes / 8; i++)
+        if (m[i] != pattern(13, i)) FAIL(n, "word %zu beyond the advised range changed", i);
+    /* MADV_FREE: either the old data or zeros, never anything else */
+    if (madvise(m + half / 8, half, MADV_FREE) != 0) FAIL(n, "madvise(MADV_FREE)");
+    for (size_t i = half / 8; i < data_bytes / 8; i++)
+        if (m[i] != 0 && m[i] != pattern(13, i)) FAIL(n, "word %zu garbage after MADV_FREE", i);
+    fill(m, data_bytes / 8, 14);
+    pressure(data_bytes);
+    if (check(m, data_bytes / 8, 14) != SIZE_MAX) FAIL(n, "rewrite lost");
+    munmap(m, data_bytes);
+    printf("ok %s\n", n);
+}
+
+static void check_calloc(void) {
+    const char *n = "calloc-zero";
+    /* dirty memory first, then free it, so calloc may get it back */
+    uint64_t *d = malloc(data_bytes);
+    fill(d, data_bytes / 8, 21);
+    free(d);
+    uint64_t *z = calloc(data_bytes / 8, 8);
+    if (!z) FAIL(n, "calloc");
+    for (size_t i = 0; i < data_bytes / 8; i++)
+        if (z[i] != 0) FAIL(n, "word %zu not zero", i);
+    free(z);
+    printf("ok %s\n", n);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s DATA_MIB\n", argv[0]);
+        return 2;
+    }
+    data_bytes = (size_t)strtoul(argv[1], NULL, 10) << 20;
+    if (data_bytes < (64UL << 20)) {
+        fprintf(stderr, "DATA_MIB must be at least 64\n");
+        return 2;
+    }
+    check_api();
+    check_read_into_evicted();
+    check_threads();
+    check_fork();
+    check_mremap();
+    check_dontneed();
+    check_calloc();
+    printf("all checks passed\n");
+    return 0;
+}

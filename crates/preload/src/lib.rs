@@ -1,0 +1,239 @@
+//! farmem's `LD_PRELOAD` library: puts an unmodified, dynamically linked program's heap and
+//! large anonymous mappings into far-memory regions paged by the farmem runtime.
+//!
+//! `farmem run` starts the program with this library preloaded and its options in
+//! `FARMEM_RUN_*` variables ([`config`]). The library's constructor reads them, removes them
+//! (and itself from `LD_PRELOAD`) from the environment, starts the runtime, and from then on:
+//!
+//! - the malloc family (malloc, free, calloc, realloc, reallocarray, posix_memalign,
+//!   aligned_alloc, memalign, valloc, pvalloc, malloc_usable_size) is served by mimalloc over
+//!   the *heap span*, one reserved private anonymous range handed to mimalloc in chunks, each a
+//!   region;
+//! - private anonymous writable `mmap`s of at least the threshold become regions;
+//! - runtime threads (marked by the runtime's thread hook) and farmem code running on a
+//!   program thread allocate from glibc, never from region memory.
+//!
+//! # Design
+//!
+//! The exported C symbols are one-line trampolines to `src/shim.c`, which holds every
+//! decision: routing needs thread-local flags of the initial-exec TLS model (a global-dynamic
+//! thread-local goes through `__tls_get_addr`, which can call malloc), and stable Rust cannot
+//! ask for that model. Calls that arrive before the constructor has run (the dynamic loader's
+//! and libc's own start-up) are served by glibc's exported `__libc_malloc` family; `free`,
+//! `realloc` and `malloc_usable_size` route by address, so either kind of pointer can be
+//! passed to them at any time. See docs/architecture.md, "Preload library".
+//!
+//! # Limitations
+//!
+//! - Statically linked programs cannot be reached by `LD_PRELOAD` (`farmem run` refuses them).
+//! - `MADV_FREE` is turned into `MADV_DONTNEED` while regions are active (allowed by its
+//!   semantics; the kernel would otherwise drop region pages without telling the runtime).
+//! - Alignments above 32 MiB (which mimalloc's arenas cannot serve) come from glibc.
+
+pub mod config;
+mod exports;
+mod glue;
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+use config::Config;
+// The allocator: shim.c calls mimalloc, whose static library this crate dependency links in.
+use libmimalloc_sys as _;
+
+/// Exit status of a program whose farmem start-up failed inside the library.
+pub const EXIT_PRELOAD_FAILED: c_int = 125;
+
+/// Counters the shim keeps (mirrors `struct fm_counters` in shim.c).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct ShimCounters {
+    /// Bytes of the heap span handed to the allocator (each chunk a region).
+    pub heap_bytes: u64,
+    /// Program mappings made regions by the mmap interposition.
+    pub mmap_regions: u64,
+    /// Their total length.
+    pub mmap_region_bytes: u64,
+    /// Mappings the runtime refused to adopt (left as ordinary memory).
+    pub register_failures: u64,
+    /// `MADV_FREE` calls turned into `MADV_DONTNEED`.
+    pub madv_free_converted: u64,
+}
+
+pub(crate) mod shim {
+    //! Declarations of `src/shim.c`.
+    use std::ffi::{c_int, c_void};
+
+    extern "C" {
+        pub fn fm_internal_enter();
+        pub fn fm_internal_leave();
+        pub fn fm_mark_runtime_thread();
+        pub fn fm_uses_glibc() -> c_int;
+        pub fn fm_heap_init(reserve_bytes: usize, first_chunk_bytes: usize) -> c_int;
+        pub fn fm_heap_set_ready();
+        pub fn fm_set_mmap_threshold(bytes: usize);
+        pub fn fm_set_regions_active(on: c_int);
+        pub fn fm_heap_bounds(lo: *mut usize, span: *mut usize);
+        pub fn fm_counters(out: *mut super::ShimCounters);
+        pub fn fm_resolve_symbols();
+        pub fn fm_malloc(size: usize) -> *mut c_void;
+        pub fn fm_free(ptr: *mut c_void);
+    }
+}
+
+/// Runs `f` as farmem code: whatever it allocates on this thread comes from glibc.
+pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            // SAFETY: fm_internal_leave only decrements this thread's initial-exec counter,
+            // balanced with the enter below.
+            unsafe { shim::fm_internal_leave() }
+        }
+    }
+    // SAFETY: fm_internal_enter only increments this thread's initial-exec counter.
+    unsafe { shim::fm_internal_enter() };
+    let _leave = Leave;
+    f()
+}
+
+/// Marks the calling thread as a runtime thread for good: it allocates from glibc only.
+pub fn mark_runtime_thread() {
+    // SAFETY: sets this thread's initial-exec flag; no other effect.
+    unsafe { shim::fm_mark_runtime_thread() }
+}
+
+/// The shim's counters.
+pub fn shim_counters() -> ShimCounters {
+    let mut c = ShimCounters::default();
+    // SAFETY: `c` is a valid, writable repr(C) struct matching `struct fm_counters`.
+    unsafe { shim::fm_counters(&mut c) };
+    c
+}
+
+/// The heap span `[lo, lo + span)` (both 0 before the heap exists).
+pub fn heap_bounds() -> (usize, usize) {
+    let (mut lo, mut span) = (0usize, 0usize);
+    // SAFETY: both pointers are valid and writable; the shim only stores two words.
+    unsafe { shim::fm_heap_bounds(&mut lo, &mut span) };
+    (lo, span)
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// The configuration the library started with (None when it is inactive).
+pub(crate) fn active_config() -> Option<&'static Config> {
+    CONFIG.get()
+}
+
+/// Prints a farmem error on stderr and ends the process without running the program further.
+pub(crate) fn fatal(msg: &str) -> ! {
+    eprintln!("farmem: error: {msg}");
+    // SAFETY: _exit ends the process; no invariant to uphold.
+    unsafe { libc::_exit(EXIT_PRELOAD_FAILED) }
+}
+
+/// Reads the configuration and removes farmem's variables and this library from the
+/// environment the program (and anything it execs) sees.
+fn take_config() -> Result<Option<Config>, config::ConfigError> {
+    let vars: HashMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with(config::PREFIX))
+        .collect();
+    let parsed = Config::from_vars(&vars);
+    for key in vars.keys() {
+        std::env::remove_var(key);
+    }
+    if let Ok(Some(cfg)) = &parsed {
+        match cfg.orig_ld_preload.as_deref() {
+            None | Some("") => std::env::remove_var("LD_PRELOAD"),
+            Some(orig) => std::env::set_var("LD_PRELOAD", orig),
+        }
+    }
+    parsed
+}
+
+/// The constructor: runs before the program's own constructors and `main`.
+extern "C" fn init() {
+    internal(|| {
+        // SAFETY: resolves glibc symbols with dlsym while this thread allocates from glibc.
+        unsafe { shim::fm_resolve_symbols() };
+        let cfg = match take_config() {
+            Ok(Some(cfg)) => cfg,
+            Ok(None) => {
+                eprintln!(
+                    "farmem: libfarmem_preload.so was preloaded without `farmem run`; it stays \
+                     inactive (start the program with `farmem run --local-mem SIZE -- ...`)"
+                );
+                return;
+            }
+            Err(e) => fatal(&e.to_string()),
+        };
+        let cfg = CONFIG.get_or_init(|| cfg);
+        if let Err(e) = glue::start(cfg) {
+            fatal(&e);
+        }
+        let first_chunk = (cfg.budget_bytes / 2).clamp(64 << 20, 1 << 30);
+        // SAFETY: called once, from the constructor, before the heap is marked ready; the
+        // shim reserves a fresh span and registers its first chunk through glue::register.
+        let err =
+            unsafe { shim::fm_heap_init(cfg.heap_reserve_bytes as usize, first_chunk as usize) };
+        if err != 0 {
+            fatal(&format!(
+                "could not set up the program's heap ({}); lower FARMEM_RUN_HEAP_RESERVE_BYTES \
+                 or check `ulimit -v`",
+                std::io::Error::from_raw_os_error(err)
+            ));
+        }
+        // SAFETY: plain stores of configuration words in the shim.
+        unsafe {
+            shim::fm_set_mmap_threshold(cfg.mmap_threshold_bytes as usize);
+            shim::fm_set_regions_active(1);
+            shim::fm_heap_set_ready();
+        }
+        glue::after_heap_ready(cfg);
+    });
+}
+
+/// Placed in `.init_array`, so the dynamic loader runs it when the library is loaded.
+#[cfg(not(test))]
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+/// Region registration, called by the shim for each heap chunk and each adopted mapping,
+/// with the calling thread already allocating from glibc. Returns 0 or an errno.
+#[no_mangle]
+extern "C" fn farmem_preload_register_region(
+    addr: *mut c_void,
+    len: usize,
+    is_heap: c_int,
+) -> c_int {
+    glue::register(addr.cast(), len, is_heap != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_scope_routes_to_glibc_and_nests() {
+        // In the unit-test binary the heap is never made ready, so the shim uses glibc
+        // everywhere; what we check here is that the scope counter nests and unwinds.
+        internal(|| {
+            internal(|| {
+                // SAFETY: reads this thread's flags only.
+                assert_eq!(unsafe { shim::fm_uses_glibc() }, 1);
+            });
+        });
+        let (lo, span) = heap_bounds();
+        assert_eq!((lo, span), (0, 0));
+        // SAFETY: fm_malloc/fm_free pair on a fresh pointer; glibc serves both here.
+        unsafe {
+            let p = shim::fm_malloc(100);
+            assert!(!p.is_null());
+            shim::fm_free(p);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+/*
+ * farmem preload shim: the malloc family, the per-thread routing flags and the mmap
+ * interposition of an unmodified program.
+ *
+ * Why C: the routing flags must be thread-locals of the *initial-exec* TLS model. A
+ * global-dynamic thread-local (what rustc emits in a cdylib) is reached through
+ * __tls_get_addr, which may itself call malloc (to grow a thread's DTV after a dlopen) and
+ * would recurse into us. GCC's tls_model attribute gives us initial-exec on stable tooling.
+ * The exported symbols themselves are one-line Rust trampolines in lib.rs (a cdylib only
+ * exports Rust items); every decision is made here.
+ *
+ * Routing (see docs/architecture.md, "Preload library"):
+ *   - until the heap is ready (before our constructor ran), on runtime threads, and while a
+ *     thread is inside farmem code (internal depth > 0): glibc (__libc_malloc & co.);
+ *   - otherwise: mimalloc, whose only memory is the heap span, a reserved private anonymous
+ *     range that grows in chunks, each registered as a far-memory region.
+ *   - free / realloc / malloc_usable_size route by address: inside the heap span -> mimalloc,
+ *     anything else -> glibc.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "mimalloc.h"
+
+/* glibc's own allocator, exported for exactly this purpose (a replacement malloc that wants
+ * to fall back on it). Calling these never re-enters our malloc. */
+extern void *__libc_malloc(size_t size);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *ptr, size_t size);
+extern void __libc_free(void *ptr);
+extern void *__libc_memalign(size_t align, size_t size);
+
+/* Implemented in Rust (lib.rs): makes [addr, addr+len) a far-memory region. Called with the
+ * internal depth raised, so whatever it allocates comes from glibc. Returns 0 or an errno. */
+extern int farmem_preload_register_region(void *addr, size_t len, int is_heap);
+
+#define FM_HIDDEN __attribute__((visibility("hidden")))
+#define FM_TLS __thread __attribute__((tls_model("initial-exec")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define FM_PAGE 4096UL
+#define FM_HEAP_ALIGN (64UL << 20) /* multiple of mimalloc's 32 MiB arena block */
+#define FM_MIN_CHUNK (64UL << 20)
+#define FM_MAX_CHUNK (4UL << 30)
+
+/* ---- per-thread routing state (initial-exec TLS: never calls malloc) ---- */
+static FM_TLS unsigned fm_internal_depth;
+static FM_TLS unsigned char fm_runtime_thread;
+
+/* ---- heap span ---- */
+static uintptr_t heap_lo;      /* reserved span, fixed once heap_ready is set */
+static uintptr_t heap_span;    /* bytes */
+static uintptr_t heap_end;     /* end of the chunks handed to mimalloc (under grow_lock) */
+static size_t next_chunk;      /* size of the next chunk (under grow_lock) */
+static _Atomic int heap_ready;
+static pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- mmap interposition state ---- */
+static _Atomic int regions_active;
+static _Atomic size_t mmap_threshold = 1UL << 20;
+
+/* ---- counters (read by the stats writer) ---- */
+static _Atomic uint64_t ctr_heap_bytes;
+static _Atomic uint64_t ctr_mmap_regions;
+static _Atomic uint64_t ctr_mmap_region_bytes;
+static _Atomic uint64_t ctr_register_failures;
+static _Atomic uint64_t ctr_madv_free_converted;
+
+/* ---- lazily resolved glibc symbols ---- */
+typedef size_t (*usable_fn)(void *);
+typedef int (*pthread_create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+static _Atomic(usable_fn) real_usable;
+static _Atomic(pthread_create_fn) real_pthread_create;
+
+FM_HIDDEN void fm_internal_enter(void) { fm_internal_depth++; }
+FM_HIDDEN void fm_internal_leave(void) { fm_internal_depth--; }
+FM_HIDDEN void fm_mark_runtime_thread(void) { fm_runtime_thread = 1; }
+FM_HIDDEN int fm_uses_glibc(void) {
+    return !atomic_load_explicit(&heap_ready, memory_order_acquire) || fm_internal_depth ||
+           fm_runtime_thread;
+}
+
+static inline int use_glibc(void) {
+    return unlikely(!atomic_load_explicit(&heap_ready, memory_order_relaxed) ||
+                    fm_internal_depth != 0 || fm_runtime_thread != 0);
+}
+
+static inline int in_heap(const void *p) { return (uintptr_t)p - heap_lo < heap_span; }
+
+static void *resolve(const char *name) {
+    fm_internal_depth++;
+    void *f = dlsym(RTLD_NEXT, name);
+    fm_internal_depth--;
+    return f;
+}
+
+static size_t glibc_usable_size(void *p) {
+    usable_fn f = atomic_load_explicit(&real_usable, memory_order_acquire);
+    if (unlikely(f == NULL)) {
+        f = (usable_fn)resolve("malloc_usable_size");
+        if (f == NULL) return 0;
+        atomic_store_explicit(&real_usable, f, memory_order_release);
+    }
+    return f(p);
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* heap                                                                                   */
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* Hands mimalloc one more chunk of the span, of at least `need` bytes. Caller holds
+ * grow_lock. Returns 0 or an errno. */
+static int grow_locked(size_t need) {
+    size_t len = next_chunk;
+    if (len < need) len = round_up(need + FM_HEAP_ALIGN, FM_HEAP_ALIGN);
+    if (heap_end + len > heap_lo + heap_span) {
+        len = heap_lo + heap_span - heap_end;
+        if (len < need || len < FM_HEAP_ALIGN) return ENOMEM;
+    }
+    void *chunk = (void *)heap_end;
+    if (syscall(SYS_mprotect, chunk, len, PROT_READ | PROT_WRITE) != 0) return errno;
+    fm_internal_depth++;
+    int err = farmem_preload_register_region(chunk, len, 1);
+    if (err == 0 &&
+        !mi_manage_os_memory(chunk, len, /*committed*/ true, /*large*/ false, /*zero*/ true, -1))
+        err = ENOMEM;
+    fm_internal_depth--;
+    if (err != 0) {
+        syscall(SYS_mprotect, chunk, len, PROT_NONE);
+        return err;
+    }
+    __atomic_store_n(&heap_end, heap_end + len, __ATOMIC_RELEASE);
+    atomic_fetch_add(&ctr_heap_bytes, len);
+    if (next_chunk < FM_MAX_CHUNK) next_chunk *= 2;
+    return 0;
+}
+
+/* Called when mimalloc returned NULL for a request of `need` bytes: add a chunk unless a
+ * concurrent caller already did (`seen_end` is the heap end when the request failed). */
+static int heap_grow(size_t need, uintptr_t seen_end) {
+    pthread_mutex_lock(&grow_lock);
+    int err = 0;
+    if (heap_end == seen_end) err = grow_locked(need);
+    pthread_mutex_unlock(&grow_lock);
+    return err;
+}
+
+static uintptr_t heap_end_snapshot(void) { return __atomic_load_n(&heap_end, __ATOMIC_ACQUIRE); }
+
+/* Reserves the span (PROT_NONE, MAP_NORESERVE, no huge pages) and hands mimalloc its first
+ * chunk. Called once, from the library constructor, before heap_ready. Returns 0 or errno. */
+FM_HIDDEN int fm_heap_init(size_t reserve_bytes, size_t first_chunk_bytes) {
+    reserve_bytes = round_up(reserve_bytes, FM_HEAP_ALIGN);
+    first_chunk_bytes = round_up(first_chunk_bytes < FM_MIN_CHUNK ? FM_MIN_CHUNK : first_chunk_bytes,
+                                 FM_HEAP_ALIGN);
+    if (first_chunk_bytes > reserve_bytes) return EINVAL;
+    size_t map_len = reserve_bytes + FM_HEAP_ALIGN;
+    void *raw = (void *)syscall(SYS_mmap, NULL, map_len, PROT_NONE,
+                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return errno;
+    uintptr_t lo = round_up((uintptr_t)raw, FM_HEAP_ALIGN);
+    if (lo > (uintptr_t)raw) syscall(SYS_munmap, raw, lo - (uintptr_t)raw);
+    uintptr_t tail = (uintptr_t)raw + map_len - (lo + reserve_bytes);
+    if (tail) syscall(SYS_munmap, (void *)(lo + reserve_bytes), tail);
+    syscall(SYS_madvise, (void *)lo, reserve_bytes, MADV_NOHUGEPAGE);
+
+    /* Only our chunks, never fresh OS memory, may back user allocations. */
+    mi_option_set(mi_option_arena_reserve, 0);
+    mi_option_set(mi_option_disallow_os_alloc, 1);
+
+    pthread_mutex_lock(&grow_lock);
+    heap_lo = lo;
+    heap_span = reserve_bytes;
+    heap_end = lo;
+    next_chunk = first_chunk_bytes;
+    int err = grow_locked(0);
+    pthread_mutex_unlock(&grow_lock);
+    return err;
+}
+
+FM_HIDDEN void fm_heap_set_ready(void) { atomic_store_explicit(&heap_ready, 1, memory_order_release); }
+FM_HIDDEN void fm_set_mmap_threshold(size_t bytes) { atomic_store(&mmap_threshold, bytes); }
+FM_HIDDEN void fm_set_regions_active(int on) { atomic_store(&regions_active, on); }
+
+FM_HIDDEN void fm_heap_bounds(uintptr_t *lo, uintptr_t *span) {
+    *lo = heap_lo;
+    *span = heap_span;
+}
+
+struct fm_counters {
+    uint64_t heap_bytes;
+    uint64_t mmap_regions;
+    uint64_t mmap_region_bytes;
+    uint64_t register_failures;
+    uint64_t madv_free_converted;
+};
+
+FM_HIDDEN void fm_counters(struct fm_counters *out) {
+    out->heap_bytes = atomic_load(&ctr_heap_bytes);
+    out->mmap_regions = atomic_load(&ctr_mmap_regions);
+    out->mmap_region_bytes = atomic_load(&ctr_mmap_region_bytes);
+    out->register_failures = atomic_load(&ctr_register_failures);
+    out->madv_free_converted = atomic_load(&ctr_madv_free_converted);
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* malloc family                                                                          */
+
+FM_HIDDEN void *fm_malloc(size_t size) {
+    if (use_glibc()) return __libc_malloc(size);
+    for (int attempt = 0;; attempt++) {
+        uintptr_t seen = heap_end_snapshot();
+        void *p = mi_malloc(size);
+        if (likely(p != NULL) || attempt == 2 || heap_grow(size, seen) != 0) {
+            if (p == NULL) errno = ENOMEM;
+            return p;
+        }
+    }
+}
+
+FM_HIDDEN void fm_free(void *ptr) {
+    if (ptr == NULL) return;
+    int saved = errno;
+    if (in_heap(ptr))
+        mi_free(ptr);
+    else
+        __libc_free(ptr);
+    errno = saved;
+}
+
+FM_HIDDEN void *fm_calloc(size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (use_glibc()) return __libc_calloc(n, size);
+    for (int attempt = 0;; attempt++) {
+        uintptr_t seen = heap_end_snapshot();
+        void *p = mi_calloc(n, size);
+        if (likely(p != NULL) || attempt == 2 || heap_grow(total, seen) != 0) {
+            if (p == NULL) errno = ENOMEM;
+            return p;
+        }
+    }
+}
+
+FM_HIDDEN void *fm_realloc(void *ptr, size_t size) {
+    if (ptr == NULL) return fm_malloc(size);
+    if (size == 0) { /* glibc semantics: realloc(p, 0) frees p and returns NULL */
+        fm_free(ptr);
+        return NULL;
+    }
+    if (!in_heap(ptr)) return __libc_realloc(ptr, size);
+    for (int attempt = 0;; attempt++) {
+        uintptr_t seen = heap_end_snapshot();
+        void *p = mi_realloc(ptr, size);
+        if (likely(p != NULL) || attempt == 2 || heap_grow(size, seen) != 0) {
+            if (p == NULL) errno = ENOMEM;
+            return p;
+        }
+    }
+}
+
+FM_HIDDEN void *fm_reallocarray(void *ptr, size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return fm_realloc(ptr, total);
+}
+
+static int is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+/* Aligned allocation for a valid (power of two) alignment. */
+static void *aligned(size_t align, size_t size) {
+    if (use_glibc()) return __libc_memalign(align, size);
+    for (int attempt = 0;; attempt++) {
+        uintptr_t seen = heap_end_snapshot();
+        void *p = mi_malloc_aligned(size, align);
+        if (likely(p != NULL)) return p;
+        size_t need;
+        if (attempt == 2 || __builtin_add_overflow(size, align, &need) || heap_grow(need, seen) != 0) {
+            /* alignments mimalloc's arenas cannot serve (above 32 MiB) go to glibc */
+            if (align > (32UL << 20)) return __libc_memalign(align, size);
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
+}
+
+FM_HIDDEN int fm_posix_memalign(void **out, size_t align, size_t size) {
+    if (!is_pow2(align) || align % sizeof(void *) != 0) return EINVAL;
+    int saved = errno;
+    void *p = aligned(align, size);
+    int err = p == NULL ? ENOMEM : 0;
+    errno = saved;
+    if (p != NULL) *out = p;
+    return err;
+}
+
+FM_HIDDEN void *fm_aligned_alloc(size_t align, size_t size) {
+    if (!is_pow2(align)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return aligned(align, size);
+}
+
+FM_HIDDEN void *fm_memalign(size_t align, size_t size) {
+    if (align <= 16) return fm_malloc(size);
+    if (!is_pow2(align)) { /* glibc rounds a bad alignment up to the next power of two */
+        if (align > (SIZE_MAX >> 1) + 1) {
+            errno = EINVAL;
+            return NULL;
+        }
+        size_t a = 1;
+        while (a < align) a <<= 1;
+        align = a;
+    }
+    return aligned(align, size);
+}
+
+FM_HIDDEN void *fm_valloc(size_t size) { return aligned(FM_PAGE, size); }
+
+FM_HIDDEN void *fm_pvalloc(size_t size) {
+    size_t rounded;
+    if (__builtin_add_overflow(size, FM_PAGE - 1, &rounded)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    rounded &= ~(FM_PAGE - 1);
+    return aligned(FM_PAGE, rounded ? rounded : FM_PAGE);
+}
+
+FM_HIDDEN size_t fm_malloc_usable_size(void *ptr) {
+    if (ptr == NULL) return 0;
+    if (in_heap(ptr)) return mi_usable_size(ptr);
+    return glibc_usable_size(ptr);
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* mappings                                                                               */
+
+static int wants_region(void *got, size_t len, int prot, int flags, int fd) {
+    if (!atomic_load_explicit(&regions_active, memory_order_acquire)) return 0;
+    if (fm_internal_depth || fm_runtime_thread) return 0;
+    if (len < atomic_load_explicit(&mmap_threshold, memory_order_relaxed)) return 0;
+    if ((flags & MAP_TYPE) != MAP_PRIVATE || !(flags & MAP_ANONYMOUS) || fd != -1) return 0;
+    if (flags & (MAP_STACK | MAP_GROWSDOWN | MAP_HUGETLB)) return 0;
+    if (!(prot & PROT_WRITE)) return 0;
+    uintptr_t a = (uintptr_t)got;
+    if (a < heap_lo + heap_span && a + len > heap_lo) return 0; /* never re-register the heap */
+    return 1;
+}
+
+FM_HIDDEN void *fm_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+    if (p == MAP_FAILED || !wants_region(p, len, prot, flags, fd)) return p;
+    int saved = errno;
+    syscall(SYS_madvise, p, len, MADV_NOHUGEPAGE);
+    fm_internal_depth++;
+    int err = farmem_preload_register_region(p, len, 0);
+    fm_internal_depth--;
+    if (err == 0) {
+        atomic_fetch_add(&ctr_mmap_regions, 1);
+        atomic_fetch_add(&ctr_mmap_region_bytes, len);
+    } else {
+        /* the mapping stays ordinary memory; counted and reported in the stats */
+        atomic_fetch_add(&ctr_register_failures, 1);
+    }
+    errno = saved;
+    return p;
+}
+
+FM_HIDDEN int fm_munmap(void *addr, size_t len) { return (int)syscall(SYS_munmap, addr, len); }
+
+FM_HIDDEN void *fm_mremap(void *old, size_t old_len, size_t new_len, int flags, void *new_addr) {
+    return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
+}
+
+FM_HIDDEN int fm_madvise(void *addr, size_t len, int advice) {
+    /* MADV_FREE lets the kernel drop a page later without telling userfaultfd; on a region
+     * that would leave the runtime believing the page is resident. MADV_DONTNEED is an
+     * allowed implementation of MADV_FREE (the page may read back as zeros) and raises the
+     * REMOVE event the runtime listens to. */
+    if (advice == MADV_FREE && atomic_load_explicit(&regions_active, memory_order_relaxed)) {
+        advice = MADV_DONTNEED;
+        atomic_fetch_add(&ctr_madv_free_converted, 1);
+    }
+    return (int)syscall(SYS_madvise, addr, len, advice);
+}
+
+/* pthread_create allocates the new thread's DTV with calloc on the calling thread. A DTV in
+ * region memory could be evicted and then read (through __tls_get_addr) by a thread that
+ * must not fault, so every thread's DTV comes from glibc. */
+FM_HIDDEN int fm_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*start)(void *),
+                                void *arg) {
+    pthread_create_fn f = atomic_load_explicit(&real_pthread_create, memory_order_acquire);
+    if (unlikely(f == NULL)) {
+        f = (pthread_create_fn)resolve("pthread_create");
+        if (f == NULL) return EAGAIN;
+        atomic_store_explicit(&real_pthread_create, f, memory_order_release);
+    }
+    fm_internal_depth++;
+    int r = f(t, attr, start, arg);
+    fm_internal_depth--;
+    return r;
+}
+
+/* Resolves the glibc symbols we forward to, from the constructor (before any thread of the
+ * program can race on them). */
+FM_HIDDEN void fm_resolve_symbols(void) {
+    if (!atomic_load(&real_usable))
+        atomic_store(&real_usable, (usable_fn)resolve("malloc_usable_size"));
+    if (!atomic_load(&real_pthread_create))
+        atomic_store(&real_pthread_create, (pthread_create_fn)resolve("pthread_create"));
+}
