@@ -1,0 +1,586 @@
+//! One TCP connection to a donor: the HELLO handshake, the send path (the caller's thread writes
+//! its own frame under a mutex) and the reader thread that hands each response to the request
+//! that is waiting for it.
+//!
+//! # Design
+//! - Sending: the calling thread takes the writer mutex, encodes header and page addresses into a
+//!   reused buffer and writes them together with the caller's page slices in one vectored write;
+//!   page bytes are never copied. The socket has a write timeout (the request timeout), so a
+//!   donor that stops reading cannot block a sender forever.
+//! - Receiving: one reader thread per connection reads frames through a buffered reader and
+//!   completes the [`Slot`] registered under the response's request id. Page payloads are read
+//!   straight into the `Vec` handed to the waiter.
+//! - Failure: the first fatal event (read error, close, protocol violation, write failure,
+//!   request timeout) marks the connection closed, shuts the socket down and fails every request
+//!   in flight; the client opens a new connection on the next request.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use farmem_proto::{
+    encode_hello, read_frame, DonorInfo, DonorStats, EncodeError, Header, Opcode, ReadFrameError,
+    Response, Status, HEADER_LEN, MAX_BATCH_PAGES, PAGE_SIZE,
+};
+
+use crate::{ClientConfig, TransportError};
+
+/// Size of the reader's buffer: small responses are read many at a time, page payloads larger
+/// than this bypass it.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// What a successful response carries.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Slab(u32),
+    Done,
+    Pages(Vec<u8>),
+    Stats(DonorStats),
+}
+
+/// Why a connection ended; turned into one [`TransportError`] per request in flight.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    /// Closed, reset, or abandoned.
+    Lost(String),
+    /// The donor broke the protocol.
+    Protocol(String),
+}
+
+impl Failure {
+    fn to_error(&self, addr: &str, op: &'static str) -> TransportError {
+        match self {
+            Failure::Lost(reason) => TransportError::Disconnected {
+                addr: addr.to_string(),
+                op,
+                reason: reason.clone(),
+            },
+            Failure::Protocol(detail) => TransportError::Protocol {
+                addr: addr.to_string(),
+                op,
+                detail: detail.clone(),
+            },
+        }
+    }
+}
+
+/// Where a response is delivered: one per request in flight.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    op: Opcode,
+    state: Mutex<Option<(Result<Reply, TransportError>, Instant)>>,
+    ready: Condvar,
+}
+
+impl Slot {
+    fn new(op: Opcode) -> Slot {
+        Slot {
+            op,
+            state: Mutex::new(None),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn complete(&self, result: Result<Reply, TransportError>) {
+        *lock(&self.state) = Some((result, Instant::now()));
+        self.ready.notify_one();
+    }
+
+    /// Waits until the slot is complete or `deadline` passes. Returns the result and the time it
+    /// arrived, or `None` at the deadline.
+    pub(crate) fn wait_until(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Option<(Result<Reply, TransportError>, Instant)> {
+        let mut state = lock(&self.state);
+        loop {
+            if let Some(done) = state.take() {
+                return Some(done);
+            }
+            match deadline {
+                None => {
+                    state = self
+                        .ready
+                        .wait(state)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                }
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return None;
+                    }
+                    state = self
+                        .ready
+                        .wait_timeout(state, deadline - now)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+/// Requests in flight, by request id.
+#[derive(Debug, Default)]
+struct Demux {
+    pending: HashMap<u64, Arc<Slot>>,
+    closed: Option<Failure>,
+}
+
+#[derive(Debug)]
+struct Writer {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// Why [`Conn::send`] failed.
+pub(crate) enum SendError {
+    /// The connection was already closed; nothing was sent, so a new connection may be tried.
+    Closed,
+    /// A real failure to report.
+    Failed(TransportError),
+}
+
+/// One live connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    addr: Arc<str>,
+    writer: Mutex<Writer>,
+    demux: Mutex<Demux>,
+    closed: AtomicBool,
+    /// Set when the client closes the connection on purpose (drop), to keep the log quiet.
+    closing: AtomicBool,
+    control: TcpStream,
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section here leaves consistent state.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+impl Conn {
+    /// Connects to `addr`, performs HELLO with `hello_id` and starts the reader thread.
+    pub(crate) fn open(
+        addr: &Arc<str>,
+        cfg: &ClientConfig,
+        hello_id: u64,
+    ) -> Result<(Arc<Conn>, DonorInfo), TransportError> {
+        let stream = connect(addr, cfg.connect_timeout)?;
+        let lost = |e: io::Error| -> TransportError {
+            if is_timeout(&e) {
+                TransportError::Timeout {
+                    addr: addr.to_string(),
+                    op: "hello",
+                    after: cfg.request_timeout,
+                }
+            } else {
+                TransportError::Disconnected {
+                    addr: addr.to_string(),
+                    op: "hello",
+                    reason: e.to_string(),
+                }
+            }
+        };
+        let setup = |e: io::Error| TransportError::Connect {
+            addr: addr.to_string(),
+            source: e,
+        };
+        stream.set_nodelay(true).map_err(setup)?;
+        stream
+            .set_write_timeout(Some(cfg.request_timeout))
+            .map_err(setup)?;
+        stream
+            .set_read_timeout(Some(cfg.request_timeout))
+            .map_err(setup)?;
+
+        let mut hello = Vec::new();
+        let token = cfg.token.as_deref().unwrap_or(&[]);
+        encode_hello(&mut hello, hello_id, cfg.client_id, token).map_err(|source| {
+            TransportError::Invalid {
+                op: "hello",
+                source,
+            }
+        })?;
+        (&stream).write_all(&hello).map_err(lost)?;
+        let mut payload = Vec::new();
+        let protocol = |detail: String| TransportError::Protocol {
+            addr: addr.to_string(),
+            op: "hello",
+            detail,
+        };
+        let header = match read_frame(&mut &stream, &mut payload) {
+            Ok(h) => h,
+            Err(ReadFrameError::Closed) => {
+                return Err(TransportError::Disconnected {
+                    addr: addr.to_string(),
+                    op: "hello",
+                    reason: "the donor closed the connection before answering HELLO".into(),
+                })
+            }
+            Err(ReadFrameError::Io(e)) => return Err(lost(e)),
+            Err(ReadFrameError::Frame { error, .. }) => return Err(protocol(error.to_string())),
+        };
+        if !header.is_response() || header.op() != Some(Opcode::Hello) {
+            return Err(protocol(format!(
+                "expected the HELLO response, got opcode {:#04x}",
+                header.opcode
+            )));
+        }
+        if header.request_id != hello_id {
+            return Err(protocol(format!(
+                "HELLO response carries request id {} instead of {hello_id}",
+                header.request_id
+            )));
+        }
+        let info = match Response::decode(&header, &payload) {
+            Ok(Response::Hello(info)) => info,
+            Ok(Response::Error { status, message }) => {
+                return Err(TransportError::Refused {
+                    addr: addr.to_string(),
+                    status,
+                    message: message.to_string(),
+                })
+            }
+            Ok(other) => return Err(protocol(format!("unexpected HELLO response {other:?}"))),
+            Err(e) => return Err(protocol(e.to_string())),
+        };
+        if info.slab_size_bytes == 0 || info.slab_size_bytes % PAGE_SIZE as u64 != 0 {
+            return Err(protocol(format!(
+                "slab size {} is not a positive multiple of {PAGE_SIZE}",
+                info.slab_size_bytes
+            )));
+        }
+        stream.set_read_timeout(None).map_err(setup)?;
+
+        let reader_stream = stream.try_clone().map_err(setup)?;
+        let control = stream.try_clone().map_err(setup)?;
+        let conn = Arc::new(Conn {
+            addr: addr.clone(),
+            writer: Mutex::new(Writer {
+                stream,
+                buf: Vec::with_capacity(HEADER_LEN + 2 + 8 * MAX_BATCH_PAGES),
+            }),
+            demux: Mutex::new(Demux::default()),
+            closed: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            control,
+        });
+        let reader_conn = Arc::clone(&conn);
+        let hook = cfg.thread_hook.clone();
+        std::thread::Builder::new()
+            .name(format!("farmem-net-{addr}"))
+            .spawn(move || {
+                if let Some(hook) = hook {
+                    hook();
+                }
+                reader_loop(&reader_conn, reader_stream);
+            })
+            .map_err(|source| TransportError::Spawn {
+                addr: addr.to_string(),
+                source,
+            })?;
+        tracing::debug!(donor = %addr, "connected");
+        Ok((conn, info))
+    }
+
+    /// Whether the connection has failed or been closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Registers a request, then writes its frame: `encode` appends everything but the page
+    /// bytes to the buffer, `pages` follow it on the wire.
+    pub(crate) fn send(
+        &self,
+        op: Opcode,
+        id: u64,
+        timeout: Duration,
+        pages: &[&[u8]],
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> Result<Arc<Slot>, SendError> {
+        let slot = Arc::new(Slot::new(op));
+        {
+            let mut demux = lock(&self.demux);
+            if demux.closed.is_some() {
+                return Err(SendError::Closed);
+            }
+            demux.pending.insert(id, Arc::clone(&slot));
+        }
+        let mut writer = lock(&self.writer);
+        let Writer { stream, buf } = &mut *writer;
+        buf.clear();
+        if let Err(source) = encode(buf) {
+            drop(writer);
+            lock(&self.demux).pending.remove(&id);
+            return Err(SendError::Failed(TransportError::Invalid {
+                op: op.name(),
+                source,
+            }));
+        }
+        if let Err(e) = write_all_vectored(stream, buf, pages) {
+            drop(writer);
+            lock(&self.demux).pending.remove(&id);
+            let err = if is_timeout(&e) {
+                TransportError::Timeout {
+                    addr: self.addr.to_string(),
+                    op: op.name(),
+                    after: timeout,
+                }
+            } else {
+                TransportError::Disconnected {
+                    addr: self.addr.to_string(),
+                    op: op.name(),
+                    reason: format!("sending failed: {e}"),
+                }
+            };
+            self.fail(Failure::Lost(format!("sending {} failed: {e}", op.name())));
+            return Err(SendError::Failed(err));
+        }
+        Ok(slot)
+    }
+
+    /// Forgets request `id` (its waiter gave up). Returns false if the reader already took the
+    /// slot, in which case its result is about to be delivered.
+    pub(crate) fn forget(&self, id: u64) -> bool {
+        lock(&self.demux).pending.remove(&id).is_some()
+    }
+
+    /// Closes the connection for `failure`: fails every request in flight and shuts the socket
+    /// down (which also ends the reader thread). Idempotent: the first failure wins.
+    pub(crate) fn fail(&self, failure: Failure) {
+        let (failure, drained): (Failure, Vec<Arc<Slot>>) = {
+            let mut demux = lock(&self.demux);
+            if demux.closed.is_none() {
+                if !self.closing.load(Ordering::Relaxed) {
+                    tracing::warn!(donor = %self.addr, ?failure, "donor connection lost");
+                }
+                self.closed.store(true, Ordering::Release);
+            }
+            let failure = demux.closed.get_or_insert(failure).clone();
+            (failure, demux.pending.drain().map(|(_, s)| s).collect())
+        };
+        for slot in drained {
+            slot.complete(Err(failure.to_error(&self.addr, slot.op.name())));
+        }
+        // Ignore errors: the socket may already be shut down or reset.
+        let _ = self.control.shutdown(Shutdown::Both);
+    }
+
+    /// Closes the connection on purpose (the client is being dropped).
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+        self.fail(Failure::Lost("the client was closed".into()));
+    }
+}
+
+/// Resolves `addr` and connects to the first address that answers within `timeout`.
+fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, TransportError> {
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| TransportError::BadAddress {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?
+        .collect();
+    let mut last = None;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(TransportError::Connect {
+        addr: addr.to_string(),
+        source: last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address")
+        }),
+    })
+}
+
+/// Writes `head` then every slice of `pages`, with as few system calls as the socket allows.
+fn write_all_vectored(stream: &mut TcpStream, head: &[u8], pages: &[&[u8]]) -> io::Result<()> {
+    // Position: part index (0 = head, i = pages[i - 1]) and bytes already written of it.
+    let part = |i: usize| if i == 0 { head } else { pages[i - 1] };
+    let parts = 1 + pages.len();
+    let (mut index, mut skip) = (0usize, 0usize);
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.min(1024));
+    while index < parts {
+        slices.clear();
+        slices.push(IoSlice::new(&part(index)[skip..]));
+        slices.extend((index + 1..parts.min(index + 1024)).map(|i| IoSlice::new(part(i))));
+        let mut n = match stream.write_vectored(&slices) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the socket accepted no bytes",
+                ))
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while index < parts {
+            let left = part(index).len() - skip;
+            if n < left {
+                skip += n;
+                break;
+            }
+            n -= left;
+            index += 1;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
+/// The reader thread's body: completes requests until the connection fails.
+fn reader_loop(conn: &Conn, stream: TcpStream) {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    let mut payload = Vec::new();
+    let failure = loop {
+        if let Err(f) = read_one(conn, &mut reader, &mut payload) {
+            break f;
+        }
+    };
+    conn.fail(failure);
+}
+
+fn lost_reading(e: &io::Error) -> Failure {
+    Failure::Lost(format!("reading the response failed: {e}"))
+}
+
+/// Reads one response and completes its request.
+fn read_one(conn: &Conn, reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<(), Failure> {
+    let mut head = [0u8; HEADER_LEN];
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        match reader.read(&mut head[filled..]) {
+            Ok(0) if filled == 0 => {
+                return Err(Failure::Lost("the donor closed the connection".into()))
+            }
+            Ok(0) => {
+                return Err(Failure::Lost(format!(
+                    "the donor closed the connection inside a frame header ({filled} of {HEADER_LEN} bytes)"
+                )))
+            }
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(lost_reading(&e)),
+        }
+    }
+    let header = Header::decode(&head).map_err(|e| Failure::Protocol(e.to_string()))?;
+    if !header.is_response() {
+        return Err(Failure::Protocol(format!(
+            "received a request frame (opcode {:#04x}) where a response was expected",
+            header.opcode
+        )));
+    }
+    let result = if header.status == Status::Ok.code() && header.op() == Some(Opcode::ReadPages) {
+        Ok(Reply::Pages(read_pages_payload(&header, reader)?))
+    } else {
+        payload.clear();
+        payload.resize(header.payload_len as usize, 0);
+        reader.read_exact(payload).map_err(|e| lost_reading(&e))?;
+        match Response::decode(&header, payload) {
+            Ok(Response::SlabAllocated { slab }) => Ok(Reply::Slab(slab)),
+            Ok(Response::Done) => Ok(Reply::Done),
+            Ok(Response::Stats(s)) => Ok(Reply::Stats(s)),
+            Ok(Response::Error { status, message }) => Err((status, message.to_string())),
+            Ok(Response::Hello(_) | Response::Pages { .. }) => {
+                return Err(Failure::Protocol(format!(
+                    "unexpected {} response in the middle of a session",
+                    header.op().map_or("unknown", Opcode::name)
+                )))
+            }
+            Err(e) => return Err(Failure::Protocol(e.to_string())),
+        }
+    };
+    let Some(slot) = lock(&conn.demux).pending.remove(&header.request_id) else {
+        // The waiter gave up (timeout) or dropped its `Pending`.
+        tracing::debug!(donor = %conn.addr, id = header.request_id, "response to a forgotten request");
+        return Ok(());
+    };
+    if header.status == Status::Ok.code() && header.op() != Some(slot.op) {
+        let detail = format!(
+            "answered a {} request with a {} response",
+            slot.op.name(),
+            header.op().map_or("unknown", Opcode::name)
+        );
+        slot.complete(Err(
+            Failure::Protocol(detail.clone()).to_error(&conn.addr, slot.op.name())
+        ));
+        return Err(Failure::Protocol(detail));
+    }
+    slot.complete(result.map_err(|(status, message)| TransportError::Status {
+        addr: conn.addr.to_string(),
+        op: slot.op.name(),
+        status,
+        message,
+    }));
+    Ok(())
+}
+
+/// Reads a successful READ_PAGES payload (`count u16` then the pages) into a fresh buffer of
+/// exactly the page bytes.
+fn read_pages_payload(header: &Header, reader: &mut impl Read) -> Result<Vec<u8>, Failure> {
+    let len = header.payload_len as usize;
+    if len < 2 {
+        return Err(Failure::Protocol(format!(
+            "read_pages response payload of {len} bytes has no page count"
+        )));
+    }
+    let mut count = [0u8; 2];
+    reader
+        .read_exact(&mut count)
+        .map_err(|e| lost_reading(&e))?;
+    let count = usize::from(u16::from_le_bytes(count));
+    if count == 0 || count > MAX_BATCH_PAGES || len != 2 + count * PAGE_SIZE {
+        return Err(Failure::Protocol(format!(
+            "read_pages response claims {count} pages in a payload of {len} bytes"
+        )));
+    }
+    let mut data = vec![0u8; count * PAGE_SIZE];
+    reader.read_exact(&mut data).map_err(|e| lost_reading(&e))?;
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn vectored_writes_deliver_every_byte_in_order() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pages: Vec<Vec<u8>> = (0..300u32)
+            .map(|i| (0..PAGE_SIZE).map(|j| (i as usize * 7 + j) as u8).collect())
+            .collect();
+        let slices: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+        let head = b"head-bytes".to_vec();
+        let expected: Vec<u8> = head
+            .iter()
+            .copied()
+            .chain(pages.iter().flatten().copied())
+            .collect();
+        let receiver = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            got
+        });
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write_all_vectored(&mut stream, &head, &slices).unwrap();
+        drop(stream);
+        assert_eq!(receiver.join().unwrap(), expected);
+    }
+}

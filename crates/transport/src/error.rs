@@ -1,0 +1,176 @@
+//! The transport's one error type: every way talking to a donor can fail, each message saying
+//! what failed and what to do about it.
+
+use std::io;
+use std::time::Duration;
+
+use farmem_proto::{EncodeError, Status};
+
+/// Why a request to a donor failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The donor address could not be parsed or resolved.
+    #[error("{addr:?} is not a usable donor address ({reason}): give HOST:PORT, for example 127.0.0.1:7070")]
+    BadAddress {
+        /// The address as given.
+        addr: String,
+        /// Why it could not be used.
+        reason: String,
+    },
+    /// The TCP connection could not be established.
+    #[error("could not connect to donor {addr}: {source}; check that `farmem donor` is running and listening there")]
+    Connect {
+        /// The donor address.
+        addr: String,
+        /// The last connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The donor answered HELLO with an error status (bad token, other protocol version, …).
+    #[error("{}", refused_message(addr, *status, message))]
+    Refused {
+        /// The donor address.
+        addr: String,
+        /// The status the donor answered with.
+        status: Status,
+        /// The donor's explanation.
+        message: String,
+    },
+    /// The donor did not answer in time. The connection is abandoned (the requests in flight on
+    /// it fail with [`TransportError::Disconnected`]); the next request reconnects.
+    #[error("donor {addr} did not answer {op} within {} ms: it is stalled, overloaded or unreachable; the connection was dropped and the next request reconnects", after.as_millis())]
+    Timeout {
+        /// The donor address.
+        addr: String,
+        /// The request that timed out.
+        op: &'static str,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// The connection broke while the request was in flight (or could not be sent). The request
+    /// may or may not have been executed; the next request reconnects with the same client id.
+    #[error("lost the connection to donor {addr} during {op}: {reason}; the next request reconnects (retry this one)")]
+    Disconnected {
+        /// The donor address.
+        addr: String,
+        /// The request that was in flight.
+        op: &'static str,
+        /// What happened to the connection.
+        reason: String,
+    },
+    /// The donor executed nothing and answered with an error status.
+    #[error("donor {addr} refused {op}: {status}: {message}")]
+    Status {
+        /// The donor address.
+        addr: String,
+        /// The request.
+        op: &'static str,
+        /// The status the donor answered with.
+        status: Status,
+        /// The donor's explanation.
+        message: String,
+    },
+    /// The donor sent something that is not valid farmem protocol. The connection is dropped.
+    #[error("donor {addr} broke the protocol during {op}: {detail}; is the peer a farmem donor of the same version?")]
+    Protocol {
+        /// The donor address.
+        addr: String,
+        /// The request in flight.
+        op: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The request breaks a protocol limit (batch size, page size, token length); nothing was
+    /// sent.
+    #[error("invalid {op} request: {source}")]
+    Invalid {
+        /// The request.
+        op: &'static str,
+        /// The limit it breaks.
+        #[source]
+        source: EncodeError,
+    },
+    /// `read_pages` was given an output buffer of the wrong size; nothing was sent.
+    #[error("read_pages output buffer is {got} bytes but must be exactly {expected} (4096 per page asked for)")]
+    OutputBuffer {
+        /// The size needed.
+        expected: usize,
+        /// The size given.
+        got: usize,
+    },
+    /// The connection's reader thread could not be started.
+    #[error("could not start the reader thread for donor {addr}: {source}")]
+    Spawn {
+        /// The donor address.
+        addr: String,
+        /// The spawn error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl TransportError {
+    /// Whether the failure is about reaching the donor (connect, timeout, lost connection)
+    /// rather than about the request itself: such requests may succeed when retried.
+    pub fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            TransportError::Connect { .. }
+                | TransportError::Timeout { .. }
+                | TransportError::Disconnected { .. }
+        )
+    }
+
+    /// The status the donor answered with, for [`TransportError::Refused`] and
+    /// [`TransportError::Status`].
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            TransportError::Refused { status, .. } | TransportError::Status { status, .. } => {
+                Some(*status)
+            }
+            _ => None,
+        }
+    }
+}
+
+fn refused_message(addr: &str, status: Status, message: &str) -> String {
+    match status {
+        Status::AuthFailed => format!(
+            "donor {addr} refused the auth token ({message}): check --token-file on both sides"
+        ),
+        Status::BadVersion => format!(
+            "donor {addr} speaks another protocol version ({message}): run the same farmem version on both sides"
+        ),
+        _ => format!("donor {addr} refused the connection: {status}: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_to_do() {
+        let e = TransportError::Refused {
+            addr: "127.0.0.1:7070".into(),
+            status: Status::AuthFailed,
+            message: "bad token".into(),
+        };
+        let s = e.to_string();
+        assert!(
+            s.contains("127.0.0.1:7070") && s.contains("--token-file"),
+            "{s}"
+        );
+        assert_eq!(e.status(), Some(Status::AuthFailed));
+        assert!(!e.is_connection_failure());
+
+        let e = TransportError::Timeout {
+            addr: "127.0.0.1:1".into(),
+            op: "read_pages",
+            after: Duration::from_millis(250),
+        };
+        let s = e.to_string();
+        assert!(s.contains("250 ms") && s.contains("read_pages"), "{s}");
+        assert!(e.is_connection_failure());
+    }
+}

@@ -1,0 +1,590 @@
+//! The client side of the farmem protocol: connections to donors, with many requests in flight
+//! per connection, timeouts, reconnection and an emulated link delay.
+//!
+//! ```no_run
+//! use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
+//! let client = DonorClient::connect("127.0.0.1:7070", ClientConfig::default())?;
+//! let slab = client.alloc_slab()?;
+//! let page = [7u8; 4096];
+//! let addr = PageAddr { slab, page: 0 };
+//! client.write_pages(&[PageWrite { addr, data: &page }])?;
+//! let mut out = vec![0u8; 4096];
+//! client.read_pages(&[addr], &mut out)?;
+//! # Ok::<(), farmem_transport::TransportError>(())
+//! ```
+//!
+//! # Design
+//! - Blocking std I/O, lean for the page-fault path. A [`DonorClient`] is one TCP connection
+//!   (TCP_NODELAY). The calling thread encodes its own frame and writes it under the connection's
+//!   writer mutex in one vectored write (header and addresses, then the caller's page slices:
+//!   page data is never copied on the way out). One reader thread per connection hands each
+//!   response to the request waiting for it by request id (a mutex + condvar slot per request),
+//!   so any number of threads may have any number of requests in flight.
+//! - [`DonorClient::submit_read`] / [`DonorClient::submit_write`] return a [`Pending`] at once;
+//!   [`Pending::wait`] blocks for at most the request timeout, measured from submission. The
+//!   blocking calls are submit + wait.
+//! - Failure: a read error, close, protocol violation, failed write or request timeout closes
+//!   the connection and fails every request in flight on it ([`TransportError::Disconnected`],
+//!   or [`TransportError::Protocol`] if the donor broke the protocol). The next call reconnects
+//!   and repeats HELLO with the same client id, so the donor hands back the same slabs within
+//!   its orphan grace period. Requests are never retried behind the caller's back once sent.
+//! - `link_delay_us` (the memory-blade study's link-latency knob) delays each response's
+//!   delivery to its waiter by that much after it arrived, on the waiting thread, so it adds
+//!   latency without serializing the pipeline.
+//! - `thread_hook` runs first in the reader threads (the only threads this crate spawns).
+//!
+//! # Limitations
+//! - One TCP connection per client; a caller wanting more parallelism on the wire opens more
+//!   clients (with the same client id they share slabs).
+//! - Sub-300 µs link delays are reached by yielding the CPU in a loop rather than sleeping, which
+//!   costs CPU time on the waiting thread.
+//! - A request timeout abandons the whole connection (the donor is presumed stalled), failing
+//!   the other requests in flight on it.
+#![forbid(unsafe_code)]
+
+mod conn;
+mod error;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use farmem_proto::{
+    encode_alloc_slab, encode_free_slab, encode_read_pages, encode_stats,
+    encode_write_pages_header, EncodeError, Opcode, MAX_TOKEN_LEN,
+};
+
+pub use error::TransportError;
+pub use farmem_proto::{DonorInfo, DonorStats, PageAddr, Status, MAX_BATCH_PAGES, PAGE_SIZE};
+
+use conn::{Conn, Failure, Reply, SendError, Slot};
+
+/// How a [`DonorClient`] connects and behaves.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// Stable id of this client: reconnecting with the same id finds the same slabs (within the
+    /// donor's orphan grace period). The default is derived from the process id and the clock.
+    pub client_id: u64,
+    /// The auth token presented in HELLO (`--token-file`), if the donor wants one.
+    pub token: Option<Vec<u8>>,
+    /// Limit for establishing the TCP connection. Default 3 s.
+    pub connect_timeout: Duration,
+    /// Limit for each request, from submission to response (and for each write to the socket).
+    /// A stalled donor gives [`TransportError::Timeout`], never a hang. Default 5 s.
+    pub request_timeout: Duration,
+    /// Emulated extra link latency added to every request, microseconds. Default 0.
+    pub link_delay_us: u64,
+    /// Run first in every thread this crate spawns (the runtime marks its threads with it).
+    pub thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        ClientConfig {
+            client_id: (u64::from(std::process::id()) << 40) ^ nanos,
+            token: None,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(5),
+            link_delay_us: 0,
+            thread_hook: None,
+        }
+    }
+}
+
+impl fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("client_id", &self.client_id)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("link_delay_us", &self.link_delay_us)
+            .field("thread_hook", &self.thread_hook.as_ref().map(|_| "<fn>"))
+            .finish()
+    }
+}
+
+/// One page to write: where, and its [`PAGE_SIZE`] bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct PageWrite<'a> {
+    /// The page on the donor.
+    pub addr: PageAddr,
+    /// Exactly [`PAGE_SIZE`] bytes.
+    pub data: &'a [u8],
+}
+
+/// What a finished request returns.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// A write (or other request without data) succeeded.
+    Done,
+    /// The pages read: `4096 × n` bytes, in request order.
+    Pages(Vec<u8>),
+}
+
+/// The client's own counters (the donor's are in [`DonorClient::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCounters {
+    /// Requests sent.
+    pub requests_total: u64,
+    /// Pages asked for in READ_PAGES requests.
+    pub pages_read_total: u64,
+    /// Pages sent in WRITE_PAGES requests.
+    pub pages_written_total: u64,
+    /// Requests that timed out.
+    pub timeouts_total: u64,
+    /// Connections opened after the first one.
+    pub reconnects_total: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests_total: AtomicU64,
+    pages_read_total: AtomicU64,
+    pages_written_total: AtomicU64,
+    timeouts_total: AtomicU64,
+    reconnects_total: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+struct Inner {
+    addr: Arc<str>,
+    cfg: ClientConfig,
+    next_id: AtomicU64,
+    conn: Mutex<Option<Arc<Conn>>>,
+    info: Mutex<DonorInfo>,
+    counters: Counters,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(conn) = lock(&self.conn).take() {
+            conn.close();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inner {
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The live connection, reconnecting (with HELLO) if the last one failed.
+    fn current_conn(&self) -> Result<Arc<Conn>, TransportError> {
+        let mut current = lock(&self.conn);
+        if let Some(conn) = current.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(Arc::clone(conn));
+        }
+        let (conn, info) = Conn::open(&self.addr, &self.cfg, self.next_id())?;
+        let mut known = lock(&self.info);
+        if *known != info {
+            tracing::warn!(donor = %self.addr, before = ?*known, after = ?info, "donor geometry changed across a reconnect");
+        }
+        *known = info;
+        if current.is_some() {
+            bump(&self.counters.reconnects_total, 1);
+            tracing::info!(donor = %self.addr, "reconnected to donor");
+        }
+        *current = Some(Arc::clone(&conn));
+        Ok(conn)
+    }
+}
+
+/// A connection to one donor. `Send + Sync`; clones share the connection.
+#[derive(Clone)]
+pub struct DonorClient {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for DonorClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DonorClient")
+            .field("addr", &self.inner.addr)
+            .field("client_id", &self.inner.cfg.client_id)
+            .finish()
+    }
+}
+
+impl DonorClient {
+    /// Connects to the donor at `addr` (`HOST:PORT`) and authenticates with HELLO.
+    pub fn connect(addr: &str, cfg: ClientConfig) -> Result<DonorClient, TransportError> {
+        if let Some(token) = &cfg.token {
+            if token.len() > MAX_TOKEN_LEN {
+                return Err(TransportError::Invalid {
+                    op: "hello",
+                    source: EncodeError::TokenTooLong { len: token.len() },
+                });
+            }
+        }
+        let addr: Arc<str> = Arc::from(addr);
+        let next_id = AtomicU64::new(1);
+        let (conn, info) = Conn::open(&addr, &cfg, next_id.fetch_add(1, Ordering::Relaxed))?;
+        Ok(DonorClient {
+            inner: Arc::new(Inner {
+                addr,
+                cfg,
+                next_id,
+                conn: Mutex::new(Some(conn)),
+                info: Mutex::new(info),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// The donor address this client talks to.
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// This client's id, as sent in HELLO.
+    pub fn client_id(&self) -> u64 {
+        self.inner.cfg.client_id
+    }
+
+    /// The donor's geometry, as told by its last HELLO answer.
+    pub fn info(&self) -> DonorInfo {
+        *lock(&self.inner.info)
+    }
+
+    /// This client's counters.
+    pub fn counters(&self) -> ClientCounters {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ClientCounters {
+            requests_total: get(&c.requests_total),
+            pages_read_total: get(&c.pages_read_total),
+            pages_written_total: get(&c.pages_written_total),
+            timeouts_total: get(&c.timeouts_total),
+            reconnects_total: get(&c.reconnects_total),
+        }
+    }
+
+    /// Allocates one slab for this client; returns its id.
+    pub fn alloc_slab(&self) -> Result<u32, TransportError> {
+        let reply = self
+            .submit(Opcode::AllocSlab, &[], |b, id| {
+                encode_alloc_slab(b, id);
+                Ok(())
+            })?
+            .wait_reply()?;
+        match reply {
+            Reply::Slab(slab) => Ok(slab),
+            other => Err(self.unexpected(Opcode::AllocSlab, &other)),
+        }
+    }
+
+    /// Frees one of this client's slabs.
+    pub fn free_slab(&self, slab: u32) -> Result<(), TransportError> {
+        let reply = self
+            .submit(Opcode::FreeSlab, &[], |b, id| {
+                encode_free_slab(b, id, slab);
+                Ok(())
+            })?
+            .wait_reply()?;
+        match reply {
+            Reply::Done => Ok(()),
+            other => Err(self.unexpected(Opcode::FreeSlab, &other)),
+        }
+    }
+
+    /// Fetches the donor's counters.
+    pub fn stats(&self) -> Result<DonorStats, TransportError> {
+        let reply = self
+            .submit(Opcode::Stats, &[], |b, id| {
+                encode_stats(b, id);
+                Ok(())
+            })?
+            .wait_reply()?;
+        match reply {
+            Reply::Stats(s) => Ok(s),
+            other => Err(self.unexpected(Opcode::Stats, &other)),
+        }
+    }
+
+    /// Writes 1 to [`MAX_BATCH_PAGES`] pages and waits until the donor has them.
+    pub fn write_pages(&self, pages: &[PageWrite<'_>]) -> Result<(), TransportError> {
+        self.submit_write(pages)?.wait().map(|_| ())
+    }
+
+    /// Reads 1 to [`MAX_BATCH_PAGES`] pages into `out`, which must be exactly
+    /// `4096 × pages.len()` bytes; page `i` lands at `out[4096 * i..]`.
+    pub fn read_pages(&self, pages: &[PageAddr], out: &mut [u8]) -> Result<(), TransportError> {
+        let expected = pages.len() * PAGE_SIZE;
+        if out.len() != expected {
+            return Err(TransportError::OutputBuffer {
+                expected,
+                got: out.len(),
+            });
+        }
+        match self.submit_read(pages)?.wait_reply()? {
+            Reply::Pages(data) if data.len() == expected => {
+                out.copy_from_slice(&data);
+                Ok(())
+            }
+            other => Err(self.unexpected(Opcode::ReadPages, &other)),
+        }
+    }
+
+    /// Sends a write of 1 to [`MAX_BATCH_PAGES`] pages and returns at once; the page bytes are
+    /// on the wire (or in the socket buffer) when this returns, so `pages` may be reused.
+    pub fn submit_write(&self, pages: &[PageWrite<'_>]) -> Result<Pending, TransportError> {
+        let invalid = |source| TransportError::Invalid {
+            op: Opcode::WritePages.name(),
+            source,
+        };
+        if pages.is_empty() || pages.len() > MAX_BATCH_PAGES {
+            return Err(invalid(EncodeError::BatchSize { count: pages.len() }));
+        }
+        if let Some((index, p)) = pages
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.data.len() != PAGE_SIZE)
+        {
+            return Err(invalid(EncodeError::PageSize {
+                index,
+                len: p.data.len(),
+            }));
+        }
+        let data: Vec<&[u8]> = pages.iter().map(|p| p.data).collect();
+        let pending = self.submit(Opcode::WritePages, &data, |b, id| {
+            encode_write_pages_header(b, id, pages.iter().map(|p| p.addr))
+        })?;
+        bump(&self.inner.counters.pages_written_total, pages.len() as u64);
+        Ok(pending)
+    }
+
+    /// Sends a read of 1 to [`MAX_BATCH_PAGES`] pages and returns at once;
+    /// [`Pending::wait`] gives [`Completion::Pages`].
+    pub fn submit_read(&self, pages: &[PageAddr]) -> Result<Pending, TransportError> {
+        if pages.is_empty() || pages.len() > MAX_BATCH_PAGES {
+            return Err(TransportError::Invalid {
+                op: Opcode::ReadPages.name(),
+                source: EncodeError::BatchSize { count: pages.len() },
+            });
+        }
+        let pending = self.submit(Opcode::ReadPages, &[], |b, id| {
+            encode_read_pages(b, id, pages)
+        })?;
+        bump(&self.inner.counters.pages_read_total, pages.len() as u64);
+        Ok(pending)
+    }
+
+    /// Registers and sends one request, reconnecting first if the connection is down. A
+    /// connection found closed before anything was sent is replaced once.
+    fn submit(
+        &self,
+        op: Opcode,
+        pages: &[&[u8]],
+        encode: impl Fn(&mut Vec<u8>, u64) -> Result<(), EncodeError>,
+    ) -> Result<Pending, TransportError> {
+        let inner = &self.inner;
+        for _ in 0..2 {
+            let conn = inner.current_conn()?;
+            let id = inner.next_id();
+            let submitted = Instant::now();
+            match conn.send(op, id, inner.cfg.request_timeout, pages, |b| encode(b, id)) {
+                Ok(slot) => {
+                    bump(&inner.counters.requests_total, 1);
+                    return Ok(Pending {
+                        client: Arc::clone(inner),
+                        conn,
+                        slot,
+                        id,
+                        op,
+                        submitted,
+                        finished: false,
+                    });
+                }
+                Err(SendError::Closed) => continue,
+                Err(SendError::Failed(e)) => {
+                    if matches!(e, TransportError::Timeout { .. }) {
+                        bump(&inner.counters.timeouts_total, 1);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Err(TransportError::Disconnected {
+            addr: inner.addr.to_string(),
+            op: op.name(),
+            reason: "the connection closed again right after it was re-established".into(),
+        })
+    }
+
+    fn unexpected(&self, op: Opcode, reply: &Reply) -> TransportError {
+        TransportError::Protocol {
+            addr: self.inner.addr.to_string(),
+            op: op.name(),
+            detail: format!("unexpected reply {reply:?}"),
+        }
+    }
+}
+
+/// A request in flight. [`Pending::wait`] gives its result; dropping it forgets the request
+/// (the response is discarded when it arrives).
+pub struct Pending {
+    client: Arc<Inner>,
+    conn: Arc<Conn>,
+    slot: Arc<Slot>,
+    id: u64,
+    op: Opcode,
+    submitted: Instant,
+    finished: bool,
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("donor", &self.client.addr)
+            .field("op", &self.op.name())
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Pending {
+    /// Waits for the response, for at most the request timeout counted from submission, plus
+    /// the configured link delay.
+    pub fn wait(self) -> Result<Completion, TransportError> {
+        match self.wait_reply()? {
+            Reply::Pages(data) => Ok(Completion::Pages(data)),
+            Reply::Done | Reply::Slab(_) | Reply::Stats(_) => Ok(Completion::Done),
+        }
+    }
+
+    fn wait_reply(mut self) -> Result<Reply, TransportError> {
+        let timeout = self.client.cfg.request_timeout;
+        let got = match self.slot.wait_until(Some(self.submitted + timeout)) {
+            Some(got) => got,
+            None if self.conn.forget(self.id) => {
+                self.finished = true;
+                bump(&self.client.counters.timeouts_total, 1);
+                self.conn.fail(Failure::Lost(format!(
+                    "a {} request got no answer within {} ms, so the connection was abandoned",
+                    self.op.name(),
+                    timeout.as_millis()
+                )));
+                return Err(TransportError::Timeout {
+                    addr: self.client.addr.to_string(),
+                    op: self.op.name(),
+                    after: timeout,
+                });
+            }
+            // The reader took the slot just as the deadline passed: its result is imminent.
+            None => match self.slot.wait_until(None) {
+                Some(got) => got,
+                None => unreachable_wait(&self.client.addr, self.op),
+            },
+        };
+        self.finished = true;
+        let (result, arrived) = got;
+        let delay_us = self.client.cfg.link_delay_us;
+        if delay_us > 0 && result.is_ok() {
+            delay_until(arrived + Duration::from_micros(delay_us));
+        }
+        result
+    }
+}
+
+/// `Slot::wait_until(None)` only returns with a result; this keeps the code panic-free anyway.
+fn unreachable_wait(addr: &str, op: Opcode) -> (Result<Reply, TransportError>, Instant) {
+    (
+        Err(TransportError::Disconnected {
+            addr: addr.to_string(),
+            op: op.name(),
+            reason: "the request was lost".into(),
+        }),
+        Instant::now(),
+    )
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.conn.forget(self.id);
+        }
+    }
+}
+
+/// Blocks the calling thread until `until`: sleeps for long waits, yields for the last few
+/// hundred microseconds (sleep granularity is too coarse for emulated link delays).
+fn delay_until(until: Instant) {
+    const SPIN: Duration = Duration::from_micros(300);
+    loop {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        let left = until - now;
+        if left > SPIN {
+            std::thread::sleep(left - SPIN);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_and_pending_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<DonorClient>();
+        check::<Pending>();
+        check::<ClientConfig>();
+    }
+
+    #[test]
+    fn default_config_matches_the_contract() {
+        let c = ClientConfig::default();
+        assert_eq!(c.connect_timeout, Duration::from_secs(3));
+        assert_eq!(c.request_timeout, Duration::from_secs(5));
+        assert_eq!(c.link_delay_us, 0);
+        assert!(c.token.is_none() && c.thread_hook.is_none());
+        let shown = format!(
+            "{:?}",
+            ClientConfig {
+                token: Some(b"secret".to_vec()),
+                ..c
+            }
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn bad_addresses_and_refused_connections_are_clear_errors() {
+        let err = DonorClient::connect("not an address", ClientConfig::default()).unwrap_err();
+        assert!(matches!(err, TransportError::BadAddress { .. }), "{err}");
+        // A port nobody listens on: bind, learn the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = DonorClient::connect(&format!("127.0.0.1:{port}"), ClientConfig::default())
+            .unwrap_err();
+        assert!(matches!(err, TransportError::Connect { .. }), "{err}");
+        assert!(err.to_string().contains("farmem donor"), "{err}");
+    }
+
+    #[test]
+    fn delay_until_waits_at_least_until_the_deadline() {
+        let start = Instant::now();
+        let until = start + Duration::from_micros(700);
+        delay_until(until);
+        assert!(Instant::now() >= until);
+    }
+}

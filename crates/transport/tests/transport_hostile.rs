@@ -1,0 +1,382 @@
+//! The client against hostile and broken peers (hand-made on 127.0.0.1): a donor that stalls, one
+//! that dies mid-request, one that sends garbage, one that refuses the token, and requests that
+//! break protocol limits. Each must give its own clear error, never a hang.
+
+mod common;
+
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use farmem_proto::{encode_error, Opcode, PageAddr, Status, MAX_BATCH_PAGES, PAGE_SIZE};
+use farmem_transport::{ClientConfig, Completion, DonorClient, PageWrite, TransportError};
+
+fn quick_config() -> ClientConfig {
+    ClientConfig {
+        client_id: 0xC0FFEE,
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_millis(300),
+        ..ClientConfig::default()
+    }
+}
+
+/// Generous upper bound for "returned instead of hanging": far above the 300 ms timeout.
+const NO_HANG: Duration = Duration::from_secs(10);
+
+#[test]
+fn a_donor_that_stalls_after_hello_gives_timeout_then_the_client_reconnects() {
+    let peer = spawn_peer(|mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() {
+            stall(&mut stream);
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let start = Instant::now();
+    let err = client.alloc_slab().unwrap_err();
+    assert!(start.elapsed() < NO_HANG, "took {:?}", start.elapsed());
+    assert!(
+        matches!(err, TransportError::Timeout { op: "alloc_slab", after, .. } if after == Duration::from_millis(300)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("300 ms"), "{err}");
+    // The timed-out connection was abandoned: the next request opens a new one (which stalls too).
+    let err = client.stats().unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(client.counters().timeouts_total, 2);
+    assert_eq!(client.counters().reconnects_total, 1);
+}
+
+#[test]
+fn a_donor_that_never_answers_hello_gives_timeout_at_connect() {
+    let peer = spawn_peer(|mut stream, _| stall(&mut stream));
+    let start = Instant::now();
+    let err = DonorClient::connect(&peer.addr, quick_config()).unwrap_err();
+    assert!(start.elapsed() < NO_HANG);
+    assert!(
+        matches!(err, TransportError::Timeout { op: "hello", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_donor_that_dies_mid_request_gives_disconnected_then_reconnect_works() {
+    let store: Store = Arc::default();
+    let slabs = Arc::new(AtomicUsize::new(1));
+    let hellos = Arc::new(Mutex::new(Vec::new()));
+    let (s, h) = (Arc::clone(&store), Arc::clone(&hellos));
+    let peer = spawn_peer(move |mut stream, index| {
+        let Some(hello) = handshake(&mut stream, |_| true) else {
+            return;
+        };
+        h.lock().unwrap().push(hello);
+        if index == 0 {
+            // Take one request, then die without answering.
+            let _ = next_request(&mut stream);
+            return;
+        }
+        serve(&mut stream, &s, &slabs);
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let addr = PageAddr { slab: 0, page: 3 };
+    let mut out = vec![0u8; PAGE_SIZE];
+    let err = client.read_pages(&[addr], &mut out).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Disconnected {
+                op: "read_pages",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("reconnects"), "{err}");
+
+    // The next call reconnects, says HELLO with the same client id, and works.
+    let data = page(42);
+    client
+        .write_pages(&[PageWrite { addr, data: &data }])
+        .unwrap();
+    client.read_pages(&[addr], &mut out).unwrap();
+    assert_eq!(out, data);
+    let hellos = hellos.lock().unwrap();
+    assert_eq!(hellos.len(), 2);
+    assert!(hellos.iter().all(|h| h.client_id == 0xC0FFEE));
+    assert_eq!(client.counters().reconnects_total, 1);
+}
+
+#[test]
+fn every_request_in_flight_fails_with_disconnected_when_the_connection_drops() {
+    let peer = spawn_peer(|mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() {
+            for _ in 0..8 {
+                let _ = next_request(&mut stream);
+            }
+            // Drop the connection with all eight unanswered.
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let pending: Vec<_> = (0..8)
+        .map(|i| {
+            client
+                .submit_read(&[PageAddr { slab: 0, page: i }])
+                .unwrap()
+        })
+        .collect();
+    for p in pending {
+        let err = p.wait().unwrap_err();
+        assert!(matches!(err, TransportError::Disconnected { .. }), "{err}");
+    }
+}
+
+#[test]
+fn garbage_from_the_donor_is_a_protocol_error() {
+    let peer = spawn_peer(|mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() && next_request(&mut stream).is_some() {
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\nnot a farmem donor");
+            stall(&mut stream);
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let err = client.alloc_slab().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Protocol {
+                op: "alloc_slab",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("bad magic"), "{err}");
+}
+
+#[test]
+fn garbage_instead_of_the_hello_answer_is_a_protocol_error() {
+    let peer = spawn_peer(|mut stream, _| {
+        let _ = next_request(&mut stream);
+        let _ = stream.write_all(&[0xAB; 64]);
+        stall(&mut stream);
+    });
+    let err = DonorClient::connect(&peer.addr, quick_config()).unwrap_err();
+    assert!(
+        matches!(err, TransportError::Protocol { op: "hello", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_response_of_the_wrong_kind_is_a_protocol_error() {
+    let peer = spawn_peer(|mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() {
+            if let Some((h, _)) = next_request(&mut stream) {
+                // Answer a READ_PAGES with an ALLOC_SLAB response.
+                let mut out = Vec::new();
+                farmem_proto::encode_slab_allocated(&mut out, h.request_id, 5);
+                let _ = stream.write_all(&out);
+            }
+            stall(&mut stream);
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    let err = client
+        .read_pages(&[PageAddr { slab: 0, page: 0 }], &mut out)
+        .unwrap_err();
+    assert!(matches!(err, TransportError::Protocol { .. }), "{err}");
+    assert!(err.to_string().contains("alloc_slab response"), "{err}");
+}
+
+#[test]
+fn a_wrong_token_is_refused_with_a_clear_error() {
+    let peer = spawn_peer(|mut stream, _| {
+        let _ = handshake(&mut stream, |t| t == b"right");
+    });
+    let cfg = ClientConfig {
+        token: Some(b"wrong".to_vec()),
+        ..quick_config()
+    };
+    let err = DonorClient::connect(&peer.addr, cfg).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Refused {
+                status: Status::AuthFailed,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&peer.addr) && msg.contains("--token-file"),
+        "{msg}"
+    );
+    let cfg = ClientConfig {
+        token: Some(b"right".to_vec()),
+        ..quick_config()
+    };
+    DonorClient::connect(&peer.addr, cfg).unwrap();
+}
+
+#[test]
+fn an_error_status_is_reported_with_the_donors_message_and_the_connection_stays_up() {
+    let (peer, _store) = good_donor();
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    let err = client
+        .read_pages(&[PageAddr { slab: 9, page: 0 }], &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Status {
+                status: Status::NoSuchSlab,
+                op: "read_pages",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("slab 9 does not exist"), "{err}");
+    assert_eq!(client.alloc_slab().unwrap(), 0);
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn requests_over_the_protocol_limits_are_rejected_before_sending() {
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&requests);
+    let peer = spawn_peer(move |mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() {
+            while let Some((h, _)) = next_request(&mut stream) {
+                seen.fetch_add(1, Ordering::SeqCst);
+                let mut out = Vec::new();
+                encode_error(
+                    &mut out,
+                    h.opcode,
+                    h.request_id,
+                    Status::Internal,
+                    "unexpected",
+                );
+                let _ = stream.write_all(&out);
+            }
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let too_many = vec![PageAddr { slab: 0, page: 0 }; MAX_BATCH_PAGES + 1];
+    let err = client.submit_read(&too_many).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::Invalid {
+                op: "read_pages",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("257 pages"), "{err}");
+    let err = client.submit_read(&[]).unwrap_err();
+    assert!(matches!(err, TransportError::Invalid { .. }), "{err}");
+
+    let data = page(1);
+    let writes: Vec<_> = too_many
+        .iter()
+        .map(|&addr| PageWrite { addr, data: &data })
+        .collect();
+    let err = client.write_pages(&writes).unwrap_err();
+    assert!(matches!(err, TransportError::Invalid { .. }), "{err}");
+    let short = [0u8; 100];
+    let err = client
+        .write_pages(&[PageWrite {
+            addr: too_many[0],
+            data: &short,
+        }])
+        .unwrap_err();
+    assert!(err.to_string().contains("100 bytes"), "{err}");
+
+    let mut out = vec![0u8; 10];
+    let err = client.read_pages(&too_many[..2], &mut out).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransportError::OutputBuffer {
+                expected: 8192,
+                got: 10
+            }
+        ),
+        "{err}"
+    );
+    let err = DonorClient::connect(
+        &peer.addr,
+        ClientConfig {
+            token: Some(vec![b'x'; 300]),
+            ..quick_config()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, TransportError::Invalid { op: "hello", .. }),
+        "{err}"
+    );
+
+    // Nothing above reached the peer; a valid request still does.
+    assert_eq!(requests.load(Ordering::SeqCst), 0);
+    assert!(client.stats().is_err());
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn thread_hook_runs_in_the_reader_thread_and_link_delay_is_added() {
+    let (peer, _store) = good_donor();
+    let hook_runs = Arc::new(AtomicUsize::new(0));
+    let runs = Arc::clone(&hook_runs);
+    let cfg = ClientConfig {
+        link_delay_us: 20_000,
+        thread_hook: Some(Arc::new(move || {
+            assert!(std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("farmem-net-")));
+            runs.fetch_add(1, Ordering::SeqCst);
+        })),
+        ..quick_config()
+    };
+    let client = DonorClient::connect(&peer.addr, cfg).unwrap();
+    let start = Instant::now();
+    let slab = client.alloc_slab().unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(20));
+    // Four pipelined requests each get the delay, but not one after the other.
+    let start = Instant::now();
+    let pending: Vec<_> = (0..4)
+        .map(|i| client.submit_read(&[PageAddr { slab, page: i }]).unwrap())
+        .collect();
+    for p in pending {
+        assert!(matches!(p.wait().unwrap(), Completion::Pages(d) if d.len() == PAGE_SIZE));
+    }
+    assert!(start.elapsed() >= Duration::from_millis(20));
+    assert_eq!(hook_runs.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_dropped_pending_request_does_not_disturb_the_others() {
+    let (peer, _store) = good_donor();
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let slab = client.alloc_slab().unwrap();
+    let data = page(7);
+    let addr = PageAddr { slab, page: 1 };
+    drop(
+        client
+            .submit_write(&[PageWrite { addr, data: &data }])
+            .unwrap(),
+    );
+    let mut out = vec![0u8; PAGE_SIZE];
+    // Same connection, in order: the dropped write was still executed before this read.
+    client.read_pages(&[addr], &mut out).unwrap();
+    assert_eq!(out, data);
+    assert_eq!(Opcode::ReadPages.name(), "read_pages");
+}
