@@ -1,0 +1,211 @@
+//! The client against the real donor (`farmem_donor::DonorServer` on 127.0.0.1): pipelined
+//! reads and writes from several threads, the token check, reconnecting to the same slabs,
+//! error statuses and the donor's counters.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use common::page;
+use farmem_donor::{DonorConfig, DonorServer, RunningDonor};
+use farmem_proto::{PageAddr, Status, MAX_BATCH_PAGES, PAGE_SIZE};
+use farmem_transport::{ClientConfig, Completion, DonorClient, PageWrite, TransportError};
+
+const SLAB_PAGES: u32 = 256;
+
+fn donor(token: Option<&[u8]>) -> RunningDonor {
+    DonorServer::bind(DonorConfig {
+        listen: "127.0.0.1:0".into(),
+        capacity_bytes: 16 * u64::from(SLAB_PAGES) * PAGE_SIZE as u64,
+        slab_size_bytes: u64::from(SLAB_PAGES) * PAGE_SIZE as u64,
+        token: token.map(<[u8]>::to_vec),
+        ..DonorConfig::default()
+    })
+    .expect("bind the donor on 127.0.0.1:0")
+    .spawn()
+}
+
+fn config(client_id: u64) -> ClientConfig {
+    ClientConfig {
+        client_id,
+        request_timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    }
+}
+
+#[test]
+fn pipelined_batches_from_several_threads_round_trip_through_the_donor() {
+    let donor = donor(None);
+    let addr = donor.local_addr().to_string();
+    let client = DonorClient::connect(&addr, config(1)).unwrap();
+    assert_eq!(client.info().slab_size_bytes, u64::from(SLAB_PAGES) * 4096);
+    let slabs: Vec<u32> = (0..4).map(|_| client.alloc_slab().unwrap()).collect();
+
+    let workers: Vec<_> = slabs
+        .iter()
+        .enumerate()
+        .map(|(t, &slab)| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let seed = |p: u32| ((t as u64) << 32) | u64::from(p);
+                let mut window = VecDeque::new();
+                for batch in 0..(SLAB_PAGES / 32) {
+                    let pages: Vec<Vec<u8>> = (0..32).map(|i| page(seed(batch * 32 + i))).collect();
+                    let writes: Vec<_> = pages
+                        .iter()
+                        .enumerate()
+                        .map(|(i, data)| PageWrite {
+                            addr: PageAddr {
+                                slab,
+                                page: batch * 32 + i as u32,
+                            },
+                            data,
+                        })
+                        .collect();
+                    window.push_back(client.submit_write(&writes).unwrap());
+                    if window.len() == 4 {
+                        window.pop_front().unwrap().wait().unwrap();
+                    }
+                }
+                for p in window.drain(..) {
+                    p.wait().unwrap();
+                }
+                // Read back in 64-page batches with strided addresses, 4 in flight.
+                let mut reads = VecDeque::new();
+                for start in 0..4u32 {
+                    let addrs: Vec<_> = (0..SLAB_PAGES / 4)
+                        .map(|k| PageAddr {
+                            slab,
+                            page: start + 4 * k,
+                        })
+                        .collect();
+                    reads.push_back((addrs.clone(), client.submit_read(&addrs).unwrap()));
+                }
+                for (addrs, p) in reads {
+                    let Completion::Pages(data) = p.wait().unwrap() else {
+                        panic!("read without pages");
+                    };
+                    for (a, got) in addrs.iter().zip(data.chunks_exact(PAGE_SIZE)) {
+                        assert!(
+                            got == page(seed(a.page)).as_slice(),
+                            "page {a:?} came back wrong"
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let stats = client.stats().unwrap();
+    assert_eq!(stats.slabs, 4);
+    assert_eq!(stats.pages_written_total, 4 * u64::from(SLAB_PAGES));
+    assert_eq!(stats.pages_read_total, 4 * u64::from(SLAB_PAGES));
+    assert_eq!(stats.clients, 1);
+    client.free_slab(slabs[0]).unwrap();
+    assert_eq!(client.stats().unwrap().slabs, 3);
+}
+
+#[test]
+fn the_donor_refuses_a_wrong_or_missing_token_with_a_clear_error() {
+    let donor = donor(Some(b"s3cret"));
+    let addr = donor.local_addr().to_string();
+    for token in [None, Some(b"wrong".to_vec())] {
+        let err = DonorClient::connect(&addr, ClientConfig { token, ..config(2) }).unwrap_err();
+        assert_eq!(err.status(), Some(Status::AuthFailed), "{err}");
+        assert!(err.to_string().contains("--token-file"), "{err}");
+    }
+    let client = DonorClient::connect(
+        &addr,
+        ClientConfig {
+            token: Some(b"s3cret".to_vec()),
+            ..config(2)
+        },
+    )
+    .unwrap();
+    client.alloc_slab().unwrap();
+}
+
+#[test]
+fn a_new_connection_with_the_same_client_id_finds_its_slabs() {
+    let donor = donor(None);
+    let addr = donor.local_addr().to_string();
+    let data = page(99);
+    let slab = {
+        let client = DonorClient::connect(&addr, config(77)).unwrap();
+        let slab = client.alloc_slab().unwrap();
+        let a = PageAddr { slab, page: 5 };
+        client
+            .write_pages(&[PageWrite {
+                addr: a,
+                data: &data,
+            }])
+            .unwrap();
+        slab
+    }; // dropped: the connection closes
+    let again = DonorClient::connect(&addr, config(77)).unwrap();
+    let mut out = vec![0u8; PAGE_SIZE];
+    again
+        .read_pages(&[PageAddr { slab, page: 5 }], &mut out)
+        .unwrap();
+    assert_eq!(out, data);
+
+    // Another client id may not read it.
+    let other = DonorClient::connect(&addr, config(78)).unwrap();
+    let err = other
+        .read_pages(&[PageAddr { slab, page: 5 }], &mut out)
+        .unwrap_err();
+    assert_eq!(err.status(), Some(Status::NoSuchSlab), "{err}");
+    let err = again
+        .read_pages(
+            &[PageAddr {
+                slab,
+                page: SLAB_PAGES,
+            }],
+            &mut out,
+        )
+        .unwrap_err();
+    assert_eq!(err.status(), Some(Status::PageOutOfRange), "{err}");
+    // Errors leave the connection usable.
+    again
+        .read_pages(&[PageAddr { slab, page: 5 }], &mut out)
+        .unwrap();
+}
+
+#[test]
+fn a_batch_over_the_limit_is_rejected_client_side() {
+    let donor = donor(None);
+    let client = DonorClient::connect(&donor.local_addr().to_string(), config(3)).unwrap();
+    let slab = client.alloc_slab().unwrap();
+    let addrs = vec![PageAddr { slab, page: 0 }; MAX_BATCH_PAGES + 1];
+    let err = client.submit_read(&addrs).unwrap_err();
+    assert!(matches!(err, TransportError::Invalid { .. }), "{err}");
+    assert_eq!(client.counters().requests_total, 1);
+    // The full limit itself is fine.
+    let mut out = vec![0u8; MAX_BATCH_PAGES * PAGE_SIZE];
+    client
+        .read_pages(&addrs[..MAX_BATCH_PAGES], &mut out)
+        .unwrap();
+}
+
+#[test]
+fn a_stopped_donor_gives_disconnected_and_a_restarted_one_is_reached_again() {
+    let donor = donor(None);
+    let addr = donor.local_addr();
+    let client = DonorClient::connect(&addr.to_string(), config(4)).unwrap();
+    client.alloc_slab().unwrap();
+    donor.stop().unwrap();
+    let err = client.stats().unwrap_err();
+    assert!(err.is_connection_failure(), "{err}");
+    // A new donor on the same port: the next call reconnects to it.
+    let again = DonorServer::bind(DonorConfig {
+        listen: addr.to_string(),
+        ..DonorConfig::default()
+    })
+    .expect("rebind the same port")
+    .spawn();
+    assert_eq!(client.stats().unwrap().slabs, 0);
+    drop(again);
+}
