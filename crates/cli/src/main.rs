@@ -20,12 +20,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
+    /// Benchmarks: `farmem bench compare` (farmem beside swap and zram), ….
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
     init_logging();
     let cli = Cli::parse();
-    let result: anyhow::Result<std::process::ExitCode> = match cli.command {};
+    let result: anyhow::Result<std::process::ExitCode> = match cli.command {
+        Command::Bench(args) => cmd::bench::run(args),
+    };
     match result {
         Ok(code) => code,
         Err(err) => {

@@ -1,1 +1,3 @@
 //! One module per `farmem` subcommand.
+pub mod bench;
+pub mod bench_compare;

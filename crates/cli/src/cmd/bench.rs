@@ -1,0 +1,27 @@
+//! `farmem bench …`: the benchmark commands, one subcommand each. This file only dispatches;
+//! each benchmark lives in its own module (`bench_compare`, …) and owns its arguments.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+/// Arguments of `farmem bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// The benchmarks. Each variant: one line here, one arm in [`run`], one module in `cmd/`.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Run one workload under local memory, farmem, Linux swap and zram, side by side.
+    Compare(crate::cmd::bench_compare::CompareArgs),
+}
+
+/// Runs the chosen benchmark.
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        BenchCommand::Compare(a) => crate::cmd::bench_compare::run(a),
+    }
+}

@@ -1,0 +1,760 @@
+//! `farmem bench compare`: one workload under local memory, farmem, Linux swap to a file and
+//! zram, side by side in one run on one machine, every figure a ratio to `local` and `swap`
+//! measured in that same run.
+//!
+//! # Design
+//!
+//! For each workload the `local` run comes first, in a memory cgroup without a limit: it is the
+//! baseline and measures the workload's peak memory (the cgroup's high-water mark, so page cache
+//! the program needs counts as it does under the limit). Each `--local F` then gives the limit
+//! `F × peak`, and each other system runs the workload once, in a fresh process, after the page
+//! cache is dropped:
+//!
+//! * `farmem`: `farmem run --local-mem LIMIT --stats FILE --quiet -- WORKLOAD` (this binary);
+//! * `swap`: a swap file on local disk (`--swap-dir`) is the only active swap area, the workload
+//!   runs in a memory cgroup limited to LIMIT;
+//! * `zram`: a new zram device with lz4 is the only active swap area, same cgroup limit.
+//!
+//! The machine's own swap areas are off during the benchmark and back on afterwards; every
+//! change is undone on every path, including SIGINT/SIGTERM (see [`systems`]). A system the
+//! machine cannot provide is skipped with a note in its row. The output is one table (or
+//! `--json` rows), an optional SVG (`--plot`), and with `--save DIR` all three plus the machine's
+//! description, as kept in bench/results/.
+//!
+//! # Limitations
+//!
+//! The limit is the same number for all systems, but what it covers differs: the cgroup limit
+//! covers all the workload's memory (anonymous and the page cache of its files), farmem's budget
+//! covers the pages of its regions. zram's compressed store lives outside the cgroup, as it does
+//! in production. The swap figures depend on the disk behind `--swap-dir` (a virtio disk here).
+
+mod kv;
+mod report;
+mod systems;
+mod workloads;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use report::RunRow;
+use systems::{Cgroup, CgroupMount, Cleanup, CleanupGuard, SystemKind};
+use workloads::{Sizes, Toolbox, Workload, WorkloadList, Wrap};
+
+/// Arguments of `farmem bench compare`.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example: farmem bench compare --workload seq,stride:10,redis --local 0.5,0.25 --plot out.svg"
+)]
+pub struct CompareArgs {
+    /// Workloads, comma-separated: seq, stride:K, random, redis, memcached, numpy, kmeans, or all.
+    #[arg(long, short = 'w', value_parser = workloads::parse_workload_list)]
+    pub workload: WorkloadList,
+
+    /// Fraction(s) of the workload's peak memory allowed locally, comma-separated, each in (0, 1].
+    #[arg(long = "local", default_value = "0.5", value_parser = parse_fractions)]
+    pub local: Fractions,
+
+    /// Systems to compare, comma-separated: local, farmem, swap, zram (local always runs).
+    #[arg(long, default_value = "local,farmem,swap,zram", value_parser = parse_system_list)]
+    pub systems: SystemList,
+
+    /// Working set of the seq/stride/random microbenchmarks (e.g. 512MiB, 1GiB).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub wss: u64,
+
+    /// Passes over the working set of the microbenchmarks (after the pass that fills it).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub passes: u32,
+
+    /// Keys loaded into redis/memcached (1 KiB random values each).
+    #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(2..))]
+    pub keys: u64,
+
+    /// Requests of the 95% GET / 5% SET mix (all clients together).
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ops: u64,
+
+    /// Client connections (threads) of the mix, each closed-loop.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub clients: u32,
+
+    /// Zipfian skew of the keys, in (0, 1).
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+
+    /// numpy: multiply two N×N float64 matrices (operands 3·N²·8 bytes).
+    #[arg(long, default_value_t = 6000, value_parser = clap::value_parser!(u64).range(2..))]
+    pub matrix_n: u64,
+
+    /// kmeans: samples of the generated data set.
+    #[arg(long, default_value_t = 1_500_000, value_parser = clap::value_parser!(u64).range(16..))]
+    pub kmeans_samples: u64,
+
+    /// kmeans: features per sample (float64).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kmeans_features: u64,
+
+    /// kmeans: clusters.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..))]
+    pub kmeans_clusters: u64,
+
+    /// kmeans: maximum Lloyd iterations.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kmeans_iterations: u64,
+
+    /// A run that takes longer than this (seconds) is killed and reported as failed.
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+
+    /// Seed of every generator (values, access orders, matrices).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+
+    /// Python interpreter for numpy/kmeans (Debian's, which sees python3-numpy/python3-sklearn).
+    #[arg(long, default_value = "/usr/bin/python3")]
+    pub python: PathBuf,
+
+    /// Directory on local disk for the swap file of the `swap` system.
+    #[arg(long, default_value = "/var/tmp")]
+    pub swap_dir: PathBuf,
+
+    /// Extra argument passed to `farmem run` (repeatable), e.g. --farmem-arg=--prefetch=none.
+    #[arg(long = "farmem-arg", allow_hyphen_values = true)]
+    pub farmem_args: Vec<String>,
+
+    /// Print the rows as JSON (the table then goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Draw the rows as grouped bars into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+
+    /// Also write results.md (machine + table), results.json and results.svg into this directory.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+}
+
+/// The value of `--local`: fractions in (0, 1], in the order given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fractions(pub Vec<f64>);
+
+/// Parses `--local`: comma-separated fractions in (0, 1].
+pub fn parse_fractions(text: &str) -> Result<Fractions, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let f: f64 = part
+            .parse()
+            .map_err(|_| format!("`{part}` is not a number: --local takes fractions of the peak memory, e.g. 0.5 or 0.5,0.25"))?;
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(format!(
+                "--local {part} is out of range: each fraction must be in (0, 1], e.g. 0.5"
+            ));
+        }
+        if !out.contains(&f) {
+            out.push(f);
+        }
+    }
+    if out.is_empty() {
+        return Err("--local needs at least one fraction, e.g. 0.5".into());
+    }
+    Ok(Fractions(out))
+}
+
+/// The value of `--systems`, in run order, `local` first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemList(pub Vec<SystemKind>);
+
+fn parse_system_list(text: &str) -> Result<SystemList, String> {
+    systems::parse_systems(text).map(SystemList)
+}
+
+/// Parses a size: plain bytes or with a unit (KiB, MiB, GiB, TiB; K/M/G/T and KB/MB/GB mean the
+/// same binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("bad size `{text}`: expected e.g. 512MiB, 1GiB or a byte count"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "bad size unit `{other}` in `{text}`: use KiB, MiB, GiB or TiB"
+            ))
+        }
+    };
+    let bytes = (n * mult as f64) as u64;
+    if bytes < 4096 {
+        return Err(format!("size `{text}` is below one page (4 KiB)"));
+    }
+    Ok(bytes)
+}
+
+/// The limit for fraction `f` of `peak_bytes`, rounded up to whole pages.
+pub fn limit_for(peak_bytes: u64, f: f64) -> u64 {
+    let raw = (peak_bytes as f64 * f).ceil() as u64;
+    raw.div_ceil(4096).max(1) * 4096
+}
+
+/// Bytes farmem moved to donors, from its `--stats` JSON: the first of the known counters found
+/// anywhere in the document (byte counters as is, page counters × 4096).
+pub fn farmem_remote_bytes(stats: &serde_json::Value) -> Option<u64> {
+    const BYTE_KEYS: &[&str] = &[
+        "remote_bytes",
+        "bytes_to_donors",
+        "bytes_written_remote",
+        "written_bytes",
+        "bytes_out",
+    ];
+    const PAGE_KEYS: &[&str] = &[
+        "pages_written",
+        "pages_to_donors",
+        "remote_writes",
+        "pages_out",
+        "evictions",
+        "pages_evicted",
+    ];
+    fn find(v: &serde_json::Value, key: &str) -> Option<u64> {
+        match v {
+            serde_json::Value::Object(m) => m
+                .get(key)
+                .and_then(serde_json::Value::as_u64)
+                .or_else(|| m.values().find_map(|c| find(c, key))),
+            serde_json::Value::Array(a) => a.iter().find_map(|c| find(c, key)),
+            _ => None,
+        }
+    }
+    BYTE_KEYS.iter().find_map(|k| find(stats, k)).or_else(|| {
+        PAGE_KEYS
+            .iter()
+            .find_map(|k| find(stats, k).map(|p| p * 4096))
+    })
+}
+
+struct Ctx<'a> {
+    args: &'a CompareArgs,
+    sizes: Sizes,
+    tb: Toolbox,
+    cleanup: Cleanup,
+    cgroup: Option<CgroupMount>,
+    run_no: usize,
+    runs_total: usize,
+    cache_note_shown: bool,
+}
+
+impl Ctx<'_> {
+    fn progress(&mut self, what: &str) -> String {
+        self.run_no += 1;
+        let tag = format!("[{}/{}] {what}", self.run_no, self.runs_total);
+        if !self.cache_note_shown {
+            if let Err(err) = systems::drop_page_cache() {
+                eprintln!("farmem bench: note: page cache not dropped before runs: {err:#}");
+                self.cache_note_shown = true;
+            }
+        } else {
+            let _ = systems::drop_page_cache();
+        }
+        tag
+    }
+}
+
+fn blank_row(system: SystemKind, workload: Workload, f: f64, limit: Option<u64>) -> RunRow {
+    RunRow {
+        system,
+        workload,
+        local_fraction: f,
+        limit_bytes: limit,
+        wall_s: None,
+        throughput_ops: None,
+        avg_access_us: None,
+        p50_us: None,
+        p99_us: None,
+        moved_bytes: None,
+        note: None,
+        failed: false,
+    }
+}
+
+fn fill(row: &mut RunRow, m: workloads::Measured) {
+    row.wall_s = m.wall_s;
+    row.throughput_ops = m.throughput_ops;
+    row.avg_access_us = m.avg_access_us;
+    row.p50_us = m.p50_us;
+    row.p99_us = m.p99_us;
+    row.note = Some(m.detail);
+}
+
+fn summary(row: &RunRow) -> String {
+    match row.workload.metric() {
+        workloads::Metric::AccessTime => {
+            format!("avg access {:.2} µs", row.avg_access_us.unwrap_or(f64::NAN))
+        }
+        workloads::Metric::Throughput => {
+            format!("{:.0} ops/s", row.throughput_ops.unwrap_or(f64::NAN))
+        }
+        workloads::Metric::Completion => {
+            format!("completed in {:.2} s", row.wall_s.unwrap_or(f64::NAN))
+        }
+    }
+}
+
+/// Runs the local baseline of `w`; returns its row and the peak memory.
+fn run_local(ctx: &mut Ctx<'_>, w: Workload) -> (RunRow, Option<u64>) {
+    let tag = ctx.progress(&format!("{w} local"));
+    eprintln!("{tag}: running (no limit)");
+    let mut row = blank_row(SystemKind::Local, w, 1.0, None);
+    let result = (|| -> anyhow::Result<(workloads::Measured, Option<u64>)> {
+        match &ctx.cgroup {
+            Some(mount) => {
+                let (cg, token) = Cgroup::create(mount, None, &ctx.cleanup)?;
+                let m = workloads::run(
+                    w,
+                    &ctx.sizes,
+                    &ctx.tb,
+                    &Wrap::Cgroup(cg.procs_file()),
+                    &ctx.cleanup,
+                );
+                let peak = cg.peak_bytes();
+                ctx.cleanup.run(token)?;
+                Ok((m?, Some(peak?)))
+            }
+            None => Ok((
+                workloads::run(w, &ctx.sizes, &ctx.tb, &Wrap::Direct, &ctx.cleanup)?,
+                None,
+            )),
+        }
+    })();
+    match result {
+        Ok((m, peak)) => {
+            fill(&mut row, m);
+            eprintln!(
+                "{tag}: done, {}, peak {}",
+                summary(&row),
+                peak.map(report::bytes)
+                    .unwrap_or_else(|| "not measured (no memory cgroup)".into())
+            );
+            (row, peak)
+        }
+        Err(err) => {
+            eprintln!("{tag}: FAILED: {err:#}");
+            row.note = Some(format!("failed: {err:#}"));
+            row.failed = true;
+            (row, None)
+        }
+    }
+}
+
+/// Runs `w` under `system` with `limit_bytes`. Err(skip note) when the system cannot be set up.
+fn run_limited(
+    ctx: &mut Ctx<'_>,
+    system: SystemKind,
+    w: Workload,
+    f: f64,
+    peak: u64,
+    limit_bytes: u64,
+) -> Result<RunRow, String> {
+    let tag = ctx.progress(&format!("{w} @{f} {system}"));
+    let mut row = blank_row(system, w, f, Some(limit_bytes));
+    let swap_size = peak + (64 << 20);
+    let outcome: anyhow::Result<(workloads::Measured, Option<u64>)> = match system {
+        SystemKind::Local => unreachable!("local runs in run_local"),
+        SystemKind::Farmem => {
+            let stats = ctx
+                .tb
+                .dir
+                .path()
+                .join(format!("farmem-stats-{}.json", ctx.run_no));
+            let exe = std::env::current_exe()
+                .map_err(|e| format!("cannot find this farmem binary: {e}"))?;
+            eprintln!(
+                "{tag}: running under farmem run --local-mem {}",
+                report::bytes(limit_bytes)
+            );
+            let wrap = Wrap::Farmem {
+                exe,
+                budget_bytes: limit_bytes,
+                stats: stats.clone(),
+                extra: ctx.args.farmem_args.clone(),
+            };
+            workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|m| {
+                let moved = std::fs::read_to_string(&stats)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| farmem_remote_bytes(&v));
+                (m, moved)
+            })
+        }
+        SystemKind::Swap | SystemKind::Zram => {
+            let mount = ctx.cgroup.clone().ok_or("no memory cgroup controller")?;
+            let area = if system == SystemKind::Swap {
+                systems::create_swap_file(&ctx.args.swap_dir, swap_size, &ctx.cleanup)
+            } else {
+                systems::create_zram(swap_size, &ctx.cleanup)
+            }
+            .map_err(|e| format!("{e:#}"))?;
+            let (cg, cg_token) = match Cgroup::create(&mount, Some(limit_bytes), &ctx.cleanup) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = area.teardown(&ctx.cleanup);
+                    return Err(format!("{e:#}"));
+                }
+            };
+            eprintln!(
+                "{tag}: running in a cgroup limited to {}, swap on {}",
+                report::bytes(limit_bytes),
+                area.description
+            );
+            let before = systems::swapped_out_bytes();
+            let m = workloads::run(
+                w,
+                &ctx.sizes,
+                &ctx.tb,
+                &Wrap::Cgroup(cg.procs_file()),
+                &ctx.cleanup,
+            );
+            let moved = systems::swapped_out_bytes().saturating_sub(before);
+            let teardown = ctx.cleanup.run(cg_token).and(area.teardown(&ctx.cleanup));
+            match (m, teardown) {
+                (Ok(m), Ok(())) => Ok((m, Some(moved))),
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            }
+        }
+    };
+    match outcome {
+        Ok((m, moved)) => {
+            fill(&mut row, m);
+            row.moved_bytes = moved;
+            eprintln!("{tag}: done, {}", summary(&row));
+        }
+        Err(err) => {
+            eprintln!("{tag}: FAILED: {err:#}");
+            row.note = Some(format!("failed: {err:#}"));
+            row.failed = true;
+        }
+    }
+    Ok(row)
+}
+
+/// Why a system cannot run on this machine at all (before trying), if it cannot.
+fn precheck(
+    system: SystemKind,
+    root: bool,
+    cgroup: &anyhow::Result<CgroupMount>,
+) -> Option<String> {
+    match system {
+        SystemKind::Local => None,
+        SystemKind::Farmem => {
+            let exe = std::env::current_exe().ok()?;
+            let ok = std::process::Command::new(&exe)
+                .args(["run", "--help"])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            (!ok).then(|| {
+                format!(
+                    "skipped: `{} run` is not available in this build",
+                    exe.display()
+                )
+            })
+        }
+        SystemKind::Swap | SystemKind::Zram => {
+            if !root {
+                Some("skipped: needs root (creates a swap area and a memory cgroup)".into())
+            } else {
+                cgroup.as_ref().err().map(|e| format!("skipped: {e:#}"))
+            }
+        }
+    }
+}
+
+/// Runs `farmem bench compare`.
+pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
+    if !(args.zipf > 0.0 && args.zipf < 1.0) {
+        anyhow::bail!(
+            "--zipf {} is out of range: the zipfian skew must be in (0, 1), e.g. 0.99",
+            args.zipf
+        );
+    }
+    let workloads = args.workload.0.clone();
+    let fractions = args.local.0.clone();
+    let systems_wanted = args.systems.0.clone();
+    let cleanup = Cleanup::new();
+    systems::install_signal_cleanup(cleanup.clone())?;
+    let _guard = CleanupGuard(cleanup.clone());
+
+    let root = systems::is_root();
+    let cgroup_probe = if root {
+        systems::detect_memory_cgroup()
+    } else {
+        Err(anyhow::anyhow!("not root: cannot create memory cgroups"))
+    };
+    let mut unavailable: Vec<(SystemKind, String)> = systems_wanted
+        .iter()
+        .filter_map(|s| precheck(*s, root, &cgroup_probe).map(|n| (*s, n)))
+        .collect();
+    for (s, note) in &unavailable {
+        eprintln!("farmem bench: {s}: {note}");
+    }
+    let uses_swap = systems_wanted.iter().any(|s| {
+        matches!(s, SystemKind::Swap | SystemKind::Zram) && !unavailable.iter().any(|(u, _)| u == s)
+    });
+    if root {
+        // Only the swap area under test may be active, during every run (farmem's included).
+        match systems::quiesce_machine_swap(&cleanup) {
+            Ok(areas) if !areas.is_empty() => eprintln!(
+                "farmem bench: switched off the machine's swap ({}) for the benchmark; it is switched back on at the end",
+                areas.iter().map(|a| a.path.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+            Ok(_) => {}
+            Err(e) if uses_swap => {
+                for s in [SystemKind::Swap, SystemKind::Zram] {
+                    unavailable.push((s, format!("skipped: {e:#}")));
+                }
+            }
+            Err(e) => eprintln!("farmem bench: note: {e:#}"),
+        }
+    }
+    let tb = Toolbox::prepare(&workloads, &args.python)?;
+    let sizes = Sizes {
+        wss_bytes: args.wss,
+        passes: args.passes,
+        keys: args.keys,
+        ops: args.ops,
+        clients: args.clients,
+        zipf_theta: args.zipf,
+        matrix_n: args.matrix_n,
+        kmeans_samples: args.kmeans_samples,
+        kmeans_features: args.kmeans_features,
+        kmeans_clusters: args.kmeans_clusters,
+        kmeans_iterations: args.kmeans_iterations,
+        timeout: Duration::from_secs(args.timeout),
+        seed: args.seed,
+    };
+    let runnable: Vec<SystemKind> = systems_wanted
+        .iter()
+        .copied()
+        .filter(|s| *s != SystemKind::Local && !unavailable.iter().any(|(u, _)| u == s))
+        .collect();
+    let mut ctx = Ctx {
+        args: &args,
+        sizes,
+        tb,
+        cleanup: cleanup.clone(),
+        cgroup: cgroup_probe.ok(),
+        run_no: 0,
+        runs_total: workloads.len() * (1 + fractions.len() * runnable.len()),
+        cache_note_shown: !root,
+    };
+    if !root {
+        eprintln!("farmem bench: note: not root, so the page cache is not dropped between runs");
+    }
+
+    let mut rows: Vec<RunRow> = Vec::new();
+    let mut peaks: Vec<(Workload, u64)> = Vec::new();
+    for &w in &workloads {
+        let (local_row, peak) = run_local(&mut ctx, w);
+        let local_failed = local_row.failed;
+        rows.push(local_row);
+        if let Some(p) = peak {
+            peaks.push((w, p));
+        }
+        for &f in &fractions {
+            for &system in systems_wanted.iter().filter(|s| **s != SystemKind::Local) {
+                if let Some((_, note)) = unavailable.iter().find(|(u, _)| *u == system) {
+                    let mut row = blank_row(system, w, f, None);
+                    row.note = Some(note.clone());
+                    rows.push(row);
+                    continue;
+                }
+                let Some(peak) = peak else {
+                    let mut row = blank_row(system, w, f, None);
+                    row.note = Some(if local_failed {
+                        "skipped: the local run failed, so there is no peak to take a fraction of"
+                            .into()
+                    } else {
+                        "skipped: the peak memory could not be measured (no memory cgroup)".into()
+                    });
+                    rows.push(row);
+                    continue;
+                };
+                let limit = limit_for(peak, f);
+                match run_limited(&mut ctx, system, w, f, peak, limit) {
+                    Ok(row) => rows.push(row),
+                    Err(note) => {
+                        let note = format!("skipped: {note}");
+                        eprintln!("farmem bench: {system}: {note}");
+                        let mut row = blank_row(system, w, f, Some(limit));
+                        row.note = Some(note.clone());
+                        rows.push(row);
+                        unavailable.push((system, note));
+                    }
+                }
+            }
+        }
+    }
+    drop(ctx);
+    for failure in cleanup.run_all() {
+        eprintln!("farmem bench: cleanup failed: {failure}");
+    }
+
+    let table = report::table(&rows, &peaks);
+    if args.json {
+        eprint!("{table}");
+        println!("{}", report::json(&rows));
+    } else {
+        print!("{table}");
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, report::svg(&rows))
+            .with_context(|| format!("cannot write the plot to {}", path.display()))?;
+    }
+    if let Some(dir) = &args.save {
+        save(dir, &rows, &table)?;
+    }
+    let failed = rows.iter().filter(|r| r.failed).count();
+    if failed > 0 {
+        eprintln!("farmem bench: {failed} run(s) failed (see the notes)");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn save(dir: &Path, rows: &[RunRow], table: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let command: Vec<String> = std::env::args().collect();
+    let md = format!(
+        "# farmem bench compare — results\n\nCommand: `{}`\n\nMachine:\n{}\n```text{}```\n",
+        command.join(" "),
+        report::machine_description(),
+        table
+    );
+    std::fs::write(dir.join("results.md"), md)?;
+    std::fs::write(dir.join("results.json"), report::json(rows) + "\n")?;
+    std::fs::write(dir.join("results.svg"), report::svg(rows))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: CompareArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<CompareArgs, String> {
+        let mut argv = vec!["compare"];
+        argv.extend_from_slice(args);
+        Wrapper::try_parse_from(argv)
+            .map(|w| w.args)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn fractions_parse_and_reject_out_of_range() {
+        assert_eq!(
+            parse_fractions("0.5,0.25, 0.5").unwrap(),
+            Fractions(vec![0.5, 0.25])
+        );
+        assert_eq!(parse_fractions("1").unwrap(), Fractions(vec![1.0]));
+        assert!(parse_fractions("0").unwrap_err().contains("(0, 1]"));
+        assert!(parse_fractions("1.5").unwrap_err().contains("out of range"));
+        assert!(parse_fractions("half")
+            .unwrap_err()
+            .contains("not a number"));
+        assert!(parse_fractions(",").unwrap_err().contains("at least one"));
+    }
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("8192").unwrap(), 8192);
+        assert!(parse_size("12 parsecs")
+            .unwrap_err()
+            .contains("bad size unit"));
+        assert!(parse_size("GiB").unwrap_err().contains("bad size"));
+        assert!(parse_size("100").unwrap_err().contains("below one page"));
+    }
+
+    #[test]
+    fn limits_are_whole_pages_of_the_fraction() {
+        assert_eq!(limit_for(1 << 30, 0.5), 512 << 20);
+        assert_eq!(limit_for(10_000, 0.25), 4096);
+        assert_eq!(limit_for(1 << 30, 0.25) % 4096, 0);
+    }
+
+    #[test]
+    fn command_line_defaults_and_lists() {
+        let a = parse(&[
+            "--workload",
+            "seq,stride:10",
+            "--local",
+            "0.5,0.25",
+            "--systems",
+            "swap,zram",
+        ])
+        .unwrap();
+        assert_eq!(a.workload.0, vec![Workload::Seq, Workload::Stride(10)]);
+        assert_eq!(a.local.0, vec![0.5, 0.25]);
+        assert_eq!(
+            a.systems.0,
+            vec![SystemKind::Local, SystemKind::Swap, SystemKind::Zram]
+        );
+        assert_eq!(a.wss, 1 << 30);
+        let a = parse(&[
+            "-w",
+            "redis",
+            "--farmem-arg=--prefetch=none",
+            "--farmem-arg",
+            "--evict=clock",
+        ])
+        .unwrap();
+        assert_eq!(a.farmem_args, ["--prefetch=none", "--evict=clock"]);
+        assert_eq!(a.systems.0, SystemKind::ALL.to_vec());
+    }
+
+    #[test]
+    fn bad_flags_give_clear_errors() {
+        let e = parse(&["--local", "0.5"]).unwrap_err();
+        assert!(e.contains("--workload"), "{e}");
+        let e = parse(&["-w", "seq", "--local", "2"]).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let e = parse(&["-w", "stride:0"]).unwrap_err();
+        assert!(e.contains("at least 2"), "{e}");
+        let e = parse(&["-w", "seq", "--systems", "zswap"]).unwrap_err();
+        assert!(e.contains("unknown system `zswap`"), "{e}");
+        let e = parse(&["-w", "seq", "--wss", "1 furlong"]).unwrap_err();
+        assert!(e.contains("bad size unit"), "{e}");
+        let e = parse(&["-w", "seq", "--passes", "0"]).unwrap_err();
+        assert!(e.contains("--passes"), "{e}");
+    }
+
+    #[test]
+    fn farmem_stats_counters_are_found_anywhere() {
+        let v: serde_json::Value =
+            serde_json::json!({"runtime": {"faults": 10, "remote_bytes": 8192}});
+        assert_eq!(farmem_remote_bytes(&v), Some(8192));
+        let v = serde_json::json!({"regions": [{"pages_written": 3}]});
+        assert_eq!(farmem_remote_bytes(&v), Some(3 * 4096));
+        assert_eq!(farmem_remote_bytes(&serde_json::json!({"faults": 1})), None);
+    }
+}

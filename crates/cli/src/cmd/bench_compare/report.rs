@@ -1,0 +1,424 @@
+//! Output of `farmem bench compare`: the text table, the `--json` rows, the `--plot` SVG and
+//! the machine description kept with saved results.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::systems::SystemKind;
+use super::workloads::{Metric, Workload};
+
+/// One row of `--json`: exactly these keys, `null` where a figure does not apply.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct JsonRow {
+    pub system: String,
+    pub workload: String,
+    pub local_fraction: f64,
+    pub wall_s: Option<f64>,
+    pub throughput_ops: Option<f64>,
+    pub avg_access_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+}
+
+/// Everything known about one run (a row of the table).
+#[derive(Clone, Debug)]
+pub struct RunRow {
+    pub system: SystemKind,
+    pub workload: Workload,
+    /// 1.0 for `local`.
+    pub local_fraction: f64,
+    /// The memory limit or budget, bytes (None for `local`).
+    pub limit_bytes: Option<u64>,
+    pub wall_s: Option<f64>,
+    pub throughput_ops: Option<f64>,
+    pub avg_access_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    /// Bytes written to swap (swap, zram) or to donors (farmem) during the run.
+    pub moved_bytes: Option<u64>,
+    /// Why the row has no figures (skipped or failed), or details of the run.
+    pub note: Option<String>,
+    /// True when the run failed (as opposed to being skipped or succeeding).
+    pub failed: bool,
+}
+
+impl RunRow {
+    /// The figure the workload is judged by.
+    pub fn metric_value(&self) -> Option<f64> {
+        match self.workload.metric() {
+            Metric::AccessTime => self.avg_access_us,
+            Metric::Throughput => self.throughput_ops,
+            Metric::Completion => self.wall_s,
+        }
+    }
+
+    /// This row's metric divided by `base`'s (both present and non-zero), e.g. 3.0 means three
+    /// times the base's access time, or three times its throughput.
+    pub fn ratio_to(&self, base: &RunRow) -> Option<f64> {
+        let (a, b) = (self.metric_value()?, base.metric_value()?);
+        (b > 0.0 && a.is_finite()).then_some(a / b)
+    }
+
+    /// How much worse than `base` (>1 is worse whatever the metric's direction).
+    pub fn slowdown_vs(&self, base: &RunRow) -> Option<f64> {
+        let r = self.ratio_to(base)?;
+        match self.workload.metric() {
+            Metric::Throughput => (r > 0.0).then(|| 1.0 / r),
+            _ => Some(r),
+        }
+    }
+
+    pub fn json(&self) -> JsonRow {
+        JsonRow {
+            system: self.system.name().to_string(),
+            workload: self.workload.to_string(),
+            local_fraction: self.local_fraction,
+            wall_s: self.wall_s,
+            throughput_ops: self.throughput_ops,
+            avg_access_us: self.avg_access_us,
+            p50_us: self.p50_us,
+            p99_us: self.p99_us,
+        }
+    }
+}
+
+/// Human-readable byte count (MiB/GiB, one decimal).
+pub fn bytes(n: u64) -> String {
+    if n >= 1 << 30 {
+        format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "-".to_string(),
+    }
+}
+
+/// The table: one block per workload, one row per (fraction, system), with ratios to `local`
+/// and to `swap` (at the same fraction) of the workload's metric.
+pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
+    let mut out = String::new();
+    let mut workloads: Vec<Workload> = Vec::new();
+    for r in rows {
+        if !workloads.contains(&r.workload) {
+            workloads.push(r.workload);
+        }
+    }
+    for w in workloads {
+        let peak = peaks
+            .iter()
+            .find(|(pw, _)| *pw == w)
+            .map(|(_, p)| bytes(*p));
+        let _ = writeln!(
+            out,
+            "\n== {w} — peak memory {} (local run); ratios compare {}; vs_local/vs_swap = this ÷ that",
+            peak.unwrap_or_else(|| "unknown".into()),
+            w.metric().describe()
+        );
+        let _ = writeln!(
+            out,
+            "{:<7} {:>5} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  note",
+            "system",
+            "local",
+            "limit",
+            "wall_s",
+            "ops/s",
+            "avg_us",
+            "p50_us",
+            "p99_us",
+            "out_bytes",
+            "vs_local",
+            "vs_swap"
+        );
+        let local = rows
+            .iter()
+            .find(|r| r.workload == w && r.system == SystemKind::Local);
+        for r in rows.iter().filter(|r| r.workload == w) {
+            let swap = rows.iter().find(|s| {
+                s.workload == w
+                    && s.system == SystemKind::Swap
+                    && s.local_fraction == r.local_fraction
+            });
+            let vs_local = local.and_then(|l| r.ratio_to(l));
+            let vs_swap = swap.and_then(|s| r.ratio_to(s));
+            let _ = writeln!(
+                out,
+                "{:<7} {:>5.2} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  {}",
+                r.system.name(),
+                r.local_fraction,
+                r.limit_bytes.map(bytes).unwrap_or_else(|| "none".into()),
+                opt(r.wall_s, 2),
+                opt(r.throughput_ops, 0),
+                opt(r.avg_access_us, 2),
+                opt(r.p50_us, 2),
+                opt(r.p99_us, 1),
+                r.moved_bytes.map(bytes).unwrap_or_else(|| "-".into()),
+                opt(vs_local, 2),
+                opt(vs_swap, 2),
+                r.note.as_deref().unwrap_or("")
+            );
+        }
+    }
+    out
+}
+
+/// `--json`: the rows as a JSON list.
+pub fn json(rows: &[RunRow]) -> String {
+    let list: Vec<JsonRow> = rows.iter().map(RunRow::json).collect();
+    serde_json::to_string_pretty(&list).unwrap_or_else(|_| "[]".into())
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// `--plot`: grouped bars, one group per (workload, fraction), one bar per system, height =
+/// slowdown versus `local` (the metric's ratio, inverted for throughput) on a log scale.
+pub fn svg(rows: &[RunRow]) -> String {
+    let systems = [
+        SystemKind::Local,
+        SystemKind::Farmem,
+        SystemKind::Swap,
+        SystemKind::Zram,
+    ];
+    let colors = ["#888888", "#1f77b4", "#d62728", "#2ca02c"];
+    let mut groups: Vec<(Workload, f64)> = Vec::new();
+    for r in rows.iter().filter(|r| r.system != SystemKind::Local) {
+        if !groups.contains(&(r.workload, r.local_fraction)) {
+            groups.push((r.workload, r.local_fraction));
+        }
+    }
+    let bar_w = 16.0;
+    let group_w = bar_w * systems.len() as f64 + 24.0;
+    let (left, top, plot_h) = (70.0, 40.0, 300.0);
+    let width = left + group_w * groups.len().max(1) as f64 + 20.0;
+    let height = top + plot_h + 90.0;
+    let bars: Vec<(usize, usize, f64)> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(gi, (w, f))| {
+            let local = rows
+                .iter()
+                .find(|r| r.workload == *w && r.system == SystemKind::Local);
+            systems.iter().enumerate().filter_map(move |(si, s)| {
+                let row = if *s == SystemKind::Local {
+                    local?
+                } else {
+                    rows.iter()
+                        .find(|r| r.workload == *w && r.system == *s && r.local_fraction == *f)?
+                };
+                Some((gi, si, row.slowdown_vs(local?)?))
+            })
+        })
+        .collect();
+    let max = bars.iter().map(|b| b.2).fold(1.0f64, f64::max);
+    let decades = max.log10().ceil().max(1.0);
+    let y = |v: f64| top + plot_h - (v.max(1e-3).log10().max(0.0) / decades) * plot_h;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="20" font-size="13">Slowdown vs local (log scale; lower is better): access time, 1/throughput or completion time</text>"#
+    );
+    for d in 0..=(decades as i32) {
+        let v = 10f64.powi(d);
+        let yy = y(v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{:.0}" y1="{yy:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.0}" y="{:.1}" text-anchor="end">{v}×</text>"##,
+            width - 20.0,
+            left - 6.0,
+            yy + 4.0
+        );
+    }
+    for (gi, si, v) in &bars {
+        let x = left + *gi as f64 * group_w + 12.0 + *si as f64 * bar_w;
+        let yy = y(*v);
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x:.1}" y="{yy:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}: {v:.2}×</title></rect>"#,
+            bar_w - 2.0,
+            (top + plot_h - yy).max(1.0),
+            colors[*si],
+            systems[*si].name()
+        );
+    }
+    for (gi, (w, f)) in groups.iter().enumerate() {
+        let x = left + gi as f64 * group_w + group_w / 2.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text><text x="{x:.1}" y="{:.1}" text-anchor="middle">@{f}</text>"#,
+            top + plot_h + 16.0,
+            escape(&w.to_string()),
+            top + plot_h + 30.0
+        );
+    }
+    for (si, sys) in systems.iter().enumerate() {
+        let x = left + si as f64 * 90.0;
+        let yy = top + plot_h + 60.0;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.0}" y="{yy:.1}">{}</text>"#,
+            yy - 10.0,
+            colors[si],
+            x + 16.0,
+            sys.name()
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// A description of this machine for saved results: cores, memory, kernel, CPU, date.
+pub fn machine_description() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem_kib: u64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("unknown")
+        .trim()
+        .to_string();
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!(
+        "- cores (nproc): {cpus}\n- memory: {}\n- kernel: {}\n- CPU: {cpu}\n- date: {date}\n",
+        bytes(mem_kib * 1024),
+        read("/proc/sys/kernel/osrelease").trim()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(
+        system: SystemKind,
+        workload: Workload,
+        f: f64,
+        avg: Option<f64>,
+        ops: Option<f64>,
+    ) -> RunRow {
+        RunRow {
+            system,
+            workload,
+            local_fraction: f,
+            limit_bytes: None,
+            wall_s: Some(2.0),
+            throughput_ops: ops,
+            avg_access_us: avg,
+            p50_us: None,
+            p99_us: None,
+            moved_bytes: None,
+            note: None,
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn json_rows_have_exactly_the_documented_keys() {
+        let rows = vec![row(
+            SystemKind::Swap,
+            Workload::Stride(10),
+            0.5,
+            Some(33.0),
+            None,
+        )];
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        let obj = v.as_array().unwrap()[0].as_object().unwrap();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "avg_access_us",
+                "local_fraction",
+                "p50_us",
+                "p99_us",
+                "system",
+                "throughput_ops",
+                "wall_s",
+                "workload"
+            ]
+        );
+        assert_eq!(obj["workload"], "stride:10");
+        assert_eq!(obj["system"], "swap");
+        assert!(obj["throughput_ops"].is_null());
+        assert_eq!(obj["avg_access_us"], 33.0);
+    }
+
+    #[test]
+    fn ratios_follow_the_workload_metric() {
+        let local = row(SystemKind::Local, Workload::Seq, 1.0, Some(0.1), None);
+        let swap = row(SystemKind::Swap, Workload::Seq, 0.5, Some(30.0), None);
+        assert!((swap.ratio_to(&local).unwrap() - 300.0).abs() < 1e-9);
+        let l = row(
+            SystemKind::Local,
+            Workload::Redis,
+            1.0,
+            None,
+            Some(100_000.0),
+        );
+        let f = row(
+            SystemKind::Farmem,
+            Workload::Redis,
+            0.5,
+            None,
+            Some(25_000.0),
+        );
+        assert!((f.ratio_to(&l).unwrap() - 0.25).abs() < 1e-9);
+        assert!((f.slowdown_vs(&l).unwrap() - 4.0).abs() < 1e-9);
+        let skipped = row(SystemKind::Zram, Workload::Redis, 0.5, None, None);
+        assert_eq!(skipped.ratio_to(&l), None);
+    }
+
+    #[test]
+    fn table_and_svg_show_every_system() {
+        let rows = vec![
+            row(SystemKind::Local, Workload::Seq, 1.0, Some(0.1), None),
+            row(SystemKind::Swap, Workload::Seq, 0.5, Some(30.0), None),
+            RunRow {
+                note: Some("skipped: no zram".into()),
+                ..row(SystemKind::Zram, Workload::Seq, 0.5, None, None)
+            },
+        ];
+        let t = table(&rows, &[(Workload::Seq, 1 << 30)]);
+        assert!(t.contains("peak memory 1.00 GiB"), "{t}");
+        assert!(t.contains("skipped: no zram"));
+        let swap_line = t.lines().find(|l| l.starts_with("swap")).unwrap();
+        assert!(
+            swap_line.contains("300.00") && swap_line.contains("1.00"),
+            "{swap_line}"
+        );
+        let svg = svg(&rows);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            svg.matches("<title>").count(),
+            2,
+            "local and swap bars: {svg}"
+        );
+        assert!(svg.contains("seq"));
+    }
+}

@@ -1,0 +1,742 @@
+//! The workloads of `farmem bench compare`: what each runs, how it is started under a system,
+//! and what it measures.
+//!
+//! * `seq`, `stride:K`, `random`: Leap's microbenchmarks, bench/workloads/micro.c compiled with
+//!   `cc -O2` into a temporary directory (the source is built into this binary).
+//! * `redis`, `memcached`: the server runs under the system; the load generator ([`super::kv`])
+//!   runs in the harness, outside the limit.
+//! * `numpy`, `kmeans`: bench/workloads/numpy_matmul.py and kmeans.py, run with Debian's
+//!   python3 (`--python`, default /usr/bin/python3, which sees python3-numpy/python3-sklearn).
+//!
+//! Every workload checks its own data (micro: a checksum of the bytes read; the python scripts:
+//! a result check; the servers: every GET must hit a value of the right size), so a paging
+//! system that loses a page fails the run instead of looking fast.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::kv::{self, Protocol};
+use super::systems::{Cleanup, Token};
+
+const MICRO_C: &str = include_str!("../../../../../bench/workloads/micro.c");
+const NUMPY_PY: &str = include_str!("../../../../../bench/workloads/numpy_matmul.py");
+const KMEANS_PY: &str = include_str!("../../../../../bench/workloads/kmeans.py");
+
+/// One workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Seq,
+    Stride(u64),
+    Random,
+    Redis,
+    Memcached,
+    Numpy,
+    Kmeans,
+}
+
+/// The figure a workload is judged by (and that the ratios compare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// Average time of one page access, µs (lower is better).
+    AccessTime,
+    /// Requests per second (higher is better).
+    Throughput,
+    /// Completion time, s (lower is better).
+    Completion,
+}
+
+impl Metric {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Metric::AccessTime => "average access time (lower is better)",
+            Metric::Throughput => "throughput (higher is better)",
+            Metric::Completion => "completion time (lower is better)",
+        }
+    }
+}
+
+impl Workload {
+    /// What `all` means: every workload, stride 10 as in Leap.
+    pub const ALL: [Workload; 7] = [
+        Workload::Seq,
+        Workload::Stride(10),
+        Workload::Random,
+        Workload::Redis,
+        Workload::Memcached,
+        Workload::Numpy,
+        Workload::Kmeans,
+    ];
+
+    pub fn metric(self) -> Metric {
+        match self {
+            Workload::Seq | Workload::Stride(_) | Workload::Random => Metric::AccessTime,
+            Workload::Redis | Workload::Memcached => Metric::Throughput,
+            Workload::Numpy | Workload::Kmeans => Metric::Completion,
+        }
+    }
+
+    fn is_micro(self) -> bool {
+        self.metric() == Metric::AccessTime
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Workload::Seq => f.write_str("seq"),
+            Workload::Stride(k) => write!(f, "stride:{k}"),
+            Workload::Random => f.write_str("random"),
+            Workload::Redis => f.write_str("redis"),
+            Workload::Memcached => f.write_str("memcached"),
+            Workload::Numpy => f.write_str("numpy"),
+            Workload::Kmeans => f.write_str("kmeans"),
+        }
+    }
+}
+
+const WORKLOAD_HELP: &str =
+    "expected seq, stride:K (K >= 2), random, redis, memcached, numpy, kmeans, or all";
+
+/// Parses one workload name.
+pub fn parse_workload(text: &str) -> Result<Workload, String> {
+    let text = text.trim();
+    Ok(match text {
+        "seq" => Workload::Seq,
+        "random" => Workload::Random,
+        "redis" => Workload::Redis,
+        "memcached" => Workload::Memcached,
+        "numpy" => Workload::Numpy,
+        "kmeans" => Workload::Kmeans,
+        _ => {
+            if let Some(k) = text.strip_prefix("stride:") {
+                let k: u64 = k
+                    .parse()
+                    .map_err(|_| format!("bad stride in `{text}`: {WORKLOAD_HELP}"))?;
+                if k < 2 {
+                    return Err(format!(
+                        "stride must be at least 2 in `{text}` (stride:1 is seq)"
+                    ));
+                }
+                Workload::Stride(k)
+            } else {
+                return Err(format!("unknown workload `{text}`: {WORKLOAD_HELP}"));
+            }
+        }
+    })
+}
+
+/// The value of `--workload`: a comma-separated list, or `all`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadList(pub Vec<Workload>);
+
+/// Parses `--workload`.
+pub fn parse_workload_list(text: &str) -> Result<WorkloadList, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let items = if part == "all" {
+            Workload::ALL.to_vec()
+        } else {
+            vec![parse_workload(part)?]
+        };
+        for w in items {
+            if !out.contains(&w) {
+                out.push(w);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("no workload given: {WORKLOAD_HELP}"));
+    }
+    Ok(WorkloadList(out))
+}
+
+/// Sizes and knobs of the workloads (from the command line).
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    pub wss_bytes: u64,
+    pub passes: u32,
+    pub keys: u64,
+    pub ops: u64,
+    pub clients: u32,
+    pub zipf_theta: f64,
+    pub matrix_n: u64,
+    pub kmeans_samples: u64,
+    pub kmeans_features: u64,
+    pub kmeans_clusters: u64,
+    pub kmeans_iterations: u64,
+    pub timeout: Duration,
+    pub seed: u64,
+}
+
+/// How one run starts the workload's process.
+#[derive(Clone, Debug)]
+pub enum Wrap {
+    /// As is (no memory cgroup available: local run only).
+    Direct,
+    /// Joins the cgroup whose `cgroup.procs` is given, then execs the workload.
+    Cgroup(PathBuf),
+    /// Under `farmem run --local-mem BUDGET --stats FILE --quiet [extra] -- …`.
+    Farmem {
+        exe: PathBuf,
+        budget_bytes: u64,
+        stats: PathBuf,
+        extra: Vec<String>,
+    },
+}
+
+impl Wrap {
+    /// The command that runs `argv` under this wrap.
+    pub fn command(&self, argv: &[OsString]) -> Command {
+        let mut cmd = match self {
+            Wrap::Direct => {
+                let mut c = Command::new(&argv[0]);
+                c.args(&argv[1..]);
+                c
+            }
+            Wrap::Cgroup(procs) => {
+                let mut c = Command::new("/bin/sh");
+                c.arg("-c")
+                    .arg("echo $$ > \"$0\" && exec \"$@\"")
+                    .arg(procs)
+                    .args(argv);
+                c
+            }
+            Wrap::Farmem {
+                exe,
+                budget_bytes,
+                stats,
+                extra,
+            } => {
+                let mut c = Command::new(exe);
+                c.arg("run")
+                    .arg("--local-mem")
+                    .arg(budget_bytes.to_string())
+                    .arg("--stats")
+                    .arg(stats)
+                    .arg("--quiet")
+                    .args(extra)
+                    .arg("--")
+                    .args(argv);
+                c
+            }
+        };
+        // Own process group: the cleanup kills the whole tree, and a terminal's ^C reaches
+        // only the harness, which then undoes its changes in order.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        cmd
+    }
+}
+
+/// The figures one run produced.
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    pub wall_s: Option<f64>,
+    pub throughput_ops: Option<f64>,
+    pub avg_access_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    /// Free-form details for the notes (phase times, misses).
+    pub detail: String,
+}
+
+/// Built programs and written scripts, in a temporary directory removed on drop.
+pub struct Toolbox {
+    pub dir: tempfile::TempDir,
+    micro: Option<PathBuf>,
+    numpy_py: PathBuf,
+    kmeans_py: PathBuf,
+    python: PathBuf,
+    runs: std::cell::Cell<u32>,
+}
+
+/// Finds `program` in PATH.
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+impl Toolbox {
+    /// Builds what `workloads` need and checks their prerequisites, naming the Debian package
+    /// to install when one is missing.
+    pub fn prepare(workloads: &[Workload], python: &Path) -> anyhow::Result<Toolbox> {
+        let dir = tempfile::Builder::new()
+            .prefix("farmem-bench-")
+            .tempdir()
+            .context("cannot create a temporary directory for the workload programs")?;
+        let numpy_py = dir.path().join("numpy_matmul.py");
+        let kmeans_py = dir.path().join("kmeans.py");
+        fs::write(&numpy_py, NUMPY_PY)?;
+        fs::write(&kmeans_py, KMEANS_PY)?;
+        let mut micro = None;
+        if workloads.iter().any(|w| w.is_micro()) {
+            let src = dir.path().join("micro.c");
+            let bin = dir.path().join("micro");
+            fs::write(&src, MICRO_C)?;
+            let cc = which("cc").context(
+                "no C compiler `cc` in PATH for the micro workloads: apt-get install gcc",
+            )?;
+            let out = Command::new(cc)
+                .args(["-O2", "-o"])
+                .arg(&bin)
+                .arg(&src)
+                .output()
+                .context("cannot run cc")?;
+            if !out.status.success() {
+                bail!(
+                    "compiling micro.c failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            micro = Some(bin);
+        }
+        for w in workloads {
+            match w {
+                Workload::Redis if which("redis-server").is_none() => {
+                    bail!("redis-server is not installed: apt-get install redis-server")
+                }
+                Workload::Memcached if which("memcached").is_none() => {
+                    bail!("memcached is not installed: apt-get install memcached")
+                }
+                Workload::Numpy | Workload::Kmeans => {
+                    let module = if *w == Workload::Numpy {
+                        "numpy"
+                    } else {
+                        "sklearn"
+                    };
+                    let ok = Command::new(python)
+                        .args(["-c", &format!("import {module}")])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .map(|s| s.success())
+                        .unwrap_or(false);
+                    if !ok {
+                        bail!(
+                            "{} cannot import {module}: apt-get install python3-numpy python3-sklearn \
+                             (or point --python at an interpreter that has it)",
+                            python.display()
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Toolbox {
+            dir,
+            micro,
+            numpy_py,
+            kmeans_py,
+            python: python.to_path_buf(),
+            runs: 0.into(),
+        })
+    }
+
+    fn next_log(&self, what: &str) -> PathBuf {
+        let n = self.runs.get() + 1;
+        self.runs.set(n);
+        self.dir.path().join(format!("{n:03}-{what}"))
+    }
+}
+
+/// A workload process the cleanup stack kills (its whole process group) if the harness is
+/// interrupted.
+struct Running {
+    child: Child,
+    token: Token,
+    started: Instant,
+    stderr_path: PathBuf,
+}
+
+fn spawn(
+    cmd: &mut Command,
+    tb: &Toolbox,
+    cleanup: &Cleanup,
+    what: &str,
+) -> anyhow::Result<(Running, PathBuf)> {
+    let out_path = tb.next_log(&format!("{what}.out"));
+    let err_path = tb.next_log(&format!("{what}.err"));
+    cmd.stdin(Stdio::null())
+        .stdout(fs::File::create(&out_path)?)
+        .stderr(fs::File::create(&err_path)?);
+    let started = Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {what}: {cmd:?}"))?;
+    let pgid = child.id() as i32;
+    let token = cleanup.push(format!("kill {what} (process group {pgid})"), move || {
+        let _ =
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::SIGKILL);
+        Ok(())
+    });
+    Ok((
+        Running {
+            child,
+            token,
+            started,
+            stderr_path: err_path,
+        },
+        out_path,
+    ))
+}
+
+fn tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(6)..].join(" | ")
+}
+
+impl Running {
+    /// Waits for the exit, killing the group at `timeout`. Returns the wall time.
+    fn wait(mut self, timeout: Duration, cleanup: &Cleanup, what: &str) -> anyhow::Result<f64> {
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if self.started.elapsed() > timeout {
+                let _ = cleanup.run(self.token);
+                let _ = self.child.wait();
+                bail!("{what} did not finish within {timeout:?} and was killed (raise --timeout)");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let wall = self.started.elapsed().as_secs_f64();
+        // The group may hold stragglers (farmem's donor child); the token kills them.
+        let _ = cleanup.run(self.token);
+        if !status.success() {
+            bail!("{what} failed ({status}): {}", tail(&self.stderr_path));
+        }
+        Ok(wall)
+    }
+
+    fn check_alive(&mut self, what: &str) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{what} exited early ({status}): {}",
+                tail(&self.stderr_path)
+            );
+        }
+        Ok(())
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn json_line(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = fs::read_to_string(path)?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| {
+            format!(
+                "the workload printed no JSON result (stdout: {:?})",
+                text.trim()
+            )
+        })?;
+    serde_json::from_str(line).with_context(|| format!("bad JSON result line {line:?}"))
+}
+
+fn num(v: &serde_json::Value, key: &str) -> Option<f64> {
+    v.get(key).and_then(serde_json::Value::as_f64)
+}
+
+/// Runs `workload` once under `wrap` and measures it.
+pub fn run(
+    workload: Workload,
+    sizes: &Sizes,
+    tb: &Toolbox,
+    wrap: &Wrap,
+    cleanup: &Cleanup,
+) -> anyhow::Result<Measured> {
+    let name = workload.to_string().replace(':', "");
+    match workload {
+        Workload::Seq | Workload::Stride(_) | Workload::Random => {
+            let micro = tb.micro.as_ref().context("micro was not built")?;
+            let argv: Vec<OsString> = vec![
+                micro.into(),
+                workload.to_string().into(),
+                sizes.wss_bytes.to_string().into(),
+                sizes.passes.to_string().into(),
+                sizes.seed.to_string().into(),
+            ];
+            let (running, out) = spawn(&mut wrap.command(&argv), tb, cleanup, &name)?;
+            let wall = running.wait(sizes.timeout, cleanup, &name)?;
+            let v = json_line(&out)?;
+            Ok(Measured {
+                wall_s: Some(wall),
+                throughput_ops: None,
+                avg_access_us: num(&v, "avg_ns").map(|x| x / 1e3),
+                p50_us: num(&v, "p50_ns").map(|x| x / 1e3),
+                p99_us: num(&v, "p99_ns").map(|x| x / 1e3),
+                detail: format!(
+                    "init {:.2} s, access phase {:.2} s, {} accesses",
+                    num(&v, "init_s").unwrap_or(f64::NAN),
+                    num(&v, "access_s").unwrap_or(f64::NAN),
+                    num(&v, "accesses").unwrap_or(0.0)
+                ),
+            })
+        }
+        Workload::Numpy | Workload::Kmeans => {
+            let mut argv: Vec<OsString> = vec![tb.python.clone().into()];
+            if workload == Workload::Numpy {
+                argv.push(tb.numpy_py.clone().into());
+                argv.push(sizes.matrix_n.to_string().into());
+            } else {
+                argv.push(tb.kmeans_py.clone().into());
+                for v in [
+                    sizes.kmeans_samples,
+                    sizes.kmeans_features,
+                    sizes.kmeans_clusters,
+                    sizes.kmeans_iterations,
+                ] {
+                    argv.push(v.to_string().into());
+                }
+            }
+            argv.push(sizes.seed.to_string().into());
+            let (running, out) = spawn(&mut wrap.command(&argv), tb, cleanup, &name)?;
+            let wall = running.wait(sizes.timeout, cleanup, &name)?;
+            let v = json_line(&out)?;
+            let phase = if workload == Workload::Numpy {
+                "matmul_s"
+            } else {
+                "fit_s"
+            };
+            Ok(Measured {
+                wall_s: Some(wall),
+                detail: format!(
+                    "generate {:.2} s, {} {:.2} s",
+                    num(&v, "generate_s").unwrap_or(f64::NAN),
+                    phase.trim_end_matches("_s"),
+                    num(&v, phase).unwrap_or(f64::NAN)
+                ),
+                ..Measured::default()
+            })
+        }
+        Workload::Redis | Workload::Memcached => {
+            run_server(workload, sizes, tb, wrap, cleanup, &name)
+        }
+    }
+}
+
+fn run_server(
+    workload: Workload,
+    sizes: &Sizes,
+    tb: &Toolbox,
+    wrap: &Wrap,
+    cleanup: &Cleanup,
+    name: &str,
+) -> anyhow::Result<Measured> {
+    let port = free_port()?;
+    let (proto, argv): (Protocol, Vec<OsString>) = if workload == Workload::Redis {
+        let args = [
+            "redis-server",
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ];
+        (Protocol::Redis, args.iter().map(OsString::from).collect())
+    } else {
+        // Enough item memory for every key (about 1.2 KiB each with item headers).
+        let item_mib = ((sizes.keys * 1300) >> 20) * 2 + 64;
+        let mut args: Vec<String> = [
+            "memcached",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-t",
+            "2",
+            "-A",
+            "-m",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push(item_mib.to_string());
+        if super::systems::is_root() {
+            args.extend(["-u".to_string(), "root".to_string()]);
+        }
+        (
+            Protocol::Memcached,
+            args.into_iter().map(OsString::from).collect(),
+        )
+    };
+    let mut argv = argv;
+    argv[0] = which(&argv[0].to_string_lossy())
+        .with_context(|| format!("{} is not installed", argv[0].to_string_lossy()))?
+        .into();
+    let (mut running, _out) = spawn(&mut wrap.command(&argv), tb, cleanup, name)?;
+    let result = (|| -> anyhow::Result<Measured> {
+        kv::wait_ready(port, Duration::from_secs(60), || running.check_alive(name))?;
+        let t0 = Instant::now();
+        kv::load(proto, port, sizes.keys, sizes.seed).context("loading the keys")?;
+        let load_s = t0.elapsed().as_secs_f64();
+        let cfg = kv::MixConfig {
+            keys: sizes.keys,
+            ops: sizes.ops,
+            clients: sizes.clients,
+            set_fraction: 0.05,
+            zipf_theta: sizes.zipf_theta,
+            max_duration: sizes.timeout,
+            seed: sizes.seed,
+        };
+        let mix = kv::run_mix(proto, port, &cfg).context("running the GET/SET mix")?;
+        if mix.misses > 0 {
+            bail!(
+                "{} GETs of loaded keys missed: the server lost data",
+                mix.misses
+            );
+        }
+        let us = |q: f64| mix.latency_ns.value_at_quantile(q) as f64 / 1e3;
+        Ok(Measured {
+            wall_s: Some(mix.elapsed_s),
+            throughput_ops: Some(mix.ops as f64 / mix.elapsed_s),
+            avg_access_us: None,
+            p50_us: Some(us(0.50)),
+            p99_us: Some(us(0.99)),
+            detail: format!(
+                "load {load_s:.1} s, {} requests, {} clients",
+                mix.ops, sizes.clients
+            ),
+        })
+    })();
+    kv::shutdown(proto, port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && matches!(running.child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = cleanup.run(running.token);
+    let _ = running.child.wait();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_names_round_trip() {
+        for w in Workload::ALL {
+            assert_eq!(parse_workload(&w.to_string()).unwrap(), w);
+        }
+        assert_eq!(parse_workload("stride:64").unwrap(), Workload::Stride(64));
+    }
+
+    #[test]
+    fn bad_workloads_say_what_is_expected() {
+        assert!(parse_workload("stride:1")
+            .unwrap_err()
+            .contains("at least 2"));
+        assert!(parse_workload("stride:x")
+            .unwrap_err()
+            .contains("bad stride"));
+        let err = parse_workload("postgres").unwrap_err();
+        assert!(
+            err.contains("unknown workload `postgres`") && err.contains("stride:K"),
+            "{err}"
+        );
+        assert!(parse_workload_list(",")
+            .unwrap_err()
+            .contains("no workload"));
+    }
+
+    #[test]
+    fn workload_list_expands_all_and_dedups() {
+        let l = parse_workload_list("seq,all,seq").unwrap().0;
+        assert_eq!(l, Workload::ALL.to_vec());
+        let l = parse_workload_list("redis, stride:4").unwrap().0;
+        assert_eq!(l, vec![Workload::Redis, Workload::Stride(4)]);
+    }
+
+    #[test]
+    fn wraps_build_the_expected_command_lines() {
+        let argv: Vec<OsString> = vec!["/bin/prog".into(), "a b".into()];
+        let c = Wrap::Cgroup("/sys/fs/cgroup/memory/x/cgroup.procs".into()).command(&argv);
+        let args: Vec<_> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(c.get_program(), "/bin/sh");
+        assert_eq!(args[2], "/sys/fs/cgroup/memory/x/cgroup.procs");
+        assert_eq!(&args[3..], ["/bin/prog", "a b"]);
+        let c = Wrap::Farmem {
+            exe: "/x/farmem".into(),
+            budget_bytes: 1 << 20,
+            stats: "/tmp/s.json".into(),
+            extra: vec!["--prefetch=leap".into()],
+        }
+        .command(&argv);
+        let args: Vec<_> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "run",
+                "--local-mem",
+                "1048576",
+                "--stats",
+                "/tmp/s.json",
+                "--quiet",
+                "--prefetch=leap",
+                "--",
+                "/bin/prog",
+                "a b"
+            ]
+        );
+    }
+
+    /// The cgroup wrapper really writes the pid and execs (a temp file stands in for
+    /// cgroup.procs, so no root side effects).
+    #[test]
+    fn cgroup_wrapper_writes_its_pid_then_execs() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = dir.path().join("cgroup.procs");
+        let argv: Vec<OsString> = vec!["/bin/sh".into(), "-c".into(), "echo $$".into()];
+        let out = Wrap::Cgroup(procs.clone()).command(&argv).output().unwrap();
+        assert!(out.status.success());
+        let written = fs::read_to_string(&procs).unwrap();
+        // exec keeps the pid: what the program prints is what joined the cgroup.
+        assert_eq!(written.trim(), String::from_utf8_lossy(&out.stdout).trim());
+    }
+
+    #[test]
+    fn json_result_line_is_found_after_other_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out");
+        fs::write(&p, "warming up\n{\"avg_ns\": 1500.0, \"p50_ns\": 900}\n").unwrap();
+        let v = json_line(&p).unwrap();
+        assert_eq!(num(&v, "avg_ns"), Some(1500.0));
+        fs::write(&p, "no json here\n").unwrap();
+        assert!(json_line(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("printed no JSON"));
+    }
+}
