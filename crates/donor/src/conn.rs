@@ -1,0 +1,524 @@
+//! One client connection: reads requests, checks them, answers each with an explicit status.
+//!
+//! # Design
+//! Requests are served in order, one at a time, on the connection's own thread. The data path
+//! allocates nothing per request (buffers are reused) and copies page bytes once, between the
+//! socket and slab memory: WRITE_PAGES reads the addresses, checks every one (all-or-nothing)
+//! and then `readv`s the page data straight into the slab pages; READ_PAGES `writev`s the
+//! response header and the slab pages in one vectored write.
+//!
+//! Framing errors (bad magic, bad version, reserved flags, a payload over the limit, a frame cut
+//! short) leave the byte stream unusable: the donor answers when it can still read the request
+//! id, logs, and closes the connection. Every other bad request gets an error status and the
+//! connection stays usable; a request whose payload is refused is still read to its end, so the
+//! next frame starts where it should.
+//!
+//! Error log lines are rate-limited per connection: the first [`ERRORS_LOGGED_IN_FULL`] in
+//! full, then one in a thousand.
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use farmem_proto::{
+    encode_error, encode_hello_ok, encode_pages_header, encode_slab_allocated, encode_stats_reply,
+    encode_success, DonorInfo, FrameError, Header, Opcode, PageAddr, Request, Status, HEADER_LEN,
+    MAX_BATCH_PAGES, PAGE_ADDR_LEN, PAGE_SIZE, PROTOCOL_VERSION,
+};
+use subtle::ConstantTimeEq;
+
+use crate::mem;
+use crate::server::{Shared, HELLO_TIMEOUT, WRITE_TIMEOUT};
+use crate::store::{Refusal, Slab};
+
+/// Error lines logged in full per connection before rate limiting starts.
+const ERRORS_LOGGED_IN_FULL: u64 = 16;
+
+/// Whether to keep the connection after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// What serving one request produced, for the counters.
+struct Served {
+    status: Status,
+    bytes_out: u64,
+    flow: Flow,
+}
+
+pub(crate) struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    client: Option<u64>,
+    payload: Vec<u8>,
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+    slabs: Vec<Arc<Slab>>,
+    pages: Vec<(usize, u32)>,
+    errors: u64,
+}
+
+impl Connection {
+    pub(crate) fn new(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> Connection {
+        Connection {
+            stream,
+            peer,
+            shared,
+            client: None,
+            payload: Vec::new(),
+            out: Vec::with_capacity(256),
+            scratch: Vec::new(),
+            slabs: Vec::new(),
+            pages: Vec::with_capacity(MAX_BATCH_PAGES),
+            errors: 0,
+        }
+    }
+
+    /// Serves the connection until the peer closes it, it breaks the protocol, or shutdown.
+    pub(crate) fn serve(mut self) {
+        let setup = self
+            .stream
+            .set_nodelay(true)
+            .and_then(|()| self.stream.set_write_timeout(Some(WRITE_TIMEOUT)))
+            .and_then(|()| self.stream.set_read_timeout(Some(HELLO_TIMEOUT)));
+        if let Err(e) = setup {
+            tracing::warn!(peer = %self.peer, "closing a connection: socket setup failed: {e}");
+            return;
+        }
+        tracing::debug!(peer = %self.peer, "connection opened");
+        loop {
+            let mut head = [0u8; HEADER_LEN];
+            match self.read_head(&mut head) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    if !self.shared.stop.load(Ordering::Acquire) {
+                        tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: {e}");
+                    }
+                    break;
+                }
+            }
+            let t0 = Instant::now();
+            if self.request(&head, t0) == Flow::Close {
+                break;
+            }
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(client) = self.client {
+            self.shared.client_left(client);
+        }
+        tracing::debug!(peer = %self.peer, client = ?self.client, "connection closed");
+    }
+
+    /// Reads a frame header. `Ok(false)`: the peer closed cleanly between frames.
+    fn read_head(&mut self, head: &mut [u8; HEADER_LEN]) -> io::Result<bool> {
+        let mut filled = 0;
+        while filled < HEADER_LEN {
+            match self.stream.read(&mut head[filled..]) {
+                Ok(0) if filled == 0 => return Ok(false),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                        "truncated frame: peer closed after {filled} of {HEADER_LEN} header bytes"
+                    ),
+                    ))
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if self.client.is_none()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no HELLO within {} s", HELLO_TIMEOUT.as_secs()),
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads exactly `buf.len()` payload bytes; a close midway is a truncated frame.
+    fn read_payload(stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<()> {
+        stream.read_exact(buf).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "truncated frame: peer closed inside a payload",
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Reads and discards `n` payload bytes (of a refused request) so the next frame lines up.
+    fn drain(&mut self, mut n: usize) -> io::Result<()> {
+        if self.scratch.is_empty() {
+            self.scratch.resize(64 * 1024, 0);
+        }
+        while n > 0 {
+            let k = n.min(self.scratch.len());
+            Self::read_payload(&mut self.stream, &mut self.scratch[..k])?;
+            n -= k;
+        }
+        Ok(())
+    }
+
+    fn log_refusal(&mut self, op: u8, status: Status, message: &str) {
+        self.errors += 1;
+        if self.errors <= ERRORS_LOGGED_IN_FULL || self.errors.is_multiple_of(1000) {
+            let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
+            tracing::warn!(
+                peer = %self.peer,
+                client = ?self.client,
+                request = op,
+                status = status.name(),
+                errors_on_connection = self.errors,
+                "refused a request: {message}"
+            );
+        }
+    }
+
+    /// Sends `self.out`; a failure (peer gone, send timeout) closes the connection.
+    fn send_out(&mut self) -> Flow {
+        match self.stream.write_all(&self.out) {
+            Ok(()) => Flow::Continue,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: sending a response failed: {e}");
+                Flow::Close
+            }
+        }
+    }
+
+    fn refuse(&mut self, op: u8, request_id: u64, r: &Refusal, flow: Flow) -> Served {
+        self.log_refusal(op, r.status, &r.message);
+        self.out.clear();
+        encode_error(&mut self.out, op, request_id, r.status, &r.message);
+        let sent = self.send_out();
+        Served {
+            status: r.status,
+            bytes_out: self.out.len() as u64,
+            flow: if sent == Flow::Close {
+                Flow::Close
+            } else {
+                flow
+            },
+        }
+    }
+
+    fn ok(&mut self) -> Served {
+        let flow = self.send_out();
+        Served {
+            status: Status::Ok,
+            bytes_out: self.out.len() as u64,
+            flow,
+        }
+    }
+
+    /// Serves one request whose header bytes are `head`.
+    fn request(&mut self, head: &[u8; HEADER_LEN], t0: Instant) -> Flow {
+        let header = match Header::decode(head) {
+            Ok(h) => h,
+            Err(e) => return self.bad_frame(head, &e, t0),
+        };
+        let op = if header.is_response() {
+            None
+        } else {
+            header.op()
+        };
+        let bytes_in = (HEADER_LEN + header.payload_len as usize) as u64;
+        let served = if op == Some(Opcode::WritePages) {
+            self.write_pages(&header)
+        } else {
+            self.other_request(&header)
+        };
+        let served = match served {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: {e}");
+                return Flow::Close;
+            }
+        };
+        self.shared
+            .metrics
+            .record(op, served.status, bytes_in, served.bytes_out, t0.elapsed());
+        served.flow
+    }
+
+    /// A header that cannot be decoded: answer if the request id is readable, then close.
+    fn bad_frame(&mut self, head: &[u8; HEADER_LEN], e: &FrameError, t0: Instant) -> Flow {
+        let status = match e {
+            FrameError::UnsupportedVersion { .. } => Status::BadVersion,
+            _ => Status::Malformed,
+        };
+        let message = format!("{e}; closing the connection");
+        match Header::salvage(head) {
+            Some((op, request_id)) => {
+                let served = self.refuse(op, request_id, &Refusal { status, message }, Flow::Close);
+                self.shared.metrics.record(
+                    Opcode::from_wire(op),
+                    status,
+                    HEADER_LEN as u64,
+                    served.bytes_out,
+                    t0.elapsed(),
+                );
+            }
+            None => {
+                self.log_refusal(0, status, &message);
+                self.shared
+                    .metrics
+                    .record(None, status, HEADER_LEN as u64, 0, t0.elapsed());
+            }
+        }
+        Flow::Close
+    }
+
+    fn other_request(&mut self, header: &Header) -> io::Result<Served> {
+        let mut payload = std::mem::take(&mut self.payload);
+        payload.clear();
+        payload.resize(header.payload_len as usize, 0);
+        let read = Self::read_payload(&mut self.stream, &mut payload);
+        let served = match read {
+            Err(e) => Err(e),
+            Ok(()) => Ok(match Request::decode(header, &payload) {
+                Err(e) => {
+                    let r = Refusal {
+                        status: e.status(),
+                        message: e.to_string(),
+                    };
+                    self.refuse(header.opcode, header.request_id, &r, Flow::Continue)
+                }
+                Ok(req) => self.dispatch(header, req),
+            }),
+        };
+        self.payload = payload;
+        served
+    }
+
+    fn dispatch(&mut self, header: &Header, req: Request<'_>) -> Served {
+        let (op, id) = (header.opcode, header.request_id);
+        if let Request::Hello {
+            version,
+            client_id,
+            token,
+        } = req
+        {
+            return self.hello(op, id, version, client_id, token);
+        }
+        let Some(client) = self.client else {
+            let r = Refusal {
+                status: Status::NotAuthenticated,
+                message: "send HELLO first".into(),
+            };
+            return self.refuse(op, id, &r, Flow::Continue);
+        };
+        let store = Arc::clone(&self.shared.store);
+        self.out.clear();
+        match req {
+            Request::Hello { .. } => unreachable!("handled above"),
+            Request::AllocSlab => match store.alloc(client) {
+                Ok(slab) => {
+                    tracing::debug!(client, slab, "slab allocated");
+                    encode_slab_allocated(&mut self.out, id, slab);
+                    self.ok()
+                }
+                Err(r) => self.refuse(op, id, &r, Flow::Continue),
+            },
+            Request::FreeSlab { slab } => match store.free(client, slab) {
+                Ok(()) => {
+                    tracing::debug!(client, slab, "slab freed");
+                    encode_success(&mut self.out, Opcode::FreeSlab, id);
+                    self.ok()
+                }
+                Err(r) => self.refuse(op, id, &r, Flow::Continue),
+            },
+            Request::Stats => {
+                let stats = self.shared.metrics.stats(&store);
+                encode_stats_reply(&mut self.out, id, &stats);
+                self.ok()
+            }
+            Request::ReadPages(list) => {
+                if let Err(r) = store.resolve(client, list.iter(), &mut self.slabs, &mut self.pages)
+                {
+                    return self.refuse(op, id, &r, Flow::Continue);
+                }
+                let count = self.pages.len();
+                if let Err(e) = encode_pages_header(&mut self.out, id, count) {
+                    // Unreachable: the decoder bounded the count already.
+                    let r = Refusal {
+                        status: Status::Internal,
+                        message: e.to_string(),
+                    };
+                    return self.refuse(op, id, &r, Flow::Continue);
+                }
+                let slabs = &self.slabs;
+                let sent = mem::send_pages(
+                    &self.stream,
+                    &self.out,
+                    self.pages.iter().map(|&(i, p)| (slabs[i].mem(), p)),
+                );
+                self.slabs.clear();
+                let flow = match sent {
+                    Ok(()) => {
+                        self.shared.metrics.pages(count as u64, 0);
+                        Flow::Continue
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %self.peer, client, "closing the connection: sending pages failed: {e}");
+                        Flow::Close
+                    }
+                };
+                Served {
+                    status: Status::Ok,
+                    bytes_out: (self.out.len() + count * PAGE_SIZE) as u64,
+                    flow,
+                }
+            }
+            Request::WritePages(_) => unreachable!("WRITE_PAGES is served by write_pages"),
+        }
+    }
+
+    fn hello(&mut self, op: u8, id: u64, version: u16, client_id: u64, token: &[u8]) -> Served {
+        if version != u16::from(PROTOCOL_VERSION) {
+            let r = Refusal {
+                status: Status::BadVersion,
+                message: format!(
+                    "protocol version {version} is not supported (this donor speaks {PROTOCOL_VERSION}); run the same farmem version on both ends"
+                ),
+            };
+            return self.refuse(op, id, &r, Flow::Close);
+        }
+        if let Some(expected) = &self.shared.token {
+            // Constant time in the token's contents (a length mismatch is not hidden).
+            let good: bool = expected.as_slice().ct_eq(token).into();
+            if !good {
+                tracing::warn!(peer = %self.peer, client = client_id, "authentication failed: wrong or missing auth token; closing the connection");
+                let r = Refusal {
+                    status: Status::AuthFailed,
+                    message: "wrong or missing auth token: give the donor's token (--token-file)"
+                        .into(),
+                };
+                return self.refuse(op, id, &r, Flow::Close);
+            }
+        }
+        match self.client {
+            Some(c) if c != client_id => {
+                let r = Refusal {
+                    status: Status::Malformed,
+                    message: format!(
+                        "this connection is already authenticated as client {c}; open a new connection for client {client_id}"
+                    ),
+                };
+                return self.refuse(op, id, &r, Flow::Continue);
+            }
+            Some(_) => {}
+            None => {
+                if let Err(e) = self.stream.set_read_timeout(None) {
+                    tracing::warn!(peer = %self.peer, "closing the connection: clearing the read timeout failed: {e}");
+                    return Served {
+                        status: Status::Internal,
+                        bytes_out: 0,
+                        flow: Flow::Close,
+                    };
+                }
+                self.shared.store.connect(client_id);
+                self.client = Some(client_id);
+                tracing::info!(peer = %self.peer, client = client_id, "client authenticated");
+            }
+        }
+        self.out.clear();
+        encode_hello_ok(
+            &mut self.out,
+            id,
+            DonorInfo {
+                slab_size_bytes: self.shared.store.slab_size_bytes(),
+                capacity_bytes: self.shared.store.capacity_bytes(),
+            },
+        );
+        self.ok()
+    }
+
+    /// WRITE_PAGES: read count and addresses, check them all, then receive the page data
+    /// straight into slab memory (or drain it if the request is refused).
+    fn write_pages(&mut self, header: &Header) -> io::Result<Served> {
+        let (op, id) = (header.opcode, header.request_id);
+        let len = header.payload_len as usize;
+        if len < 2 {
+            self.drain(len)?;
+            let r = Refusal {
+                status: Status::Malformed,
+                message: format!("write_pages: payload is {len} bytes, shorter than its count"),
+            };
+            return Ok(self.refuse(op, id, &r, Flow::Continue));
+        }
+        let mut count_buf = [0u8; 2];
+        Self::read_payload(&mut self.stream, &mut count_buf)?;
+        let count = usize::from(u16::from_le_bytes(count_buf));
+        let mut remaining = len - 2;
+        let expected = 2 + count * (PAGE_ADDR_LEN + PAGE_SIZE);
+        let early = if count == 0 || count > MAX_BATCH_PAGES {
+            Some(Refusal {
+                status: Status::BatchTooLarge,
+                message: format!("page batch of {count} pages is outside 1..={MAX_BATCH_PAGES}"),
+            })
+        } else if len != expected {
+            Some(Refusal {
+                status: Status::Malformed,
+                message: format!("write_pages: payload is {len} bytes, expected {expected}"),
+            })
+        } else {
+            None
+        };
+        if let Some(r) = early {
+            self.drain(remaining)?;
+            return Ok(self.refuse(op, id, &r, Flow::Continue));
+        }
+        self.payload.clear();
+        self.payload.resize(count * PAGE_ADDR_LEN, 0);
+        Self::read_payload(&mut self.stream, &mut self.payload)?;
+        remaining -= count * PAGE_ADDR_LEN;
+        let Some(client) = self.client else {
+            self.drain(remaining)?;
+            let r = Refusal {
+                status: Status::NotAuthenticated,
+                message: "send HELLO first".into(),
+            };
+            return Ok(self.refuse(op, id, &r, Flow::Continue));
+        };
+        let addrs = self.payload.chunks_exact(PAGE_ADDR_LEN).map(|c| PageAddr {
+            slab: u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            page: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+        });
+        let resolved = self
+            .shared
+            .store
+            .resolve(client, addrs, &mut self.slabs, &mut self.pages);
+        if let Err(r) = resolved {
+            self.drain(remaining)?;
+            return Ok(self.refuse(op, id, &r, Flow::Continue));
+        }
+        self.shared.store.note_writes(&self.slabs, &self.pages);
+        let slabs = &self.slabs;
+        let received = mem::recv_pages(
+            &self.stream,
+            self.pages.iter().map(|&(i, p)| (slabs[i].mem(), p)),
+        );
+        self.slabs.clear();
+        received?;
+        self.shared.metrics.pages(0, count as u64);
+        self.out.clear();
+        encode_success(&mut self.out, Opcode::WritePages, id);
+        Ok(self.ok())
+    }
+}

@@ -1,0 +1,47 @@
+//! The farmem donor: a memory server that lends slabs of its host's memory to farmem clients
+//! over the farmem wire protocol (`farmem-proto`).
+//!
+//! ```no_run
+//! use farmem_donor::{DonorConfig, DonorServer};
+//! let donor = DonorServer::bind(DonorConfig {
+//!     listen: "127.0.0.1:0".into(),
+//!     capacity_bytes: 1 << 30,
+//!     ..DonorConfig::default()
+//! })?;
+//! println!("listening on {}", donor.local_addr());
+//! let running = donor.spawn();
+//! // ... clients connect to running.local_addr() ...
+//! running.stop()?;
+//! # Ok::<(), farmem_donor::DonorError>(())
+//! ```
+//!
+//! # Design
+//! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown.
+//! - `conn`: one thread per connection; request checking and the data path.
+//! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
+//! - `mem`: the slab memory mappings and the only code touching their bytes (the crate's only
+//!   `unsafe`, fenced there).
+//! - [`metrics`]: counters, STATS, and the Prometheus text endpoint.
+//!
+//! Memory is committed when a slab page is first written and returned to the operating system
+//! when the slab is freed (`munmap`). Slabs belong to the client id given in HELLO; several
+//! connections may share one client id, and a client that reconnects within the orphan grace
+//! period finds its slabs intact (see [`store`]).
+//!
+//! # Limitations
+//! No reclaim or migration yet when the donor's host needs its memory back (a later issue, which
+//! will choose victims with [`SlabStore::least_recently_written`]). No replication.
+#![deny(unsafe_code)]
+
+mod conn;
+#[allow(unsafe_code)]
+mod mem;
+pub mod metrics;
+pub mod server;
+pub mod store;
+
+pub use server::{
+    DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, HELLO_TIMEOUT,
+    MAX_CONNECTIONS, WRITE_TIMEOUT,
+};
+pub use store::{SlabInfo, SlabStore};

@@ -1,0 +1,301 @@
+//! Slab memory: the donor's memory mappings and the only code that touches their bytes.
+//!
+//! This is the one module of the donor that uses `unsafe`. It owns three things:
+//! - mapping a slab (`mmap` of private anonymous memory with `MAP_NORESERVE`) and unmapping it
+//!   when the last reference goes away (`munmap` returns the memory to the operating system);
+//! - receiving page data from a socket straight into slab pages (`readv`);
+//! - sending slab pages straight to a socket (`writev`).
+//!
+//! # Design
+//! A slab is mapped at allocation time but costs nothing until written: the kernel backs a page
+//! of a private anonymous mapping only on its first write fault, and a read of a never-written
+//! page maps the shared zero page, so it reads as zeros and commits nothing. Transparent huge
+//! pages are switched off for slabs (`MADV_NOHUGEPAGE`) so that writing one 4 KiB page commits
+//! 4 KiB, not 2 MiB, and the donor's committed-bytes figure stays true.
+//!
+//! Slab bytes are only ever read or written by the kernel, inside `readv`/`writev`; no Rust
+//! reference to slab memory is ever created. Two connections of one client that race on the same
+//! page therefore cannot cause undefined behaviour in the donor: the page simply ends up with one
+//! of the writes (the client's own race). A [`SlabMemory`] is kept alive (by `Arc`) for as long as
+//! any transfer uses it, so a concurrent FREE_SLAB unmaps it only after the transfer ends.
+//!
+//! # Limitations
+//! A write fault on a `MAP_NORESERVE` page when the host is out of memory makes the kernel fail
+//! the `readv` (`EFAULT`) or, worse, invoke the OOM killer; the donor's capacity must be chosen
+//! below the host's free memory (a later issue adds reclaim by migration).
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr::NonNull;
+
+use farmem_proto::PAGE_SIZE;
+
+/// One slab's memory mapping. Unmapped on drop.
+pub struct SlabMemory {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: `SlabMemory` owns its mapping exclusively (no aliasing Rust references exist; bytes are
+// only touched by the kernel in readv/writev), so moving or sharing the handle across threads is
+// sound: the mapping is process-wide and the pointer stays valid until `Drop`.
+unsafe impl Send for SlabMemory {}
+// SAFETY: see `Send`; every method takes `&self` and only passes page pointers to the kernel.
+unsafe impl Sync for SlabMemory {}
+
+impl SlabMemory {
+    /// Maps `len` bytes (a non-zero multiple of [`PAGE_SIZE`]) of reserved-but-uncommitted memory.
+    pub fn map(len: usize) -> io::Result<SlabMemory> {
+        if len == 0 || !len.is_multiple_of(PAGE_SIZE) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slab length {len} is not a non-zero multiple of {PAGE_SIZE}"),
+            ));
+        }
+        // SAFETY: a fresh anonymous private mapping at an address of the kernel's choosing; it
+        // cannot overlap any existing Rust object. Arguments are valid by construction.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        // SAFETY: `ptr..ptr+len` is the mapping we just created and own. MADV_NOHUGEPAGE only
+        // changes how the kernel backs it; failure is harmless (committed figures get coarser).
+        let _ = unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        Ok(SlabMemory { base, len })
+    }
+
+    /// Pages in the mapping.
+    pub fn pages(&self) -> u32 {
+        u32::try_from(self.len / PAGE_SIZE).unwrap_or(u32::MAX)
+    }
+
+    /// Address of page `page`. Panics if out of range (callers check ranges first; a panic here
+    /// is a donor bug, never reachable from client input).
+    fn page_ptr(&self, page: u32) -> *mut u8 {
+        let off = page as usize * PAGE_SIZE;
+        assert!(off + PAGE_SIZE <= self.len, "page {page} outside slab");
+        // SAFETY: `off + PAGE_SIZE <= len`, so the result stays inside our mapping.
+        unsafe { self.base.as_ptr().add(off) }
+    }
+}
+
+impl Drop for SlabMemory {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+len` is the mapping created in `map`, still mapped (only dropped
+        // once), and no reference into it exists (bytes are only touched inside syscalls while a
+        // reference to this `SlabMemory` is held, which `&mut self` here rules out).
+        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        if rc != 0 {
+            tracing::error!(
+                "munmap of a {}-byte slab failed: {}",
+                self.len,
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Maximum iovecs per syscall: header + one per page (pages are coalesced when adjacent).
+const MAX_IOV: usize = farmem_proto::MAX_BATCH_PAGES + 2;
+
+fn empty_iov() -> libc::iovec {
+    libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }
+}
+
+/// Builds iovecs for `pages` after an optional prefix, coalescing adjacent pages of one slab.
+/// Returns the number of iovecs used.
+fn build_iovs<'a>(
+    iovs: &mut [libc::iovec; MAX_IOV],
+    prefix: &[u8],
+    pages: impl IntoIterator<Item = (&'a SlabMemory, u32)>,
+) -> usize {
+    let mut n = 0;
+    if !prefix.is_empty() {
+        iovs[0] = libc::iovec {
+            iov_base: prefix.as_ptr() as *mut libc::c_void,
+            iov_len: prefix.len(),
+        };
+        n = 1;
+    }
+    let first_page_iov = n;
+    for (mem, page) in pages {
+        let p = mem.page_ptr(page);
+        if n > first_page_iov {
+            let last = &mut iovs[n - 1];
+            // Pointer arithmetic only (no dereference): the end of the previous page region,
+            // compared with `p` to coalesce contiguous pages into one iovec.
+            let end = last.iov_base.cast::<u8>().wrapping_add(last.iov_len);
+            if end == p {
+                last.iov_len += PAGE_SIZE;
+                continue;
+            }
+        }
+        assert!(n < MAX_IOV, "more pages than a batch may hold");
+        iovs[n] = libc::iovec {
+            iov_base: p.cast(),
+            iov_len: PAGE_SIZE,
+        };
+        n += 1;
+    }
+    n
+}
+
+/// Drops `done` bytes from the front of `iovs[..n]`, returning the new start index.
+fn advance(iovs: &mut [libc::iovec], mut start: usize, n: usize, mut done: usize) -> usize {
+    while start < n && done > 0 {
+        let iov = &mut iovs[start];
+        if done >= iov.iov_len {
+            done -= iov.iov_len;
+            start += 1;
+        } else {
+            // `done < iov_len`, so the new base stays inside the same region.
+            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(done).cast();
+            iov.iov_len -= done;
+            done = 0;
+        }
+    }
+    // Skip empty trailing entries.
+    while start < n && iovs[start].iov_len == 0 {
+        start += 1;
+    }
+    start
+}
+
+/// Sends `prefix` followed by the bytes of `pages` (in order) with vectored writes, handling
+/// short writes. The socket's send timeout (SO_SNDTIMEO) bounds how long a peer that stops
+/// reading can hold this call: it then fails with `WouldBlock`/`TimedOut`.
+pub fn send_pages<'a>(
+    sock: &impl AsFd,
+    prefix: &[u8],
+    pages: impl IntoIterator<Item = (&'a SlabMemory, u32)>,
+) -> io::Result<()> {
+    let fd = sock.as_fd().as_raw_fd();
+    let mut iovs = [empty_iov(); MAX_IOV];
+    let n = build_iovs(&mut iovs, prefix, pages);
+    let mut start = 0;
+    while start < n {
+        let cnt = (n - start) as libc::c_int;
+        // SAFETY: `iovs[start..n]` describe live memory: `prefix` (borrowed for this call) and
+        // pages inside slab mappings kept alive by the `&'a SlabMemory` borrows, which outlive
+        // this call; the kernel only reads from them. `fd` is a valid open socket borrowed via AsFd.
+        let rc = unsafe { libc::writev(fd, iovs[start..].as_ptr(), cnt) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if rc == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "socket accepted no bytes",
+            ));
+        }
+        start = advance(&mut iovs, start, n, rc as usize);
+    }
+    Ok(())
+}
+
+/// Receives `pages.len()` pages from the socket straight into the given slab pages, in order,
+/// handling short reads. Fails with `UnexpectedEof` if the peer closes before all bytes came.
+pub fn recv_pages<'a>(
+    sock: &impl AsFd,
+    pages: impl IntoIterator<Item = (&'a SlabMemory, u32)>,
+) -> io::Result<()> {
+    let fd = sock.as_fd().as_raw_fd();
+    let mut iovs = [empty_iov(); MAX_IOV];
+    let n = build_iovs(&mut iovs, &[], pages);
+    let mut start = 0;
+    while start < n {
+        let cnt = (n - start) as libc::c_int;
+        // SAFETY: `iovs[start..n]` lie inside slab mappings kept alive by the `&'a SlabMemory`
+        // borrows, which outlive this call; no Rust reference to those bytes exists, so the
+        // kernel writing them aliases nothing. `fd` is a valid open socket borrowed via AsFd.
+        let rc = unsafe { libc::readv(fd, iovs[start..].as_ptr(), cnt) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if rc == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed in the middle of WRITE_PAGES data",
+            ));
+        }
+        start = advance(&mut iovs, start, n, rc as usize);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn pages_round_trip_through_a_socket_and_unwritten_pages_are_zero() {
+        let a = SlabMemory::map(8 * PAGE_SIZE).unwrap();
+        let b = SlabMemory::map(4 * PAGE_SIZE).unwrap();
+        assert_eq!(a.pages(), 8);
+        let (mut x, y) = UnixStream::pair().unwrap();
+        let mut data = Vec::new();
+        for i in 0..3u8 {
+            data.extend(std::iter::repeat_n(i + 1, PAGE_SIZE));
+        }
+        let writer = std::thread::spawn(move || {
+            x.write_all(&data).unwrap();
+            x
+        });
+        recv_pages(&y, [(&a, 2), (&a, 3), (&b, 0)]).unwrap();
+        let mut x = writer.join().unwrap();
+
+        send_pages(&y, b"hdr", [(&a, 3), (&a, 2), (&a, 7), (&b, 0), (&b, 1)]).unwrap();
+        let mut got = vec![0u8; 3 + 5 * PAGE_SIZE];
+        x.read_exact(&mut got).unwrap();
+        assert_eq!(&got[..3], b"hdr");
+        let page = |i: usize| &got[3 + i * PAGE_SIZE..3 + (i + 1) * PAGE_SIZE];
+        assert!(page(0).iter().all(|&v| v == 2));
+        assert!(page(1).iter().all(|&v| v == 1));
+        assert!(
+            page(2).iter().all(|&v| v == 0),
+            "never-written page reads as zeros"
+        );
+        assert!(page(3).iter().all(|&v| v == 3));
+        assert!(page(4).iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn contiguous_pages_are_coalesced() {
+        let a = SlabMemory::map(8 * PAGE_SIZE).unwrap();
+        let mut iovs = [empty_iov(); MAX_IOV];
+        let n = build_iovs(&mut iovs, b"h", [(&a, 0), (&a, 1), (&a, 2), (&a, 5)]);
+        assert_eq!(n, 3);
+        assert_eq!(iovs[1].iov_len, 3 * PAGE_SIZE);
+        let n = build_iovs(&mut iovs, &[], [(&a, 0), (&a, 1)]);
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn bad_lengths_are_refused() {
+        assert!(SlabMemory::map(0).is_err());
+        assert!(SlabMemory::map(PAGE_SIZE + 1).is_err());
+    }
+}

@@ -1,0 +1,514 @@
+//! The donor server: configuration, binding, the accept loop, the orphan reaper, shutdown.
+//!
+//! # Design
+//! One thread per connection, blocking I/O. A connection's thread is the only one that reads or
+//! writes its socket, so a client that stops reading (its thread blocks in `writev` until the
+//! send timeout closes the connection) or sends garbage (its connection is closed) cannot stall
+//! another: the shared state (the slab store, the counters) is never locked across socket I/O.
+//! The number of connections is capped ([`MAX_CONNECTIONS`]) and a connection must say HELLO
+//! within [`HELLO_TIMEOUT`], so idle sockets cannot exhaust the donor's threads.
+//!
+//! Shutdown ([`ShutdownHandle::shutdown`]) sets a flag, shuts the listening sockets down (which
+//! wakes the blocked `accept`) and shuts every open connection down (which wakes its blocked
+//! read); `run` then joins every thread it started and returns.
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use farmem_proto::PAGE_SIZE;
+use parking_lot::{Condvar, Mutex};
+
+use crate::conn::Connection;
+use crate::metrics::{self, Metrics};
+use crate::store::SlabStore;
+
+/// Most connections served at once; more are accepted and closed at once, with a log line.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// How long a new connection may take to send HELLO before it is closed.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a response may wait for a client that does not read before its connection is closed.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Stack size of a connection thread (the data path needs little: buffers live on the heap).
+const CONN_STACK_BYTES: usize = 256 * 1024;
+
+/// The donor's configuration.
+#[derive(Debug, Clone)]
+pub struct DonorConfig {
+    /// Address to listen on, e.g. `127.0.0.1:7070` (`:0` picks a free port).
+    pub listen: String,
+    /// Most bytes lent in total (whole slabs).
+    pub capacity_bytes: u64,
+    /// Size of one slab (a multiple of 4096), default 64 MiB.
+    pub slab_size_bytes: u64,
+    /// Auth token clients must present in HELLO; `None` accepts any client (loopback only
+    /// unless `insecure`).
+    pub token: Option<Vec<u8>>,
+    /// Most bytes one client id may hold, `None` for no limit beyond capacity.
+    pub quota_bytes: Option<u64>,
+    /// How long the slabs of a disconnected client are kept for it to reconnect, default 60 s.
+    pub orphan_grace: Duration,
+    /// Allow listening on a non-loopback address without a token.
+    pub insecure: bool,
+    /// Address of the Prometheus text endpoint, if any.
+    pub metrics_listen: Option<String>,
+}
+
+impl Default for DonorConfig {
+    fn default() -> Self {
+        DonorConfig {
+            listen: "127.0.0.1:7070".to_string(),
+            capacity_bytes: 1 << 30,
+            slab_size_bytes: 64 << 20,
+            token: None,
+            quota_bytes: None,
+            orphan_grace: Duration::from_secs(60),
+            insecure: false,
+            metrics_listen: None,
+        }
+    }
+}
+
+/// Why the donor could not start or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum DonorError {
+    /// A configuration value is unusable.
+    #[error("invalid donor configuration: {0}")]
+    Config(String),
+    /// The listen address did not resolve.
+    #[error(
+        "cannot resolve listen address {addr:?}: {source}; use HOST:PORT, e.g. 127.0.0.1:7070"
+    )]
+    Resolve {
+        /// The address given.
+        addr: String,
+        /// The resolver's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Listening without a token on an address other hosts can reach.
+    #[error("refusing to listen on {addr} without an auth token: it is reachable from other hosts; give --token-file, listen on 127.0.0.1, or pass --insecure")]
+    InsecureListen {
+        /// The address.
+        addr: String,
+    },
+    /// Binding the data listener failed.
+    #[error("cannot listen on {addr}: {source}; is another donor already using this port?")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Binding the metrics listener failed.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    MetricsBind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A socket operation needed to set up the server failed.
+    #[error("setting up the donor's sockets failed: {0}")]
+    Socket(#[source] io::Error),
+    /// Starting a thread failed.
+    #[error("starting a donor thread failed: {0}; the host may be out of threads or memory")]
+    Spawn(#[source] io::Error),
+    /// The donor's thread panicked.
+    #[error("the donor thread panicked")]
+    Panicked,
+}
+
+/// State shared by the accept loop, the connections, the reaper and shutdown handles.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<SlabStore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) token: Option<Vec<u8>>,
+    pub(crate) stop: AtomicBool,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    next_conn: AtomicU64,
+    orphan_grace: Duration,
+    reaper_lock: Mutex<()>,
+    reaper_wake: Condvar,
+}
+
+impl Shared {
+    /// A connection's client left; wake the reaper when the grace is zero so it acts now.
+    pub(crate) fn client_left(&self, client: u64) {
+        if self.store.disconnect(client) > 0 && self.orphan_grace.is_zero() {
+            self.reaper_wake.notify_all();
+        }
+    }
+
+    fn shutdown(&self) {
+        if self.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::info!("donor shutting down");
+        // Wakes the blocked accept() (Linux answers it with EINVAL).
+        let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Read);
+        if let Some(m) = &self.metrics_listener {
+            let _ = rustix::net::shutdown(m, rustix::net::Shutdown::Read);
+        }
+        for s in self.conns.lock().values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        let _g = self.reaper_lock.lock();
+        self.reaper_wake.notify_all();
+    }
+}
+
+/// Stops a donor from any thread. Cheap to clone.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Asks the donor to stop: it stops accepting, closes every connection, and `run` returns.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        self.0.shutdown();
+    }
+}
+
+impl std::fmt::Debug for ShutdownHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShutdownHandle")
+    }
+}
+
+/// A bound, not yet running donor.
+pub struct DonorServer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+}
+
+fn resolve(addr: &str) -> Result<Vec<SocketAddr>, DonorError> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|source| DonorError::Resolve {
+            addr: addr.to_string(),
+            source,
+        })?
+        .collect();
+    if addrs.is_empty() {
+        return Err(DonorError::Resolve {
+            addr: addr.to_string(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
+        });
+    }
+    Ok(addrs)
+}
+
+impl DonorServer {
+    /// Checks the configuration and binds the listening sockets (nothing is served until
+    /// [`DonorServer::run`] or [`DonorServer::spawn`]).
+    pub fn bind(cfg: DonorConfig) -> Result<DonorServer, DonorError> {
+        let page = PAGE_SIZE as u64;
+        if cfg.slab_size_bytes == 0 || !cfg.slab_size_bytes.is_multiple_of(page) {
+            return Err(DonorError::Config(format!(
+                "slab size {} bytes is not a positive multiple of the page size ({page} bytes)",
+                cfg.slab_size_bytes
+            )));
+        }
+        if cfg.slab_size_bytes / page > u64::from(u32::MAX) {
+            return Err(DonorError::Config(format!(
+                "slab size {} bytes holds more pages than a page index can name",
+                cfg.slab_size_bytes
+            )));
+        }
+        if cfg.capacity_bytes < cfg.slab_size_bytes {
+            return Err(DonorError::Config(format!(
+                "capacity {} bytes is smaller than one slab ({} bytes); raise --capacity or lower --slab-size",
+                cfg.capacity_bytes, cfg.slab_size_bytes
+            )));
+        }
+        if let Some(q) = cfg.quota_bytes {
+            if q < cfg.slab_size_bytes {
+                return Err(DonorError::Config(format!(
+                    "quota {q} bytes is smaller than one slab ({} bytes): no client could allocate anything",
+                    cfg.slab_size_bytes
+                )));
+            }
+        }
+        if let Some(t) = &cfg.token {
+            if t.is_empty() {
+                return Err(DonorError::Config("the auth token is empty".into()));
+            }
+            if t.len() > farmem_proto::MAX_TOKEN_LEN {
+                return Err(DonorError::Config(format!(
+                    "the auth token is {} bytes; the protocol allows at most {}",
+                    t.len(),
+                    farmem_proto::MAX_TOKEN_LEN
+                )));
+            }
+        }
+        let addrs = resolve(&cfg.listen)?;
+        if cfg.token.is_none() && !cfg.insecure {
+            if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
+                return Err(DonorError::InsecureListen {
+                    addr: a.to_string(),
+                });
+            }
+        }
+        let listener = TcpListener::bind(&addrs[..]).map_err(|source| DonorError::Bind {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+        let local_addr = listener.local_addr().map_err(DonorError::Socket)?;
+        let metrics_listener = match &cfg.metrics_listen {
+            None => None,
+            Some(m) => {
+                let maddrs = resolve(m)?;
+                Some(
+                    TcpListener::bind(&maddrs[..]).map_err(|source| DonorError::MetricsBind {
+                        addr: m.clone(),
+                        source,
+                    })?,
+                )
+            }
+        };
+        let metrics_addr = match &metrics_listener {
+            Some(l) => Some(l.local_addr().map_err(DonorError::Socket)?),
+            None => None,
+        };
+        let store = Arc::new(SlabStore::new(
+            cfg.capacity_bytes / cfg.slab_size_bytes * cfg.slab_size_bytes,
+            cfg.slab_size_bytes,
+            cfg.quota_bytes,
+        ));
+        Ok(DonorServer {
+            shared: Arc::new(Shared {
+                store,
+                metrics: Arc::new(Metrics::new()),
+                token: cfg.token,
+                stop: AtomicBool::new(false),
+                listener,
+                metrics_listener,
+                conns: Mutex::new(HashMap::new()),
+                next_conn: AtomicU64::new(1),
+                orphan_grace: cfg.orphan_grace,
+                reaper_lock: Mutex::new(()),
+                reaper_wake: Condvar::new(),
+            }),
+            local_addr,
+            metrics_addr,
+        })
+    }
+
+    /// The address the donor listens on (with the real port when `:0` was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics endpoint's address, if one was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// A handle that stops the donor.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(Arc::clone(&self.shared))
+    }
+
+    /// The slab store (slabs, owners, activity tags), for inspection.
+    pub fn store(&self) -> Arc<SlabStore> {
+        Arc::clone(&self.shared.store)
+    }
+
+    /// Serves until shut down, then closes every connection and joins every thread.
+    pub fn run(self) -> Result<(), DonorError> {
+        let shared = self.shared;
+        tracing::info!(
+            addr = %self.local_addr,
+            capacity_bytes = shared.store.capacity_bytes(),
+            slab_size_bytes = shared.store.slab_size_bytes(),
+            auth = shared.token.is_some(),
+            "donor serving"
+        );
+        let reaper = {
+            let sh = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("farmem-donor-reaper".into())
+                .spawn(move || reap_loop(&sh))
+                .map_err(DonorError::Spawn)?
+        };
+        let metrics_thread = match &shared.metrics_listener {
+            None => None,
+            Some(l) => {
+                let l = l.try_clone().map_err(DonorError::Socket)?;
+                let (m, s) = (Arc::clone(&shared.metrics), Arc::clone(&shared.store));
+                let sh = Arc::clone(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name("farmem-donor-metrics".into())
+                        .spawn(move || metrics::serve(l, m, s, &sh.stop))
+                        .map_err(DonorError::Spawn)?,
+                )
+            }
+        };
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let result = accept_loop(&shared, &mut threads);
+        shared.shutdown();
+        for t in threads {
+            let _ = t.join();
+        }
+        let _ = reaper.join();
+        if let Some(t) = metrics_thread {
+            let _ = t.join();
+        }
+        tracing::info!("donor stopped");
+        result
+    }
+
+    /// Runs the donor on its own thread.
+    pub fn spawn(self) -> RunningDonor {
+        let handle = self.shutdown_handle();
+        let (local_addr, metrics_addr) = (self.local_addr, self.metrics_addr);
+        let store = self.store();
+        let thread = std::thread::Builder::new()
+            .name("farmem-donor".into())
+            .spawn(move || self.run());
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!("starting the donor thread failed: {e}");
+                None
+            }
+        };
+        RunningDonor {
+            handle,
+            thread,
+            local_addr,
+            metrics_addr,
+            store,
+        }
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Result<(), DonorError> {
+    loop {
+        let accepted = shared.listener.accept();
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Transient (out of fds, aborted handshake): log and keep serving.
+                tracing::warn!("accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+        };
+        threads.retain(|t| !t.is_finished());
+        if threads.len() >= MAX_CONNECTIONS {
+            tracing::warn!(%peer, "refused a connection: {MAX_CONNECTIONS} connections already open");
+            drop(stream);
+            continue;
+        }
+        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        match stream.try_clone() {
+            Ok(s) => {
+                shared.conns.lock().insert(id, s);
+            }
+            Err(e) => {
+                tracing::warn!(%peer, "refused a connection: cloning its socket failed: {e}");
+                continue;
+            }
+        }
+        // A shutdown between the flag check and the insert above would miss this socket.
+        if shared.stop.load(Ordering::Acquire) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+        let sh = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name("farmem-donor-conn".into())
+            .stack_size(CONN_STACK_BYTES)
+            .spawn(move || {
+                sh.metrics.connection(true);
+                Connection::new(stream, peer, Arc::clone(&sh)).serve();
+                sh.metrics.connection(false);
+                sh.conns.lock().remove(&id);
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                tracing::warn!(%peer, "refused a connection: starting its thread failed: {e}");
+                shared.conns.lock().remove(&id);
+            }
+        }
+    }
+}
+
+fn reap_loop(shared: &Shared) {
+    let grace = shared.orphan_grace;
+    let tick = (grace / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut guard = shared.reaper_lock.lock();
+    while !shared.stop.load(Ordering::Acquire) {
+        let (clients, slabs) = shared.store.reap_orphans(grace);
+        if clients > 0 {
+            tracing::info!(clients, slabs, "reaped orphaned slabs");
+        }
+        let _ = shared.reaper_wake.wait_for(&mut guard, tick);
+    }
+}
+
+/// A donor running on its own thread. Dropping it stops the donor too.
+pub struct RunningDonor {
+    handle: ShutdownHandle,
+    thread: Option<JoinHandle<Result<(), DonorError>>>,
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    store: Arc<SlabStore>,
+}
+
+impl RunningDonor {
+    /// The address the donor listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics endpoint's address, if any.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// A handle that stops the donor.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.handle.clone()
+    }
+
+    /// The slab store (slabs, owners, activity tags), for inspection.
+    pub fn store(&self) -> Arc<SlabStore> {
+        Arc::clone(&self.store)
+    }
+
+    /// Stops the donor and waits for it to finish.
+    pub fn stop(mut self) -> Result<(), DonorError> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<(), DonorError> {
+        self.handle.shutdown();
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| DonorError::Panicked)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningDonor {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_inner() {
+            tracing::error!("donor stopped with an error: {e}");
+        }
+    }
+}

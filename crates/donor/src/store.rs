@@ -1,0 +1,530 @@
+//! The slab store: which slabs exist, who owns them, quotas, capacity, activity tags and the
+//! bookkeeping of connected and orphaned clients.
+//!
+//! # Design
+//! One `parking_lot::RwLock` guards the maps (slab id → slab, client id → client state). It is
+//! held only for map look-ups and updates, never across socket I/O: the data path resolves a
+//! whole batch of page addresses under one read lock into `Arc<Slab>` handles and then does its
+//! I/O without the lock. Freeing a slab removes it from the map at once (later requests naming it
+//! get `NoSuchSlab`); its memory is unmapped when the last in-flight transfer drops its handle.
+//!
+//! Clients are identified by the client id they send in HELLO. Several connections may use the
+//! same id at once (they share the client's slabs); the orphan clock of a client starts when its
+//! last connection closes, and a HELLO with the same id within the grace period cancels it. This
+//! makes a reconnect work even when the donor has not yet noticed that the old connection died
+//! (a half-open TCP connection). Client ids are names, not credentials: the auth token keeps
+//! strangers out; ownership keeps one client's bugs from touching another's memory.
+//!
+//! Activity tag (Valet): every slab records the time of its last write; [`SlabStore::slabs`]
+//! exposes it so reclaim can pick the least recently written slab as the migration victim.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_proto::{Status, PAGE_SIZE};
+use parking_lot::RwLock;
+
+use crate::mem::SlabMemory;
+
+/// One slab: its memory, owner, written-page bitmap and activity tag.
+pub struct Slab {
+    id: u32,
+    owner: u64,
+    mem: SlabMemory,
+    /// One bit per page: set once the page has been written (committed).
+    written: Box<[AtomicU64]>,
+    committed_pages: AtomicU64,
+    /// The store's committed-bytes total, kept in step with `committed_pages`.
+    committed_total: Arc<AtomicU64>,
+    /// Nanoseconds since the store's epoch of the last write, plus one; 0 = never written.
+    last_write_ns: AtomicU64,
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // The memory is unmapped right after this (field drop), so its pages leave the total.
+        let pages = self.committed_pages.load(Ordering::Relaxed);
+        self.committed_total
+            .fetch_sub(pages * PAGE_SIZE as u64, Ordering::Relaxed);
+    }
+}
+
+impl Slab {
+    /// The slab id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The owning client id.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+
+    /// The slab's memory.
+    pub(crate) fn mem(&self) -> &SlabMemory {
+        &self.mem
+    }
+
+    /// Pages in the slab.
+    pub fn pages(&self) -> u32 {
+        self.mem.pages()
+    }
+
+    /// Marks `page` written; returns true if this is its first write.
+    fn mark_written(&self, page: u32) -> bool {
+        let bit = 1u64 << (page % 64);
+        let old = self.written[(page / 64) as usize].fetch_or(bit, Ordering::Relaxed);
+        if old & bit == 0 {
+            self.committed_pages.fetch_add(1, Ordering::Relaxed);
+            self.committed_total
+                .fetch_add(PAGE_SIZE as u64, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A snapshot of one slab, for reclaim decisions and diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlabInfo {
+    /// Slab id.
+    pub id: u32,
+    /// Owning client id.
+    pub owner: u64,
+    /// Bytes of the slab committed (pages written at least once).
+    pub committed_bytes: u64,
+    /// Activity tag: time since the donor started of the slab's last write; `None` if never written.
+    pub last_write: Option<Duration>,
+    /// Whether the owner currently has no connection (the slab is waiting out the orphan grace).
+    pub orphaned: bool,
+}
+
+#[derive(Debug, Default)]
+struct ClientState {
+    connections: usize,
+    slabs: Vec<u32>,
+    used_bytes: u64,
+    disconnected_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    slabs: HashMap<u32, Arc<Slab>>,
+    clients: HashMap<u64, ClientState>,
+    next_id: u32,
+    used_bytes: u64,
+}
+
+/// Why a store operation was refused: the status to answer with and a message for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Status code for the response.
+    pub status: Status,
+    /// Human-readable reason.
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: Status, message: String) -> Refusal {
+        Refusal { status, message }
+    }
+}
+
+/// The donor's slabs and clients. Shared by all connection threads.
+pub struct SlabStore {
+    slab_size_bytes: u64,
+    capacity_bytes: u64,
+    quota_bytes: Option<u64>,
+    epoch: Instant,
+    committed_bytes: Arc<AtomicU64>,
+    inner: RwLock<Inner>,
+}
+
+impl SlabStore {
+    /// A store lending at most `capacity_bytes` (whole slabs) in slabs of `slab_size_bytes`
+    /// (a non-zero multiple of the page size, checked by the caller), `quota_bytes` per client.
+    pub fn new(capacity_bytes: u64, slab_size_bytes: u64, quota_bytes: Option<u64>) -> SlabStore {
+        SlabStore {
+            slab_size_bytes,
+            capacity_bytes,
+            quota_bytes,
+            epoch: Instant::now(),
+            committed_bytes: Arc::new(AtomicU64::new(0)),
+            inner: RwLock::new(Inner {
+                next_id: 1,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// Slab size in bytes.
+    pub fn slab_size_bytes(&self) -> u64 {
+        self.slab_size_bytes
+    }
+
+    /// Lendable capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    /// Bytes in allocated slabs.
+    pub fn used_bytes(&self) -> u64 {
+        self.inner.read().used_bytes
+    }
+
+    /// Bytes of slab memory that have been written (pages committed) and not yet returned to
+    /// the operating system.
+    pub fn committed_bytes(&self) -> u64 {
+        self.committed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Number of allocated slabs.
+    pub fn slab_count(&self) -> usize {
+        self.inner.read().slabs.len()
+    }
+
+    /// Number of client ids with at least one open connection.
+    pub fn connected_clients(&self) -> usize {
+        self.inner
+            .read()
+            .clients
+            .values()
+            .filter(|c| c.connections > 0)
+            .count()
+    }
+
+    /// Snapshot of every slab (sorted by id), including its activity tag.
+    pub fn slabs(&self) -> Vec<SlabInfo> {
+        let inner = self.inner.read();
+        let mut out: Vec<SlabInfo> = inner
+            .slabs
+            .values()
+            .map(|s| {
+                let t = s.last_write_ns.load(Ordering::Relaxed);
+                SlabInfo {
+                    id: s.id,
+                    owner: s.owner,
+                    committed_bytes: s.committed_pages.load(Ordering::Relaxed) * PAGE_SIZE as u64,
+                    last_write: (t > 0).then(|| Duration::from_nanos(t - 1)),
+                    orphaned: inner
+                        .clients
+                        .get(&s.owner)
+                        .is_none_or(|c| c.connections == 0),
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| s.id);
+        out
+    }
+
+    /// The slab whose last write is oldest (never-written slabs first): the migration victim
+    /// Valet's activity-based selection would choose.
+    pub fn least_recently_written(&self) -> Option<SlabInfo> {
+        self.slabs()
+            .into_iter()
+            .min_by_key(|s| (s.last_write.unwrap_or(Duration::ZERO), s.id))
+    }
+
+    /// A connection authenticated as `client`.
+    pub fn connect(&self, client: u64) {
+        let mut inner = self.inner.write();
+        let c = inner.clients.entry(client).or_default();
+        c.connections += 1;
+        if c.disconnected_at.take().is_some() {
+            tracing::info!(
+                client,
+                slabs = c.slabs.len(),
+                "client reconnected within the orphan grace period; its slabs are intact"
+            );
+        }
+    }
+
+    /// A connection of `client` closed. Returns the number of slabs now orphaned (0 if the
+    /// client still has connections or owns nothing).
+    pub fn disconnect(&self, client: u64) -> usize {
+        let mut inner = self.inner.write();
+        let Some(c) = inner.clients.get_mut(&client) else {
+            return 0;
+        };
+        c.connections = c.connections.saturating_sub(1);
+        if c.connections > 0 {
+            return 0;
+        }
+        if c.slabs.is_empty() {
+            inner.clients.remove(&client);
+            return 0;
+        }
+        c.disconnected_at = Some(Instant::now());
+        c.slabs.len()
+    }
+
+    /// Frees the slabs of every client that has been disconnected for at least `grace`.
+    /// Returns (clients reaped, slabs freed).
+    pub fn reap_orphans(&self, grace: Duration) -> (usize, usize) {
+        let now = Instant::now();
+        let mut inner = self.inner.write();
+        let expired: Vec<u64> = inner
+            .clients
+            .iter()
+            .filter(|(_, c)| {
+                c.connections == 0
+                    && c.disconnected_at
+                        .is_some_and(|t| now.saturating_duration_since(t) >= grace)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        let mut freed = 0;
+        for id in &expired {
+            let Some(c) = inner.clients.remove(id) else {
+                continue;
+            };
+            for slab in c.slabs {
+                if let Some(s) = inner.slabs.remove(&slab) {
+                    inner.used_bytes -= self.slab_size_bytes;
+                    drop(s); // unmapped now, or when its last in-flight transfer ends
+                    freed += 1;
+                }
+            }
+            tracing::info!(
+                client = id,
+                "freed the slabs of a client disconnected longer than the orphan grace period"
+            );
+        }
+        (expired.len(), freed)
+    }
+
+    /// Allocates a slab for `client`.
+    pub fn alloc(&self, client: u64) -> Result<u32, Refusal> {
+        let slab_size = self.slab_size_bytes;
+        let mut inner = self.inner.write();
+        if inner.used_bytes + slab_size > self.capacity_bytes {
+            return Err(Refusal::new(
+                Status::CapacityExhausted,
+                format!(
+                    "donor capacity exhausted: {} of {} bytes lent; use another donor or free slabs",
+                    inner.used_bytes, self.capacity_bytes
+                ),
+            ));
+        }
+        let client_used = inner.clients.get(&client).map_or(0, |c| c.used_bytes);
+        if let Some(quota) = self.quota_bytes {
+            if client_used + slab_size > quota {
+                return Err(Refusal::new(
+                    Status::QuotaExceeded,
+                    format!(
+                        "client quota exceeded: {client_used} of {quota} bytes used, a slab is {slab_size}"
+                    ),
+                ));
+            }
+        }
+        let len = usize::try_from(slab_size).map_err(|_| {
+            Refusal::new(Status::Internal, "slab size does not fit in memory".into())
+        })?;
+        let mem = SlabMemory::map(len).map_err(|e| {
+            tracing::error!("mapping a {len}-byte slab failed: {e}");
+            Refusal::new(Status::Internal, format!("donor could not map a slab: {e}"))
+        })?;
+        let mut id = inner.next_id;
+        while id == 0 || inner.slabs.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        inner.next_id = id.wrapping_add(1);
+        let words = (mem.pages() as usize).div_ceil(64);
+        let slab = Arc::new(Slab {
+            id,
+            owner: client,
+            mem,
+            written: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            committed_pages: AtomicU64::new(0),
+            committed_total: Arc::clone(&self.committed_bytes),
+            last_write_ns: AtomicU64::new(0),
+        });
+        inner.slabs.insert(id, slab);
+        inner.used_bytes += slab_size;
+        let c = inner.clients.entry(client).or_default();
+        c.slabs.push(id);
+        c.used_bytes += slab_size;
+        Ok(id)
+    }
+
+    /// Frees `client`'s slab `slab`.
+    pub fn free(&self, client: u64, slab: u32) -> Result<(), Refusal> {
+        let mut inner = self.inner.write();
+        match inner.slabs.get(&slab) {
+            Some(s) if s.owner == client => {}
+            _ => return Err(no_such_slab(slab)),
+        }
+        let s = inner.slabs.remove(&slab).expect("checked above");
+        inner.used_bytes -= self.slab_size_bytes;
+        if let Some(c) = inner.clients.get_mut(&client) {
+            c.slabs.retain(|&x| x != slab);
+            c.used_bytes -= self.slab_size_bytes;
+        }
+        drop(inner);
+        drop(s); // unmapped now, or when its last in-flight transfer ends
+        Ok(())
+    }
+
+    /// Resolves a batch of page addresses of `client` into slab handles (deduplicated into
+    /// `slabs`) and `(index into slabs, page)` pairs in `out`. All-or-nothing: on a refusal the
+    /// outputs are left cleared.
+    pub fn resolve(
+        &self,
+        client: u64,
+        addrs: impl Iterator<Item = farmem_proto::PageAddr>,
+        slabs: &mut Vec<Arc<Slab>>,
+        out: &mut Vec<(usize, u32)>,
+    ) -> Result<(), Refusal> {
+        slabs.clear();
+        out.clear();
+        let inner = self.inner.read();
+        for a in addrs {
+            let idx = match slabs.iter().rposition(|s| s.id == a.slab) {
+                Some(i) => i,
+                None => match inner.slabs.get(&a.slab) {
+                    Some(s) if s.owner == client => {
+                        slabs.push(Arc::clone(s));
+                        slabs.len() - 1
+                    }
+                    _ => {
+                        drop(inner);
+                        slabs.clear();
+                        out.clear();
+                        return Err(no_such_slab(a.slab));
+                    }
+                },
+            };
+            let pages = slabs[idx].pages();
+            if a.page >= pages {
+                drop(inner);
+                slabs.clear();
+                out.clear();
+                return Err(Refusal::new(
+                    Status::PageOutOfRange,
+                    format!(
+                        "page {} is outside slab {} (it has {pages} pages)",
+                        a.page, a.slab
+                    ),
+                ));
+            }
+            out.push((idx, a.page));
+        }
+        Ok(())
+    }
+
+    /// Records that the resolved pages are about to be written: commits them in the bitmaps
+    /// and stamps each slab's activity tag.
+    pub fn note_writes(&self, slabs: &[Arc<Slab>], pages: &[(usize, u32)]) {
+        for &(i, p) in pages {
+            slabs[i].mark_written(p);
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+        for s in slabs {
+            s.last_write_ns.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
+fn no_such_slab(slab: u32) -> Refusal {
+    Refusal::new(
+        Status::NoSuchSlab,
+        format!("slab {slab} does not exist, was freed, or belongs to another client"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farmem_proto::PageAddr;
+
+    const SLAB: u64 = 16 * PAGE_SIZE as u64;
+
+    #[test]
+    fn capacity_quota_and_ownership_are_enforced() {
+        let store = SlabStore::new(3 * SLAB, SLAB, Some(2 * SLAB));
+        let a1 = store.alloc(1).unwrap();
+        let _a2 = store.alloc(1).unwrap();
+        assert_eq!(store.alloc(1).unwrap_err().status, Status::QuotaExceeded);
+        let b1 = store.alloc(2).unwrap();
+        assert_eq!(
+            store.alloc(2).unwrap_err().status,
+            Status::CapacityExhausted
+        );
+        assert_eq!(store.free(2, a1).unwrap_err().status, Status::NoSuchSlab);
+        let (mut slabs, mut out) = (Vec::new(), Vec::new());
+        let err = store
+            .resolve(
+                1,
+                [PageAddr { slab: b1, page: 0 }].into_iter(),
+                &mut slabs,
+                &mut out,
+            )
+            .unwrap_err();
+        assert_eq!(err.status, Status::NoSuchSlab);
+        let err = store
+            .resolve(
+                1,
+                [PageAddr { slab: a1, page: 16 }].into_iter(),
+                &mut slabs,
+                &mut out,
+            )
+            .unwrap_err();
+        assert_eq!(err.status, Status::PageOutOfRange);
+        assert!(slabs.is_empty() && out.is_empty());
+        store.free(1, a1).unwrap();
+        assert_eq!(store.free(1, a1).unwrap_err().status, Status::NoSuchSlab);
+        assert_eq!(store.used_bytes(), 2 * SLAB);
+    }
+
+    #[test]
+    fn writes_commit_pages_once_and_stamp_the_activity_tag() {
+        let store = SlabStore::new(4 * SLAB, SLAB, None);
+        let a = store.alloc(7).unwrap();
+        let b = store.alloc(7).unwrap();
+        let (mut slabs, mut out) = (Vec::new(), Vec::new());
+        let addrs = [
+            PageAddr { slab: a, page: 1 },
+            PageAddr { slab: a, page: 1 },
+            PageAddr { slab: a, page: 2 },
+        ];
+        store
+            .resolve(7, addrs.into_iter(), &mut slabs, &mut out)
+            .unwrap();
+        assert_eq!(slabs.len(), 1);
+        store.note_writes(&slabs, &out);
+        assert_eq!(store.committed_bytes(), 2 * PAGE_SIZE as u64);
+        let infos = store.slabs();
+        assert!(infos[0].last_write.is_some());
+        assert_eq!(infos[1].last_write, None);
+        assert_eq!(store.least_recently_written().unwrap().id, b);
+        store.free(7, a).unwrap();
+        assert_eq!(
+            store.committed_bytes(),
+            2 * PAGE_SIZE as u64,
+            "still mapped while a transfer holds the slab"
+        );
+        slabs.clear();
+        assert_eq!(store.committed_bytes(), 0);
+    }
+
+    #[test]
+    fn orphans_are_kept_within_grace_and_reaped_after() {
+        let store = SlabStore::new(4 * SLAB, SLAB, None);
+        store.connect(5);
+        let s = store.alloc(5).unwrap();
+        assert_eq!(store.disconnect(5), 1);
+        assert_eq!(store.reap_orphans(Duration::from_secs(60)), (0, 0));
+        store.connect(5);
+        assert_eq!(
+            store.reap_orphans(Duration::ZERO),
+            (0, 0),
+            "connected again"
+        );
+        store.disconnect(5);
+        assert_eq!(store.reap_orphans(Duration::ZERO), (1, 1));
+        assert_eq!(store.slab_count(), 0);
+        assert_eq!(store.free(5, s).unwrap_err().status, Status::NoSuchSlab);
+    }
+}

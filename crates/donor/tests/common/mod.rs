@@ -1,0 +1,259 @@
+//! Test fixtures: an in-process donor on 127.0.0.1 and a raw protocol client built on
+//! farmem-proto, so tests can send well-formed requests and hand-crafted bad frames alike.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use farmem_donor::{DonorConfig, DonorServer, RunningDonor};
+use farmem_proto::{
+    encode_alloc_slab, encode_free_slab, encode_hello, encode_read_pages, encode_stats,
+    encode_write_pages, read_frame, DonorStats, Header, PageAddr, ReadFrameError, Response, Status,
+    PAGE_SIZE,
+};
+
+/// A small slab (64 pages) so tests stay light.
+pub const SLAB_BYTES: u64 = 64 * PAGE_SIZE as u64;
+
+pub fn config() -> DonorConfig {
+    DonorConfig {
+        listen: "127.0.0.1:0".into(),
+        capacity_bytes: 16 * SLAB_BYTES,
+        slab_size_bytes: SLAB_BYTES,
+        ..DonorConfig::default()
+    }
+}
+
+pub fn start(cfg: DonorConfig) -> RunningDonor {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("info")
+        .try_init();
+    DonorServer::bind(cfg)
+        .expect("donor binds on 127.0.0.1")
+        .spawn()
+}
+
+/// One decoded response, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Hello {
+        slab_size_bytes: u64,
+        capacity_bytes: u64,
+    },
+    Slab(u32),
+    Done,
+    Pages(Vec<u8>),
+    Stats(DonorStats),
+    Error(Status, String),
+}
+
+impl Reply {
+    pub fn status(&self) -> Status {
+        match self {
+            Reply::Error(s, _) => *s,
+            _ => Status::Ok,
+        }
+    }
+}
+
+/// A raw protocol client.
+pub struct Raw {
+    pub stream: TcpStream,
+    next_id: u64,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    pub fn connect(addr: SocketAddr) -> Raw {
+        let stream = TcpStream::connect(addr).expect("connect to the donor");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Raw {
+            stream,
+            next_id: 1,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Connects and says HELLO as `client` with `token`; panics unless it succeeds.
+    pub fn hello(addr: SocketAddr, client: u64, token: &[u8]) -> Raw {
+        let mut r = Raw::connect(addr);
+        let reply = r.hello_reply(client, token);
+        assert!(
+            matches!(reply, Reply::Hello { .. }),
+            "HELLO failed: {reply:?}"
+        );
+        r
+    }
+
+    pub fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub fn send(&mut self, frame: &[u8]) {
+        self.stream.write_all(frame).expect("send to the donor");
+    }
+
+    /// Reads one response; `None` if the donor closed the connection.
+    pub fn recv(&mut self) -> Option<(Header, Reply)> {
+        let h = match read_frame(&mut self.stream, &mut self.buf) {
+            Ok(h) => h,
+            Err(ReadFrameError::Closed) => return None,
+            Err(ReadFrameError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return None
+            }
+            Err(e) => panic!("reading a response failed: {e}"),
+        };
+        assert!(h.is_response(), "donor sent a non-response frame");
+        let reply = match Response::decode(&h, &self.buf).expect("donor's response decodes") {
+            Response::Hello(i) => Reply::Hello {
+                slab_size_bytes: i.slab_size_bytes,
+                capacity_bytes: i.capacity_bytes,
+            },
+            Response::SlabAllocated { slab } => Reply::Slab(slab),
+            Response::Done => Reply::Done,
+            Response::Pages { data, .. } => Reply::Pages(data.to_vec()),
+            Response::Stats(s) => Reply::Stats(s),
+            Response::Error { status, message } => Reply::Error(status, message.to_string()),
+        };
+        Some((h, reply))
+    }
+
+    pub fn call(&mut self, frame: &[u8]) -> Reply {
+        self.send(frame);
+        self.recv().expect("donor answered").1
+    }
+
+    /// Whether the donor closed the connection (reads EOF or reset, after any pending replies).
+    pub fn closed_by_donor(&mut self) -> bool {
+        let mut b = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(e) => panic!("waiting for the donor to close: {e}"),
+            }
+        }
+    }
+
+    pub fn hello_reply(&mut self, client: u64, token: &[u8]) -> Reply {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_hello(&mut f, id, client, token).unwrap();
+        self.call(&f)
+    }
+
+    pub fn alloc(&mut self) -> Reply {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_alloc_slab(&mut f, id);
+        self.call(&f)
+    }
+
+    pub fn alloc_ok(&mut self) -> u32 {
+        match self.alloc() {
+            Reply::Slab(s) => s,
+            other => panic!("ALLOC_SLAB failed: {other:?}"),
+        }
+    }
+
+    pub fn free(&mut self, slab: u32) -> Reply {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_free_slab(&mut f, id, slab);
+        self.call(&f)
+    }
+
+    pub fn write(&mut self, pages: &[(PageAddr, &[u8])]) -> Reply {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_write_pages(&mut f, id, pages).unwrap();
+        self.call(&f)
+    }
+
+    pub fn read(&mut self, addrs: &[PageAddr]) -> Reply {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_read_pages(&mut f, id, addrs).unwrap();
+        self.call(&f)
+    }
+
+    pub fn stats(&mut self) -> DonorStats {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_stats(&mut f, id);
+        match self.call(&f) {
+            Reply::Stats(s) => s,
+            other => panic!("STATS failed: {other:?}"),
+        }
+    }
+}
+
+/// A page filled with a pattern derived from `seed`.
+pub fn page(seed: u64) -> Vec<u8> {
+    (0..PAGE_SIZE)
+        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8)
+        .collect()
+}
+
+/// A well-behaved client with data on the donor; `check` verifies the data is intact and that
+/// it can still allocate, write and read.
+pub struct Witness {
+    pub raw: Raw,
+    pub slab: u32,
+    pub client: u64,
+}
+
+impl Witness {
+    pub fn new(addr: SocketAddr, client: u64, token: &[u8]) -> Witness {
+        let mut raw = Raw::hello(addr, client, token);
+        let slab = raw.alloc_ok();
+        let pages: Vec<Vec<u8>> = (0..8).map(|i| page(client * 100 + i)).collect();
+        let batch: Vec<(PageAddr, &[u8])> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    PageAddr {
+                        slab,
+                        page: i as u32 * 3,
+                    },
+                    p.as_slice(),
+                )
+            })
+            .collect();
+        assert_eq!(raw.write(&batch), Reply::Done);
+        Witness { raw, slab, client }
+    }
+
+    pub fn check(&mut self) {
+        let addrs: Vec<PageAddr> = (0..8)
+            .map(|i| PageAddr {
+                slab: self.slab,
+                page: i * 3,
+            })
+            .collect();
+        let Reply::Pages(data) = self.raw.read(&addrs) else {
+            panic!("witness read failed");
+        };
+        for i in 0..8u64 {
+            assert_eq!(
+                &data[i as usize * PAGE_SIZE..(i as usize + 1) * PAGE_SIZE],
+                page(self.client * 100 + i).as_slice(),
+                "witness page {i} changed"
+            );
+        }
+        let p = page(999);
+        let a = PageAddr {
+            slab: self.slab,
+            page: 1,
+        };
+        assert_eq!(self.raw.write(&[(a, &p)]), Reply::Done);
+        assert_eq!(self.raw.read(&[a]), Reply::Pages(p));
+    }
+}
