@@ -399,12 +399,32 @@ FM_HIDDEN int fm_madvise(void *addr, size_t len, int advice) {
         advice = MADV_DONTNEED;
         atomic_fetch_add(&ctr_madv_free_converted, 1);
     }
+    /* The runtime manages 4 KiB pages: a request for huge pages (a hint without effect on
+     * the contents) is accepted and not passed on while regions are active. */
+    if (advice == MADV_HUGEPAGE && atomic_load_explicit(&regions_active, memory_order_relaxed))
+        return 0;
     return (int)syscall(SYS_madvise, addr, len, advice);
+}
+
+struct fm_thread_start {
+    void *(*start)(void *);
+    void *arg;
+};
+
+/* Start of a thread created by farmem code: it is a runtime thread from its first
+ * instruction, before the thread library or Rust's std allocate anything on it. */
+static void *fm_runtime_thread_start(void *v) {
+    struct fm_thread_start s = *(struct fm_thread_start *)v;
+    fm_runtime_thread = 1;
+    __libc_free(v);
+    return s.start(s.arg);
 }
 
 /* pthread_create allocates the new thread's DTV with calloc on the calling thread. A DTV in
  * region memory could be evicted and then read (through __tls_get_addr) by a thread that
- * must not fault, so every thread's DTV comes from glibc. */
+ * must not fault, so every thread's DTV comes from glibc. A thread created by farmem code
+ * (a runtime thread, or a program thread inside farmem code) is marked a runtime thread
+ * before it runs anything. */
 FM_HIDDEN int fm_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*start)(void *),
                                 void *arg) {
     pthread_create_fn f = atomic_load_explicit(&real_pthread_create, memory_order_acquire);
@@ -413,8 +433,22 @@ FM_HIDDEN int fm_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *
         if (f == NULL) return EAGAIN;
         atomic_store_explicit(&real_pthread_create, f, memory_order_release);
     }
+    int from_farmem = fm_internal_depth != 0 || fm_runtime_thread != 0;
     fm_internal_depth++;
-    int r = f(t, attr, start, arg);
+    int r;
+    if (from_farmem) {
+        struct fm_thread_start *s = __libc_malloc(sizeof *s);
+        if (s == NULL) {
+            fm_internal_depth--;
+            return EAGAIN;
+        }
+        s->start = start;
+        s->arg = arg;
+        r = f(t, attr, fm_runtime_thread_start, s);
+        if (r != 0) __libc_free(s);
+    } else {
+        r = f(t, attr, start, arg);
+    }
     fm_internal_depth--;
     return r;
 }
