@@ -195,6 +195,15 @@ impl SlabStore {
             .count()
     }
 
+    /// Open connections of client id `client`.
+    pub fn client_connections(&self, client: u64) -> usize {
+        self.inner
+            .read()
+            .clients
+            .get(&client)
+            .map_or(0, |c| c.connections)
+    }
+
     /// Snapshot of every slab (sorted by id), including its activity tag.
     pub fn slabs(&self) -> Vec<SlabInfo> {
         let inner = self.inner.read();

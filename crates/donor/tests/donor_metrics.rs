@@ -1,0 +1,167 @@
+//! The Prometheus text endpoint: served over HTTP, parses, and counts what happened.
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+use common::*;
+use farmem_donor::DonorConfig;
+use farmem_proto::{PageAddr, Status};
+
+fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head and body");
+    (head.to_string(), body.to_string())
+}
+
+/// Parses the text format: `name{labels} value` samples, `# HELP`/`# TYPE` comments.
+fn parse(body: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    let mut typed = HashMap::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+            assert!(
+                ["gauge", "counter", "histogram"].contains(&kind),
+                "bad type in {line:?}"
+            );
+            typed.insert(name.to_string(), kind.to_string());
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.is_empty() {
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').expect("sample has a value");
+        let v: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = key.split('{').next().unwrap();
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad metric name in {line:?}"
+        );
+        if let Some(labels) = key.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(
+                    labels.starts_with('{') && labels.ends_with('}'),
+                    "bad labels in {line:?}"
+                );
+                for pair in labels[1..labels.len() - 1].split(',') {
+                    let (k, v) = pair.split_once('=').expect("label k=v");
+                    assert!(
+                        !k.is_empty() && v.starts_with('"') && v.ends_with('"'),
+                        "{line:?}"
+                    );
+                }
+            }
+        }
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| typed.get(*f).is_some_and(|t| t == "histogram"))
+            })
+            .unwrap_or(name);
+        assert!(
+            typed.contains_key(family),
+            "sample before its TYPE: {line:?}"
+        );
+        assert!(
+            samples.insert(key.to_string(), v).is_none(),
+            "duplicate {key}"
+        );
+    }
+    samples
+}
+
+#[test]
+fn metrics_endpoint_serves_parseable_prometheus_text() {
+    let donor = start(DonorConfig {
+        metrics_listen: Some("127.0.0.1:0".into()),
+        ..config()
+    });
+    let maddr = donor.metrics_addr().expect("metrics address");
+    let mut c = Raw::hello(donor.local_addr(), 1, b"");
+    let slab = c.alloc_ok();
+    let p = page(1);
+    assert_eq!(
+        c.write(&[
+            (PageAddr { slab, page: 0 }, &p),
+            (PageAddr { slab, page: 1 }, &p)
+        ]),
+        Reply::Done
+    );
+    assert!(matches!(
+        c.read(&[PageAddr { slab, page: 0 }]),
+        Reply::Pages(_)
+    ));
+    assert_eq!(
+        c.read(&[PageAddr { slab: 999, page: 0 }]).status(),
+        Status::NoSuchSlab
+    );
+
+    let (head, body) = http_get(maddr, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let m = parse(&body);
+    let get = |k: &str| {
+        *m.get(k)
+            .unwrap_or_else(|| panic!("missing {k} in:\n{body}"))
+    };
+    assert_eq!(get("farmem_donor_capacity_bytes"), (16 * SLAB_BYTES) as f64);
+    assert_eq!(get("farmem_donor_used_bytes"), SLAB_BYTES as f64);
+    assert_eq!(get("farmem_donor_committed_bytes"), 2.0 * 4096.0);
+    assert_eq!(get("farmem_donor_slabs"), 1.0);
+    assert_eq!(get("farmem_donor_clients"), 1.0);
+    assert_eq!(
+        get("farmem_donor_requests_total{type=\"write_pages\"}"),
+        1.0
+    );
+    assert_eq!(get("farmem_donor_requests_total{type=\"read_pages\"}"), 2.0);
+    assert_eq!(get("farmem_donor_requests_total{type=\"hello\"}"), 1.0);
+    assert!(get("farmem_donor_bytes_in_total{type=\"write_pages\"}") > 8192.0);
+    assert!(get("farmem_donor_bytes_out_total{type=\"read_pages\"}") > 4096.0);
+    assert_eq!(
+        get("farmem_donor_errors_total{status=\"no_such_slab\"}"),
+        1.0
+    );
+    assert_eq!(get("farmem_donor_pages_written_total"), 2.0);
+    // Histogram: cumulative, ending in +Inf == count == all requests so far.
+    let mut buckets: Vec<(f64, f64)> = m
+        .iter()
+        .filter_map(|(k, v)| {
+            let le = k
+                .strip_prefix("farmem_donor_service_seconds_bucket{le=\"")?
+                .strip_suffix("\"}")?;
+            Some((
+                if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                },
+                *v,
+            ))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    assert!(buckets.len() > 5);
+    assert!(
+        buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+        "buckets not cumulative"
+    );
+    assert_eq!(
+        buckets.last().unwrap().1,
+        get("farmem_donor_service_seconds_count")
+    );
+    assert_eq!(get("farmem_donor_service_seconds_count"), 5.0);
+    assert!(get("farmem_donor_service_seconds_sum") > 0.0);
+
+    let (head, _) = http_get(maddr, "/nope");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    // The data path is unaffected by scrapes.
+    assert!(matches!(c.read(&[PageAddr { slab, page: 1 }]), Reply::Pages(d) if d == p));
+}
