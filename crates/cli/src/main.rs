@@ -22,6 +22,8 @@ enum Command {
     // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
     /// Benchmarks: `farmem bench compare` (farmem beside swap and zram), ….
     Bench(cmd::bench::BenchArgs),
+    /// Simulate prefetchers and eviction policies on a page-access trace (recorded or generated).
+    Sim(cmd::sim::SimArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -29,6 +31,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Sim(args) => cmd::sim::run(args),
     };
     match result {
         Ok(code) => code,

@@ -67,7 +67,7 @@ pub struct Record {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The trace file could not be opened.
-    #[error("cannot open trace {path}: {source}")]
+    #[error("cannot open trace {path}")]
     Open {
         /// The file.
         path: PathBuf,
@@ -75,7 +75,7 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// The trace file could not be created.
-    #[error("cannot create trace {path}: {source} (check the directory exists and is writable)")]
+    #[error("cannot create trace {path} (check the directory exists and is writable)")]
     Create {
         /// The file.
         path: PathBuf,
@@ -83,10 +83,10 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// Reading failed for a reason other than the end of the file.
-    #[error("cannot read the trace: {0}")]
+    #[error("cannot read the trace")]
     Read(#[source] std::io::Error),
     /// Writing failed.
-    #[error("cannot write the trace: {0} (disk full?)")]
+    #[error("cannot write the trace (disk full?)")]
     Write(#[source] std::io::Error),
     /// The file is shorter than the header.
     #[error(

@@ -53,14 +53,14 @@ pub struct SimArgs {
     #[arg(long, value_name = "SPEC")]
     gen: Option<String>,
     /// Working set of the generated trace: pages (16384) or a size (64MiB). Default 16384 pages.
-    #[arg(long, value_name = "PAGES_OR_SIZE", requires = "gen")]
+    #[arg(long, value_name = "PAGES_OR_SIZE")]
     wss: Option<String>,
     /// Accesses in the generated trace. Default 200000.
-    #[arg(long, value_name = "N", requires = "gen")]
+    #[arg(long, value_name = "N")]
     length: Option<u64>,
-    /// Seed of the generated trace's random choices.
-    #[arg(long, default_value_t = 1, requires = "gen")]
-    seed: u64,
+    /// Seed of the generated trace's random choices. Default 1.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Prefetchers to compare, comma separated (default: all of leap, leap-process, none,
     /// next-n, stride, readahead).
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
@@ -92,7 +92,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// Save the generated trace to this file (farmem trace format).
-    #[arg(long, value_name = "FILE", requires = "gen")]
+    #[arg(long, value_name = "FILE")]
     save_trace: Option<PathBuf>,
 }
 
@@ -122,6 +122,19 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     {
         bail!("--hit-us and --miss-us must be finite and ≥ 0");
     }
+    if args.trace.is_some() {
+        for (given, flag) in [
+            (args.wss.is_some(), "--wss"),
+            (args.length.is_some(), "--length"),
+            (args.seed.is_some(), "--seed"),
+            (args.save_trace.is_some(), "--save-trace"),
+        ] {
+            if given {
+                bail!("{flag} applies to a generated trace (--gen), not to --trace");
+            }
+        }
+    }
+    let seed = args.seed.unwrap_or(1);
     let prefetchers = names(&args.prefetch, prefetch::NAMES, "prefetcher")?;
     let evicts = names(&args.evict, evict::NAMES, "eviction policy")?;
 
@@ -138,15 +151,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             if length == 0 {
                 bail!("--length must be at least 1 access");
             }
-            let recs = generate(&gen, wss, length, args.seed)?;
+            let recs = generate(&gen, wss, length, seed)?;
             if let Some(path) = &args.save_trace {
                 trace::write_trace(path, &recs)
                     .with_context(|| format!("cannot save the trace to {}", path.display()))?;
             }
-            (
-                recs,
-                format!("--gen {spec} over {wss} pages, seed {}", args.seed),
-            )
+            (recs, format!("--gen {spec} over {wss} pages, seed {seed}"))
         }
         (None, None) => bail!("give a trace with --trace FILE or generate one with --gen SPEC"),
     };
