@@ -213,6 +213,7 @@ pub fn limit_for(peak_bytes: u64, f: f64) -> u64 {
 /// anywhere in the document (byte counters as is, page counters × 4096).
 pub fn farmem_remote_bytes(stats: &serde_json::Value) -> Option<u64> {
     const BYTE_KEYS: &[&str] = &[
+        "remote_bytes_out", // what crates/preload writes under "runtime"
         "remote_bytes",
         "bytes_to_donors",
         "bytes_written_remote",
@@ -751,7 +752,7 @@ mod tests {
     #[test]
     fn farmem_stats_counters_are_found_anywhere() {
         let v: serde_json::Value =
-            serde_json::json!({"runtime": {"faults": 10, "remote_bytes": 8192}});
+            serde_json::json!({"runtime": {"remote_bytes_in": 4096, "remote_bytes_out": 8192}});
         assert_eq!(farmem_remote_bytes(&v), Some(8192));
         let v = serde_json::json!({"regions": [{"pages_written": 3}]});
         assert_eq!(farmem_remote_bytes(&v), Some(3 * 4096));

@@ -269,20 +269,34 @@ fn parse_len(field: Option<&[u8]>) -> anyhow::Result<usize> {
         .with_context(|| format!("bad length {text:?} in a reply"))
 }
 
-/// Waits until the server accepts connections on 127.0.0.1:`port`.
+/// True when the server answers a PING (redis) or `version` (memcached) as ready.
+fn ping(proto: Protocol, port: u16) -> bool {
+    let Ok(mut conn) = Conn::connect(proto, port) else {
+        return false;
+    };
+    let (cmd, want): (&[u8], &[u8]) = match proto {
+        Protocol::Redis => (b"*1\r\n$4\r\nPING\r\n", b"+PONG"),
+        Protocol::Memcached => (b"version\r\n", b"VERSION "),
+    };
+    conn.send(cmd).is_ok() && conn.read_line().is_ok() && conn.line.starts_with(want)
+}
+
+/// Waits until the server answers on 127.0.0.1:`port` (a redis still loading a dump answers
+/// -LOADING, which is not ready).
 pub fn wait_ready(
+    proto: Protocol,
     port: u16,
     timeout: Duration,
     mut alive: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if ping(proto, port) {
             return Ok(());
         }
         alive()?;
         if Instant::now() > deadline {
-            bail!("the server did not accept connections on 127.0.0.1:{port} within {timeout:?}");
+            bail!("the server did not answer on 127.0.0.1:{port} within {timeout:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -24,7 +24,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -113,9 +114,46 @@ pub struct Token(u64);
 
 /// The stack of actions that undo what the harness changed on the machine. Cheap to clone;
 /// clones share the stack (the signal thread holds one).
+///
+/// Actions run one at a time: running one holds an execution lock that is reentrant for the
+/// thread holding it (so an action may run other tokens), and the signal path's
+/// [`Cleanup::close_and_run_all`] waits for the action in progress on the main thread, then
+/// runs the rest. A change recorded after that is undone at once.
 #[derive(Clone, Default)]
 pub struct Cleanup {
-    entries: Arc<Mutex<Vec<Entry>>>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: Mutex<Vec<Entry>>,
+    exec: Mutex<ExecState>,
+    exec_free: Condvar,
+}
+
+#[derive(Default)]
+struct ExecState {
+    owner: Option<ThreadId>,
+    depth: usize,
+    closed: bool,
+}
+
+struct ExecGuard<'a>(&'a Inner);
+
+impl Drop for ExecGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = lock_ignoring_poison(&self.0.exec);
+        st.depth -= 1;
+        if st.depth == 0 {
+            st.owner = None;
+            self.0.exec_free.notify_all();
+        }
+    }
+}
+
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic inside an action must not make the rest of the cleanup impossible.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -127,25 +165,47 @@ impl Cleanup {
     }
 
     /// Records `action` as the undo of a change just made; `what` names it in messages.
+    /// After [`Cleanup::close_and_run_all`] began, the action runs at once instead.
     pub fn push(
         &self,
         what: impl Into<String>,
         action: impl FnOnce() -> anyhow::Result<()> + Send + 'static,
     ) -> Token {
         let id = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        let what = what.into();
+        if lock_ignoring_poison(&self.inner.exec).closed {
+            if let Err(err) = action() {
+                eprintln!("farmem bench: cleanup failed: {what}: {err:#}");
+            }
+            return Token(id);
+        }
         let entry = Entry {
             id,
-            what: what.into(),
+            what,
             action: Box::new(action),
         };
         self.lock().push(entry);
         Token(id)
     }
 
-    /// Runs the action of `token` now (normal teardown). The entry leaves the stack before it
-    /// runs, so an action may itself run other tokens, and a signal arriving meanwhile undoes
-    /// only what is left.
+    fn enter(&self) -> ExecGuard<'_> {
+        let me = std::thread::current().id();
+        let mut st = lock_ignoring_poison(&self.inner.exec);
+        while st.owner.is_some_and(|o| o != me) {
+            st = self
+                .inner
+                .exec_free
+                .wait(st)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        st.owner = Some(me);
+        st.depth += 1;
+        ExecGuard(&self.inner)
+    }
+
+    /// Runs the action of `token` now (normal teardown). Does nothing if it already ran.
     pub fn run(&self, token: Token) -> anyhow::Result<()> {
+        let _exec = self.enter();
         let entry = {
             let mut entries = self.lock();
             let Some(pos) = entries.iter().position(|e| e.id == token.0) else {
@@ -160,6 +220,7 @@ impl Cleanup {
     /// Runs every pending action, newest first; an action that fails does not stop the others.
     /// Returns what failed.
     pub fn run_all(&self) -> Vec<String> {
+        let _exec = self.enter();
         let mut failures = Vec::new();
         loop {
             let Some(entry) = self.lock().pop() else {
@@ -172,16 +233,21 @@ impl Cleanup {
         failures
     }
 
+    /// The signal path: waits for the action in progress, marks the stack closed (later
+    /// changes are undone as soon as they are recorded) and runs every pending action.
+    pub fn close_and_run_all(&self) -> Vec<String> {
+        let _exec = self.enter();
+        lock_ignoring_poison(&self.inner.exec).closed = true;
+        self.run_all()
+    }
+
     /// Names of the pending actions, oldest first.
     pub fn pending(&self) -> Vec<String> {
         self.lock().iter().map(|e| e.what.clone()).collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
-        // A panic inside an action must not make the rest of the cleanup impossible.
-        self.entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_ignoring_poison(&self.inner.entries)
     }
 }
 
@@ -210,7 +276,7 @@ pub fn install_signal_cleanup(cleanup: Cleanup) -> anyhow::Result<()> {
                     "farmem bench: interrupted (signal {sig}): undoing {} change(s) to the machine",
                     cleanup.pending().len()
                 );
-                for failure in cleanup.run_all() {
+                for failure in cleanup.close_and_run_all() {
                     eprintln!("farmem bench: cleanup failed: {failure}");
                 }
                 std::process::exit(128 + sig);
@@ -732,6 +798,41 @@ mod tests {
         });
         assert_eq!(c.run_all().len(), 0);
         assert_eq!(*log.lock().unwrap(), vec!["off", "rm"]);
+    }
+
+    #[test]
+    fn signal_path_waits_for_the_action_in_progress() {
+        // The main thread is inside an action (swapoff, say) when the signal thread starts the
+        // cleanup: the file must not be removed before that action is over.
+        let c = Cleanup::new();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l1 = log.clone();
+        let _rm = c.push("rm file", move || {
+            l1.lock().unwrap().push("rm");
+            Ok(())
+        });
+        let l2 = log.clone();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let off = c.push("swapoff", move || {
+            started_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            l2.lock().unwrap().push("off");
+            Ok(())
+        });
+        let c2 = c.clone();
+        let main = std::thread::spawn(move || c2.run(off).unwrap());
+        started_rx.recv().unwrap();
+        assert!(c.close_and_run_all().is_empty());
+        main.join().unwrap();
+        assert_eq!(*log.lock().unwrap(), vec!["off", "rm"]);
+        // After closing, a new change is undone at once.
+        let l3 = log.clone();
+        let _late = c.push("late", move || {
+            l3.lock().unwrap().push("late");
+            Ok(())
+        });
+        assert_eq!(*log.lock().unwrap(), vec!["off", "rm", "late"]);
+        assert!(c.pending().is_empty());
     }
 
     #[test]

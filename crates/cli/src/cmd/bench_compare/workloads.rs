@@ -557,7 +557,11 @@ fn run_server(
             "--loglevel",
             "warning",
         ];
-        (Protocol::Redis, args.iter().map(OsString::from).collect())
+        let mut argv: Vec<OsString> = args.iter().map(OsString::from).collect();
+        // Its own empty directory: never load a dump.rdb lying in the working directory.
+        argv.push("--dir".into());
+        argv.push(tb.dir.path().into());
+        (Protocol::Redis, argv)
     } else {
         // Enough item memory for every key (about 1.2 KiB each with item headers).
         let item_mib = ((sizes.keys * 1300) >> 20) * 2 + 64;
@@ -592,7 +596,9 @@ fn run_server(
         .into();
     let (mut running, _out) = spawn(&mut wrap.command(&argv), tb, cleanup, name)?;
     let result = (|| -> anyhow::Result<Measured> {
-        kv::wait_ready(port, Duration::from_secs(60), || running.check_alive(name))?;
+        kv::wait_ready(proto, port, Duration::from_secs(60), || {
+            running.check_alive(name)
+        })?;
         let t0 = Instant::now();
         kv::load(proto, port, sizes.keys, sizes.seed).context("loading the keys")?;
         let load_s = t0.elapsed().as_secs_f64();
