@@ -7,7 +7,18 @@
 //! (demand) pages follow the wrapped policy.
 //!
 //! Victim order: consumed prefetched pages (oldest first), then unused prefetched pages (oldest
-//! first), then the wrapped policy's choice. Every call is O(1) plus the wrapped policy's cost.
+//! first) except the newest `unused_grace_pages` of them, then the wrapped policy's choice, then
+//! those newest unused pages. Every call is O(1) plus the wrapped policy's cost.
+//!
+//! # Design
+//!
+//! The grace for the newest unused prefetched pages (default 16: two windows of Leap's PW_max)
+//! is ours. They are the window the program is about to consume; evicting them before any
+//! ordinary page makes a cache not much larger than the prefetch lookahead thrash, because the
+//! ordinary pages then never leave and prefetched pages push each other out. Measured with
+//! `leap` on a sequential scan over 100 pages with 25 cached: hit ratio 0.67 and accuracy 0.41
+//! without the grace, 0.98 and 1.00 with it; with 25% of 1000 or 16384 pages cached both give
+//! ≥ 0.999.
 
 use super::EvictionPolicy;
 use crate::linked::LinkedSet;
@@ -20,6 +31,9 @@ pub struct EagerConfig {
     pub evict_consumed_first: bool,
     /// Evict prefetched pages never hit before ordinary pages. Default: true.
     pub evict_unused_prefetch_first: bool,
+    /// The newest this many unused prefetched pages are evicted after ordinary pages, not
+    /// before (the window in flight). Default 16.
+    pub unused_grace_pages: usize,
 }
 
 impl Default for EagerConfig {
@@ -27,6 +41,7 @@ impl Default for EagerConfig {
         Self {
             evict_consumed_first: true,
             evict_unused_prefetch_first: true,
+            unused_grace_pages: 16,
         }
     }
 }
@@ -101,7 +116,7 @@ impl<P: EvictionPolicy> EvictionPolicy for Eager<P> {
                 return Some(p);
             }
         }
-        if self.cfg.evict_unused_prefetch_first {
+        if self.cfg.evict_unused_prefetch_first && self.unused.len() > self.cfg.unused_grace_pages {
             if let Some(p) = self.unused.pop_front() {
                 return Some(p);
             }
@@ -126,7 +141,11 @@ mod tests {
     use crate::evict::{Clock, ClockConfig, Fifo, FifoConfig};
 
     fn eager_fifo() -> Eager<Fifo> {
-        Eager::new(Fifo::new(FifoConfig::default()), EagerConfig::default())
+        let cfg = EagerConfig {
+            unused_grace_pages: 0,
+            ..EagerConfig::default()
+        };
+        Eager::new(Fifo::new(FifoConfig::default()), cfg)
     }
 
     #[test]
@@ -163,6 +182,7 @@ mod tests {
     #[test]
     fn remove_finds_the_page_on_any_list() {
         let mut e = Eager::new(Clock::new(ClockConfig::default()), EagerConfig::default());
+        assert_eq!(e.inner().len(), 0);
         e.insert(1, Origin::Demand);
         e.insert(2, Origin::Prefetch);
         e.insert(3, Origin::Prefetch);
@@ -180,11 +200,30 @@ mod tests {
         let cfg = EagerConfig {
             evict_consumed_first: false,
             evict_unused_prefetch_first: false,
+            unused_grace_pages: 0,
         };
         let mut e = Eager::new(Fifo::new(FifoConfig::default()), cfg);
         e.insert(9, Origin::Prefetch);
         e.insert(1, Origin::Demand);
         assert_eq!(e.pick_victim(), Some(1));
         assert_eq!(e.pick_victim(), Some(9));
+    }
+
+    #[test]
+    fn newest_unused_prefetches_are_spared_until_ordinary_pages_are_gone() {
+        let cfg = EagerConfig {
+            unused_grace_pages: 2,
+            ..EagerConfig::default()
+        };
+        let mut e = Eager::new(Fifo::new(FifoConfig::default()), cfg);
+        e.insert(1, Origin::Demand);
+        e.insert(2, Origin::Demand);
+        for p in [10, 11, 12, 13] {
+            e.insert(p, Origin::Prefetch);
+        }
+        // 10 and 11 are beyond the 2 newest unused: they go first; then 12 and 13 are the
+        // window in flight, so the ordinary pages go before them.
+        let order: Vec<u64> = std::iter::from_fn(|| e.pick_victim()).collect();
+        assert_eq!(order, vec![10, 11, 1, 2, 12, 13]);
     }
 }

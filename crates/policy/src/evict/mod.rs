@@ -98,12 +98,17 @@ mod tests {
         for name in NAMES {
             let mut p = by_name(name).unwrap();
             p.insert(1, Origin::Demand);
-            p.insert(2, Origin::Prefetch);
+            for page in 100..=117 {
+                p.insert(page, Origin::Prefetch);
+            }
             p.insert(3, Origin::Demand);
-            assert_eq!(p.pick_victim(), Some(2), "{name}");
-            assert_eq!(p.pick_victim(), Some(1), "{name}");
-            assert_eq!(p.pick_victim(), Some(3), "{name}");
-            assert_eq!(p.pick_victim(), None, "{name}");
+            p.touched(117); // consumed: goes first
+                            // Then the oldest unused prefetch beyond the 16 newest (default grace), then the
+                            // demand pages, then the newest unused prefetches.
+            let order: Vec<u64> = std::iter::from_fn(|| p.pick_victim()).collect();
+            let mut want = vec![117, 100, 1, 3];
+            want.extend(101..=116);
+            assert_eq!(order, want, "{name}");
         }
     }
 }
