@@ -262,6 +262,8 @@ pub fn simulate_with(
             stats.prefetched(p, rec.time_ns);
             batch.push(p);
         }
+        debug_assert!(resident.len() <= cap, "cache over capacity");
+        debug_assert_eq!(ev.len(), resident.len(), "policy and cache disagree");
     }
 
     let m = stats.summary();

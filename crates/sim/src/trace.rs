@@ -729,4 +729,22 @@ mod tests {
         let _ = w.finish_inner().unwrap();
         assert!(matches!(w.write(&sample()[0]), Err(TraceError::Finished)));
     }
+
+    #[test]
+    fn random_bytes_after_a_valid_header_never_panic_and_never_pass() {
+        let mut state = 42u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        };
+        for case in 0..2000u64 {
+            let count = case % 7 + 1;
+            let mut b = header(count, 0x1234_5678).to_vec();
+            let len = (case % 40) as usize;
+            b.extend((0..len).map(|_| next()));
+            assert!(decode(&b).is_err(), "case {case}: garbage accepted");
+        }
+    }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 
-use super::EvictionPolicy;
+use super::{Contains, EvictionPolicy};
 use crate::linked::LinkedSet;
 use crate::Origin;
 
@@ -51,6 +51,12 @@ impl Clock {
             ring: LinkedSet::new(),
             referenced: HashSet::new(),
         }
+    }
+}
+
+impl Contains for Clock {
+    fn contains(&self, page: u64) -> bool {
+        self.ring.contains(page)
     }
 }
 

@@ -20,7 +20,7 @@
 //! without the grace, 0.98 and 1.00 with it; with 25% of 1000 or 16384 pages cached both give
 //! ≥ 0.999.
 
-use super::EvictionPolicy;
+use super::{Contains, EvictionPolicy};
 use crate::linked::LinkedSet;
 use crate::Origin;
 
@@ -57,7 +57,7 @@ pub struct Eager<P> {
     consumed: LinkedSet,
 }
 
-impl<P: EvictionPolicy> Eager<P> {
+impl<P: EvictionPolicy + Contains> Eager<P> {
     /// Wraps `inner`.
     pub fn new(inner: P, cfg: EagerConfig) -> Self {
         Self {
@@ -74,13 +74,13 @@ impl<P: EvictionPolicy> Eager<P> {
     }
 }
 
-impl<P: EvictionPolicy> EvictionPolicy for Eager<P> {
+impl<P: EvictionPolicy + Contains> EvictionPolicy for Eager<P> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
 
     fn insert(&mut self, page: u64, origin: Origin) {
-        if self.unused.contains(page) || self.consumed.contains(page) {
+        if self.unused.contains(page) || self.consumed.contains(page) || self.inner.contains(page) {
             self.touched(page);
             return;
         }

@@ -3,7 +3,7 @@
 //! The memory-blade study found this round-robin replacement as good as Clock once remote
 //! accesses cost microseconds, because it costs nothing per access; it is farmem's default.
 
-use super::EvictionPolicy;
+use super::{Contains, EvictionPolicy};
 use crate::linked::LinkedSet;
 use crate::Origin;
 
@@ -23,6 +23,12 @@ impl Fifo {
         Self {
             order: LinkedSet::new(),
         }
+    }
+}
+
+impl Contains for Fifo {
+    fn contains(&self, page: u64) -> bool {
+        self.order.contains(page)
     }
 }
 

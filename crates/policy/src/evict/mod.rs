@@ -52,6 +52,13 @@ pub trait EvictionPolicy: Send {
     }
 }
 
+/// Whether a policy holds a page: what [`Eager`] needs from the policy it wraps (to keep a
+/// page on one list only). O(1).
+pub trait Contains {
+    /// Whether `page` is tracked by the policy.
+    fn contains(&self, page: u64) -> bool;
+}
+
 /// Names accepted by [`by_name`]; the first is the default.
 pub const NAMES: &[&str] = &["fifo", "clock"];
 
@@ -109,6 +116,55 @@ mod tests {
             let mut want = vec![117, 100, 1, 3];
             want.extend(101..=116);
             assert_eq!(order, want, "{name}");
+        }
+    }
+
+    /// Random operation sequences against a model (the set of resident pages): every victim is
+    /// resident, nothing is lost or duplicated, `len` is exact, whatever the call order.
+    #[test]
+    fn random_operations_keep_the_resident_set_exact() {
+        let mut state = 0x5eed_u64;
+        let mut next = move |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        for name in NAMES {
+            let mut p = by_name(name).unwrap();
+            let mut model = std::collections::HashSet::new();
+            for step in 0..20_000 {
+                let page = next(64);
+                match next(5) {
+                    0 | 1 => {
+                        let origin = if next(2) == 0 {
+                            Origin::Demand
+                        } else {
+                            Origin::Prefetch
+                        };
+                        p.insert(page, origin);
+                        model.insert(page);
+                    }
+                    2 => p.touched(page),
+                    3 => {
+                        p.remove(page);
+                        model.remove(&page);
+                    }
+                    _ => match p.pick_victim() {
+                        Some(v) => {
+                            assert!(model.remove(&v), "{name} step {step}: {v} not resident")
+                        }
+                        None => {
+                            assert!(model.is_empty(), "{name} step {step}: None but pages left")
+                        }
+                    },
+                }
+                assert_eq!(p.len(), model.len(), "{name} step {step}");
+            }
+            while let Some(v) = p.pick_victim() {
+                assert!(model.remove(&v));
+            }
+            assert!(model.is_empty());
         }
     }
 }
