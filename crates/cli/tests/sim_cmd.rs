@@ -196,17 +196,15 @@ fn help_explains_the_generators_and_columns() {
     let out = farmem(&["sim", "--help"]);
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for word in [
-        "seq",
-        "stride:K",
-        "interleave:T:K1,K2",
-        "random",
-        "zipf:S",
-        "phases",
-        "coverage",
-        "AMAT",
+    for text in [
+        "stride:K               0,K,2K",
+        "interleave:T:K1,K2,... T threads",
+        "zipf:S                 Zipf",
+        "phases                 four phases",
+        "Model: far memory holds every page of the trace",
+        "cov = coverage (pf_hits",
         "--save-trace",
     ] {
-        assert!(help.contains(word), "--help lacks {word}");
+        assert!(help.contains(text), "--help lacks {text:?}:\n{help}");
     }
 }

@@ -14,7 +14,7 @@ const LONG_ABOUT: &str = "\
 Replays a page-access trace through prefetchers x eviction policies x cache sizes, as a cache \
 simulator, and prints one row per combination.
 
-The trace is a file (--trace, e.g. written by `farmem run --record-trace`) or generated \
+The trace is a file (--trace; the runtime writes one with its --record-trace option) or generated \
 (--gen SPEC over --wss pages, --length accesses, one access per microsecond of trace time):
   seq                    pages 0,1,2,... wrapping around the working set
   stride:K               0,K,2K,...; each pass starts one page further, so K passes touch every page
@@ -39,7 +39,7 @@ Examples:
 
 /// Simulate prefetchers and eviction policies on a page-access trace.
 #[derive(clap::Args, Debug)]
-#[command(long_about = LONG_ABOUT)]
+#[command(after_long_help = LONG_ABOUT)]
 pub struct SimArgs {
     /// Trace file to replay (farmem trace format).
     #[arg(
