@@ -24,6 +24,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Simulate prefetchers and eviction policies on a page-access trace (recorded or generated).
     Sim(cmd::sim::SimArgs),
+    /// Show a donor's capacity, use, clients, requests per second and service times.
+    Stats(cmd::stats::StatsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -32,6 +34,7 @@ fn main() -> std::process::ExitCode {
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Sim(args) => cmd::sim::run(args),
+        Command::Stats(args) => cmd::stats::run(args),
     };
     match result {
         Ok(code) => code,

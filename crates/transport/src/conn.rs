@@ -548,8 +548,17 @@ fn read_pages_payload(header: &Header, reader: &mut impl Read) -> Result<Vec<u8>
             "read_pages response claims {count} pages in a payload of {len} bytes"
         )));
     }
-    let mut data = vec![0u8; count * PAGE_SIZE];
-    reader.read_exact(&mut data).map_err(|e| lost_reading(&e))?;
+    // Read into spare capacity: no zeroing pass over memory the socket is about to fill.
+    let want = count * PAGE_SIZE;
+    let mut data = Vec::with_capacity(want);
+    let got = Read::take(&mut *reader, want as u64)
+        .read_to_end(&mut data)
+        .map_err(|e| lost_reading(&e))?;
+    if got != want {
+        return Err(Failure::Lost(format!(
+            "the donor closed the connection inside a read_pages response ({got} of {want} page bytes)"
+        )));
+    }
     Ok(data)
 }
 

@@ -18,7 +18,7 @@ pub enum TransportError {
         reason: String,
     },
     /// The TCP connection could not be established.
-    #[error("could not connect to donor {addr}: {source}; check that `farmem donor` is running and listening there")]
+    #[error("could not connect to donor {addr} (check that `farmem donor` is running and listening there)")]
     Connect {
         /// The donor address.
         addr: String,
@@ -82,7 +82,7 @@ pub enum TransportError {
     },
     /// The request breaks a protocol limit (batch size, page size, token length); nothing was
     /// sent.
-    #[error("invalid {op} request: {source}")]
+    #[error("invalid {op} request (nothing was sent)")]
     Invalid {
         /// The request.
         op: &'static str,
@@ -99,7 +99,7 @@ pub enum TransportError {
         got: usize,
     },
     /// The connection's reader thread could not be started.
-    #[error("could not start the reader thread for donor {addr}: {source}")]
+    #[error("could not start the reader thread for donor {addr}")]
     Spawn {
         /// The donor address.
         addr: String,
@@ -148,6 +148,18 @@ fn refused_message(addr: &str, status: Status, message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cause_is_attached_as_source_not_repeated() {
+        use std::error::Error;
+        let e = TransportError::Connect {
+            addr: "127.0.0.1:1".into(),
+            source: io::Error::from(io::ErrorKind::ConnectionRefused),
+        };
+        assert!(e.to_string().contains("farmem donor"), "{e}");
+        assert!(!e.to_string().contains("refused"), "{e}");
+        assert!(e.source().is_some());
+    }
 
     #[test]
     fn messages_say_what_to_do() {

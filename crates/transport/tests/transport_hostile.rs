@@ -22,6 +22,18 @@ fn quick_config() -> ClientConfig {
     }
 }
 
+/// The error and its sources, as `farmem` prints them.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
+}
+
 /// Generous upper bound for "returned instead of hanging": far above the 300 ms timeout.
 const NO_HANG: Duration = Duration::from_secs(10);
 
@@ -280,7 +292,7 @@ fn requests_over_the_protocol_limits_are_rejected_before_sending() {
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("257 pages"), "{err}");
+    assert!(chain(&err).contains("257 pages"), "{err}");
     let err = client.submit_read(&[]).unwrap_err();
     assert!(matches!(err, TransportError::Invalid { .. }), "{err}");
 
@@ -298,7 +310,7 @@ fn requests_over_the_protocol_limits_are_rejected_before_sending() {
             data: &short,
         }])
         .unwrap_err();
-    assert!(err.to_string().contains("100 bytes"), "{err}");
+    assert!(chain(&err).contains("100 bytes"), "{err}");
 
     let mut out = vec![0u8; 10];
     let err = client.read_pages(&too_many[..2], &mut out).unwrap_err();

@@ -13,15 +13,20 @@ pub struct BenchArgs {
 }
 
 /// The benchmarks. Each variant: one line here, one arm in [`run`], one module in `cmd/`.
+// Parsed once per run: the size difference between the argument structs does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// Run one workload under local memory, farmem, Linux swap and zram, side by side.
     Compare(crate::cmd::bench_compare::CompareArgs),
+    /// Compare farmem's donor with memcached: single-page read latency, batch read throughput.
+    Donor(crate::cmd::bench_donor::BenchDonorArgs),
 }
 
 /// Runs the chosen benchmark.
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         BenchCommand::Compare(a) => crate::cmd::bench_compare::run(a),
+        BenchCommand::Donor(a) => crate::cmd::bench_donor::run(a),
     }
 }

@@ -1,4 +1,6 @@
 //! One module per `farmem` subcommand.
 pub mod bench;
 pub mod bench_compare;
+pub mod bench_donor;
 pub mod sim;
+pub mod stats;

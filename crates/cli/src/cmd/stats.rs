@@ -1,0 +1,287 @@
+//! `farmem stats --donor ADDR`: a donor's capacity, use and load, as a table or JSON.
+//!
+//! Asks the donor for its counters (STATS) over an ordinary client connection. Requests per
+//! second come from two samples `--interval-ms` apart (default 1000): the difference in requests
+//! served divided by the difference in the donor's uptime. `--interval-ms 0` takes one sample
+//! and divides the lifetime total by the uptime instead. Service-time percentiles are the
+//! donor's own, over its lifetime.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use farmem_transport::{ClientConfig, DonorClient, DonorStats};
+use serde::Serialize;
+
+/// Show a donor's capacity, use and load.
+///
+/// Requests per second are measured from two STATS samples --interval-ms apart (default 1000 ms):
+/// (requests served between them) / (donor uptime between them). With --interval-ms 0 they are
+/// the donor's lifetime total divided by its uptime. The p50/p99 service times are the donor's
+/// own, over its lifetime. "clients" counts the other connected client ids (this command's own
+/// connection is left out).
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// The donor to ask, HOST:PORT (e.g. 127.0.0.1:7070).
+    #[arg(long, value_name = "ADDR")]
+    pub donor: String,
+    /// File holding the donor's auth token (the same file as `farmem donor --token-file`).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Requests per second = requests served between two STATS samples taken this many ms
+    /// apart, divided by the donor's uptime between them; 0 = lifetime total / uptime. The
+    /// p50/p99 service times are the donor's own, over its lifetime.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub interval_ms: u64,
+    /// Give up on a donor that does not answer within this many milliseconds.
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
+    pub timeout_ms: u64,
+}
+
+/// What `farmem stats --json` prints.
+#[derive(Debug, Serialize)]
+pub struct StatsReport {
+    /// The donor asked.
+    pub donor: String,
+    /// Lendable capacity, bytes.
+    pub capacity_bytes: u64,
+    /// Bytes in allocated slabs.
+    pub used_bytes: u64,
+    /// capacity − used, bytes.
+    pub free_bytes: u64,
+    /// Bytes committed (slab pages written at least once).
+    pub committed_bytes: u64,
+    /// Slab size, bytes.
+    pub slab_size_bytes: u64,
+    /// Allocated slabs.
+    pub slabs: u64,
+    /// Connected client ids other than this command.
+    pub clients: u64,
+    /// Requests per second (see `rate_method`).
+    pub requests_per_s: f64,
+    /// "sampled" (two samples `rate_interval_ms` apart) or "lifetime" (total / uptime).
+    pub rate_method: &'static str,
+    /// Time between the two samples, ms (0 for "lifetime").
+    pub rate_interval_ms: u64,
+    /// Median service time, µs.
+    pub service_p50_us: f64,
+    /// 99th percentile service time, µs.
+    pub service_p99_us: f64,
+    /// Requests served since start.
+    pub requests_total: u64,
+    /// Requests answered with an error since start.
+    pub errors_total: u64,
+    /// Pages read since start.
+    pub pages_read_total: u64,
+    /// Pages written since start.
+    pub pages_written_total: u64,
+    /// Seconds since the donor started.
+    pub uptime_s: f64,
+}
+
+/// Runs `farmem stats`.
+pub fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
+    let report = collect(&args)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", render(&report))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Connects, samples and builds the report.
+pub fn collect(args: &StatsArgs) -> anyhow::Result<StatsReport> {
+    let token = args
+        .token_file
+        .as_deref()
+        .map(crate::cmd::donor::read_token_file)
+        .transpose()?;
+    let timeout = Duration::from_millis(args.timeout_ms.max(1));
+    let cfg = ClientConfig {
+        token,
+        connect_timeout: timeout,
+        request_timeout: timeout,
+        ..ClientConfig::default()
+    };
+    let client = DonorClient::connect(&args.donor, cfg)
+        .with_context(|| format!("farmem stats could not reach donor {}", args.donor))?;
+    let first = client
+        .stats()
+        .context("asking the donor for its counters")?;
+    let (last, rate, method, interval_ms) = if args.interval_ms == 0 {
+        let rate = per_second(first.requests_total, first.uptime_ms);
+        (first, rate, "lifetime", 0)
+    } else {
+        std::thread::sleep(Duration::from_millis(args.interval_ms));
+        let second = client
+            .stats()
+            .context("asking the donor for its counters")?;
+        let rate = per_second(
+            second.requests_total.saturating_sub(first.requests_total),
+            second.uptime_ms.saturating_sub(first.uptime_ms),
+        );
+        let interval = second.uptime_ms.saturating_sub(first.uptime_ms);
+        (second, rate, "sampled", interval)
+    };
+    Ok(report(&args.donor, &last, rate, method, interval_ms))
+}
+
+fn per_second(count: u64, ms: u64) -> f64 {
+    if ms == 0 {
+        0.0
+    } else {
+        count as f64 * 1000.0 / ms as f64
+    }
+}
+
+fn report(
+    donor: &str,
+    s: &DonorStats,
+    requests_per_s: f64,
+    rate_method: &'static str,
+    rate_interval_ms: u64,
+) -> StatsReport {
+    StatsReport {
+        donor: donor.to_string(),
+        capacity_bytes: s.capacity_bytes,
+        used_bytes: s.used_bytes,
+        free_bytes: s.capacity_bytes.saturating_sub(s.used_bytes),
+        committed_bytes: s.committed_bytes,
+        slab_size_bytes: s.slab_size_bytes,
+        slabs: s.slabs,
+        clients: s.clients.saturating_sub(1),
+        requests_per_s,
+        rate_method,
+        rate_interval_ms,
+        service_p50_us: s.service_p50_ns as f64 / 1000.0,
+        service_p99_us: s.service_p99_ns as f64 / 1000.0,
+        requests_total: s.requests_total,
+        errors_total: s.errors_total,
+        pages_read_total: s.pages_read_total,
+        pages_written_total: s.pages_written_total,
+        uptime_s: s.uptime_ms as f64 / 1000.0,
+    }
+}
+
+/// `1536` → `1.5 KiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// The readable table.
+pub fn render(r: &StatsReport) -> String {
+    let rate_note = if r.rate_method == "sampled" {
+        format!("(over {:.2} s)", r.rate_interval_ms as f64 / 1000.0)
+    } else {
+        "(lifetime average)".to_string()
+    };
+    let rows = [
+        ("capacity", human_bytes(r.capacity_bytes)),
+        (
+            "used",
+            format!(
+                "{} ({:.1}%), committed {}",
+                human_bytes(r.used_bytes),
+                percent(r.used_bytes, r.capacity_bytes),
+                human_bytes(r.committed_bytes)
+            ),
+        ),
+        ("free", human_bytes(r.free_bytes)),
+        (
+            "slabs",
+            format!("{} of {}", r.slabs, human_bytes(r.slab_size_bytes)),
+        ),
+        ("clients", r.clients.to_string()),
+        ("requests/s", format!("{:.1} {rate_note}", r.requests_per_s)),
+        ("service p50", format!("{:.1} µs", r.service_p50_us)),
+        ("service p99", format!("{:.1} µs", r.service_p99_us)),
+        (
+            "requests",
+            format!("{} ({} errors)", r.requests_total, r.errors_total),
+        ),
+        (
+            "pages",
+            format!(
+                "{} read, {} written",
+                r.pages_read_total, r.pages_written_total
+            ),
+        ),
+    ];
+    let mut out = format!("donor {} (up {:.0} s)\n", r.donor, r.uptime_s);
+    for (name, value) in rows {
+        out.push_str(&format!("  {name:<12} {value}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_rates_are_readable() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(64 << 20), "64.0 MiB");
+        assert_eq!(per_second(500, 250), 2000.0);
+        assert_eq!(per_second(5, 0), 0.0);
+    }
+
+    #[test]
+    fn the_table_names_every_figure() {
+        let s = DonorStats {
+            capacity_bytes: 1 << 30,
+            used_bytes: 128 << 20,
+            slab_size_bytes: 64 << 20,
+            slabs: 2,
+            clients: 3,
+            service_p50_ns: 12_300,
+            service_p99_ns: 45_600,
+            uptime_ms: 61_000,
+            ..DonorStats::default()
+        };
+        let r = report("127.0.0.1:7070", &s, 1234.5, "sampled", 1000);
+        assert_eq!(r.free_bytes, (1 << 30) - (128 << 20));
+        assert_eq!(r.clients, 2, "this command's own connection is not counted");
+        let t = render(&r);
+        for needle in [
+            "1.0 GiB",
+            "128.0 MiB (12.5%)",
+            "896.0 MiB",
+            "2 of 64.0 MiB",
+            "1234.5 (over 1.00 s)",
+            "12.3 µs",
+            "45.6 µs",
+        ] {
+            assert!(t.contains(needle), "{needle:?} missing from\n{t}");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `farmem stats` end to end: a real `farmem donor` process on 127.0.0.1 with a token, a real
+//! client holding a slab, and `farmem stats --json` parsed; plus the table and the errors for a
+//! missing token, an unreachable donor and a bad address.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+
+use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
+
+/// A `farmem donor` child, killed on drop.
+struct Donor {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Donor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_donor(token_file: &std::path::Path) -> Donor {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_farmem"))
+        .args(["donor", "--listen", "127.0.0.1:0", "--capacity", "256MiB"])
+        .arg("--token-file")
+        .arg(token_file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("cannot run `farmem donor`");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("reading the donor's first line");
+    let addr = line
+        .trim()
+        .strip_prefix("farmem donor listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line from farmem donor: {line:?}"))
+        .to_string();
+    Donor { child, addr }
+}
+
+fn farmem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_farmem"))
+        .args(args)
+        .output()
+        .expect("cannot run the farmem binary")
+}
+
+#[test]
+fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, b"stats-test-token").unwrap();
+    let donor = start_donor(&token_file);
+
+    // A client that holds one slab and has written and read 8 pages.
+    let client = DonorClient::connect(
+        &donor.addr,
+        ClientConfig {
+            client_id: 11,
+            token: Some(b"stats-test-token".to_vec()),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let slab = client.alloc_slab().unwrap();
+    let page = vec![3u8; 4096];
+    let writes: Vec<_> = (0..8)
+        .map(|i| PageWrite {
+            addr: PageAddr { slab, page: i },
+            data: &page,
+        })
+        .collect();
+    client.write_pages(&writes).unwrap();
+    let mut out = vec![0u8; 8 * 4096];
+    let addrs: Vec<_> = writes.iter().map(|w| w.addr).collect();
+    client.read_pages(&addrs, &mut out).unwrap();
+
+    let token = token_file.to_str().unwrap();
+    let out = farmem(&[
+        "stats",
+        "--donor",
+        &donor.addr,
+        "--token-file",
+        token,
+        "--json",
+        "--interval-ms",
+        "200",
+    ]);
+    assert!(
+        out.status.success(),
+        "farmem stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints JSON");
+    let n = |k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing or not a number in {v}"))
+    };
+    assert_eq!(v["donor"], donor.addr.as_str());
+    assert_eq!(n("capacity_bytes"), (256u64 << 20) as f64);
+    assert_eq!(n("slab_size_bytes"), (64u64 << 20) as f64);
+    assert_eq!(n("used_bytes"), (64u64 << 20) as f64);
+    assert_eq!(n("free_bytes"), (192u64 << 20) as f64);
+    assert_eq!(n("slabs"), 1.0);
+    assert_eq!(
+        n("clients"),
+        1.0,
+        "the test's client, not stats' own connection"
+    );
+    assert_eq!(n("pages_written_total"), 8.0);
+    assert_eq!(n("pages_read_total"), 8.0);
+    assert!(n("requests_total") >= 3.0);
+    assert!(n("service_p99_us") >= n("service_p50_us") && n("service_p50_us") > 0.0);
+    assert!(n("requests_per_s") >= 0.0);
+    assert_eq!(v["rate_method"], "sampled");
+    assert!(n("rate_interval_ms") >= 150.0, "{v}");
+
+    let out = farmem(&[
+        "stats",
+        "--donor",
+        &donor.addr,
+        "--token-file",
+        token,
+        "--interval-ms",
+        "0",
+    ]);
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "capacity     256.0 MiB",
+        "used         64.0 MiB (25.0%)",
+        "free         192.0 MiB",
+        "slabs        1 of 64.0 MiB",
+        "clients      1",
+        "(lifetime average)",
+        "service p50",
+        "8 read, 8 written",
+    ] {
+        assert!(table.contains(needle), "{needle:?} missing from\n{table}");
+    }
+}
+
+#[test]
+fn stats_without_the_token_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, b"right").unwrap();
+    let donor = start_donor(&token_file);
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, b"wrong").unwrap();
+    for extra in [vec![], vec!["--token-file", wrong.to_str().unwrap()]] {
+        let mut args = vec!["stats", "--donor", donor.addr.as_str(), "--json"];
+        args.extend(extra);
+        let out = farmem(&args);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("refused the auth token") && err.contains("--token-file"),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn stats_on_an_unreachable_or_malformed_address_says_so() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = farmem(&["stats", "--donor", &addr]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&addr) && err.contains("farmem donor") && err.contains("refused"),
+        "{err}"
+    );
+
+    let out = farmem(&["stats", "--donor", "no-port-here"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("HOST:PORT"), "{err}");
+
+    let out = farmem(&[
+        "stats",
+        "--donor",
+        "127.0.0.1:1",
+        "--token-file",
+        "/nonexistent/token",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/token"), "{err}");
+}
