@@ -18,6 +18,10 @@ use crate::SimError;
 
 /// Nanoseconds of trace time between two generated accesses.
 pub const ACCESS_INTERVAL_NS: u64 = 1000;
+/// Longest generated trace (records are held in memory, 24 bytes each).
+pub const MAX_LENGTH: u64 = 50_000_000;
+/// Largest working set for `zipf` (16 bytes of tables per page).
+pub const MAX_ZIPF_PAGES: u64 = 1 << 25;
 
 /// A parsed generator spec; see the module docs.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,6 +179,16 @@ pub fn generate(
     if wss_pages > 1 << 32 {
         return Err(SimError::BadParam(format!(
             "a working set of {wss_pages} pages is too large for the generators (at most 2^32 pages, 16 TiB)"
+        )));
+    }
+    if length > MAX_LENGTH {
+        return Err(SimError::BadParam(format!(
+            "{length} accesses is more than the generators keep in memory (at most {MAX_LENGTH}); use a shorter --length"
+        )));
+    }
+    if matches!(spec, GenSpec::Zipf(_)) && wss_pages > MAX_ZIPF_PAGES {
+        return Err(SimError::BadParam(format!(
+            "zipf keeps a table entry per page: at most {MAX_ZIPF_PAGES} pages, not {wss_pages}"
         )));
     }
     let mut rng = Rng::new(seed);
@@ -346,6 +360,11 @@ mod tests {
             "bad trace generator \"stride:0\": stride:K needs K ≥ 1"
         );
         assert!(generate(&GenSpec::Seq, 0, 10, 1).is_err());
+        assert!(generate(&GenSpec::Seq, 10, MAX_LENGTH + 1, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("shorter --length"));
+        assert!(generate(&GenSpec::Zipf(1.0), MAX_ZIPF_PAGES + 1, 10, 1).is_err());
         assert!(generate(&GenSpec::parse("interleave:8:1").unwrap(), 4, 10, 1).is_err());
     }
 }
