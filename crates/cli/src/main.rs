@@ -22,6 +22,8 @@ enum Command {
     // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
     /// Benchmarks: `farmem bench compare` (farmem beside swap and zram), ….
     Bench(cmd::bench::BenchArgs),
+    /// Lend this machine's spare memory to farmem clients (a memory donor).
+    Donor(cmd::donor::DonorArgs),
     /// Simulate prefetchers and eviction policies on a page-access trace (recorded or generated).
     Sim(cmd::sim::SimArgs),
     /// Show a donor's capacity, use, clients, requests per second and service times.
@@ -33,6 +35,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Donor(args) => cmd::donor::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Stats(args) => cmd::stats::run(args),
     };

@@ -62,6 +62,15 @@ pub(crate) struct Connection {
     errors: u64,
 }
 
+impl Drop for Connection {
+    /// Runs however the connection ends (even by a panic): its client may become orphaned.
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            self.shared.client_left(client);
+        }
+    }
+}
+
 impl Connection {
     pub(crate) fn new(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> Connection {
         Connection {
@@ -108,9 +117,6 @@ impl Connection {
             }
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(client) = self.client {
-            self.shared.client_left(client);
-        }
         tracing::debug!(peer = %self.peer, client = ?self.client, "connection closed");
     }
 

@@ -433,10 +433,8 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
             .name("farmem-donor-conn".into())
             .stack_size(CONN_STACK_BYTES)
             .spawn(move || {
-                sh.metrics.connection(true);
-                Connection::new(stream, peer, Arc::clone(&sh)).serve();
-                sh.metrics.connection(false);
-                sh.conns.lock().remove(&id);
+                let _guard = ConnGuard::new(Arc::clone(&sh), id);
+                Connection::new(stream, peer, sh).serve();
             });
         match spawned {
             Ok(t) => threads.push(t),
@@ -445,6 +443,26 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
                 shared.conns.lock().remove(&id);
             }
         }
+    }
+}
+
+/// Counts a connection open for as long as it lives and unregisters it however its thread ends.
+struct ConnGuard {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl ConnGuard {
+    fn new(shared: Arc<Shared>, id: u64) -> ConnGuard {
+        shared.metrics.connection(true);
+        ConnGuard { shared, id }
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.shared.metrics.connection(false);
+        self.shared.conns.lock().remove(&self.id);
     }
 }
 

@@ -1,0 +1,120 @@
+//! `farmem donor`: lend this machine's spare memory to farmem clients.
+//!
+//! Once the listening socket is bound, prints exactly one line to stdout,
+//! `farmem donor listening on ADDR`, and flushes it: `farmem run` and the runtime start embedded
+//! donors with `--listen 127.0.0.1:0` and read that line to learn the port. Everything else (logs)
+//! goes to stderr. SIGINT or SIGTERM stops the donor cleanly (exit status 0).
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use farmem_donor::{DonorConfig, DonorServer};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::cmd::units::{parse_duration, parse_size};
+
+/// Arguments of `farmem donor`.
+#[derive(Args, Debug)]
+pub struct DonorArgs {
+    /// Address to listen on, HOST:PORT (port 0 picks a free port). Without a token only
+    /// loopback addresses are allowed (see --insecure).
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
+    pub listen: String,
+    /// Most memory to lend, in whole slabs: e.g. 1GiB, 512MiB, or bytes.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub capacity: u64,
+    /// Size of one slab (a multiple of 4 KiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub slab_size: u64,
+    /// File holding the auth token clients must present (its bytes, exactly, at most 256).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Most memory one client id may hold.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub quota: Option<u64>,
+    /// How long the slabs of a disconnected client are kept for it to reconnect.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub orphan_grace: Duration,
+    /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9177).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// Allow listening on a non-loopback address without a token.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Reads an auth token file: the token is the file's bytes, exactly (1 to 256 bytes).
+pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let token = std::fs::read(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    if token.is_empty() {
+        bail!(
+            "the token file {} is empty; put a secret of 1 to {} bytes in it",
+            path.display(),
+            MAX_TOKEN_BYTES
+        );
+    }
+    if token.len() > MAX_TOKEN_BYTES {
+        bail!(
+            "the token file {} holds {} bytes; a token is at most {} bytes",
+            path.display(),
+            token.len(),
+            MAX_TOKEN_BYTES
+        );
+    }
+    Ok(token)
+}
+
+/// The protocol's limit on a token (farmem_proto::MAX_TOKEN_LEN).
+const MAX_TOKEN_BYTES: usize = 256;
+
+/// Runs the donor until SIGINT/SIGTERM.
+pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
+    let token = args
+        .token_file
+        .as_deref()
+        .map(read_token_file)
+        .transpose()?;
+    let cfg = DonorConfig {
+        listen: args.listen.clone(),
+        capacity_bytes: args.capacity,
+        slab_size_bytes: args.slab_size,
+        token,
+        quota_bytes: args.quota,
+        orphan_grace: args.orphan_grace,
+        insecure: args.insecure,
+        metrics_listen: args.metrics.clone(),
+    };
+    let server = DonorServer::bind(cfg).context("starting the donor")?;
+    let handle = server.shutdown_handle();
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM]).context("installing the SIGINT/SIGTERM handlers")?;
+    let signals_handle = signals.handle();
+    let watcher = std::thread::Builder::new()
+        .name("farmem-donor-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "signal received; stopping the donor");
+                handle.shutdown();
+            }
+        })
+        .context("starting the signal thread")?;
+    if let Some(m) = server.metrics_addr() {
+        tracing::info!("metrics at http://{m}/metrics");
+    }
+    {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (the parent stopped reading) must not stop the donor.
+        let _ = writeln!(out, "farmem donor listening on {}", server.local_addr());
+        let _ = out.flush();
+    }
+    let result = server.run();
+    signals_handle.close();
+    let _ = watcher.join();
+    result.context("the donor failed")?;
+    Ok(ExitCode::SUCCESS)
+}
