@@ -32,6 +32,12 @@ use crate::mem;
 use crate::server::{Shared, HELLO_TIMEOUT, WRITE_TIMEOUT};
 use crate::store::{Refusal, Slab};
 
+/// Longest payload buffered for a request other than WRITE_PAGES (a full READ_PAGES is 2 050
+/// bytes; the slack lets an over-long batch still be answered with `BatchTooLarge`).
+const MAX_SMALL_PAYLOAD: usize = 8 * 1024;
+/// Size of the buffer that discards the payload of refused requests.
+const DRAIN_BUFFER_BYTES: usize = 16 * 1024;
+
 /// Error lines logged in full per connection before rate limiting starts.
 const ERRORS_LOGGED_IN_FULL: u64 = 16;
 
@@ -171,7 +177,7 @@ impl Connection {
     /// Reads and discards `n` payload bytes (of a refused request) so the next frame lines up.
     fn drain(&mut self, mut n: usize) -> io::Result<()> {
         if self.scratch.is_empty() {
-            self.scratch.resize(64 * 1024, 0);
+            self.scratch.resize(DRAIN_BUFFER_BYTES, 0);
         }
         while n > 0 {
             let k = n.min(self.scratch.len());
@@ -291,6 +297,28 @@ impl Connection {
     }
 
     fn other_request(&mut self, header: &Header) -> io::Result<Served> {
+        let len = header.payload_len as usize;
+        if len > MAX_SMALL_PAYLOAD {
+            // No request but WRITE_PAGES is this long: refuse without buffering it, so hostile
+            // frames cannot make each connection hold a megabyte.
+            self.drain(len)?;
+            let op = if header.is_response() {
+                None
+            } else {
+                header.op()
+            };
+            let r = match op {
+                None => Refusal {
+                    status: Status::UnknownRequest,
+                    message: format!("unknown request type {:#04x}", header.opcode),
+                },
+                Some(op) => Refusal {
+                    status: Status::Malformed,
+                    message: format!("{}: payload of {len} bytes is too long", op.name()),
+                },
+            };
+            return Ok(self.refuse(header.opcode, header.request_id, &r, Flow::Continue));
+        }
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
         payload.resize(header.payload_len as usize, 0);

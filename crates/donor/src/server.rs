@@ -35,8 +35,8 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stack size of a connection thread (the data path needs little: buffers live on the heap).
 const CONN_STACK_BYTES: usize = 256 * 1024;
 
-/// The donor's configuration.
-#[derive(Debug, Clone)]
+/// The donor's configuration. Its `Debug` output hides the token.
+#[derive(Clone)]
 pub struct DonorConfig {
     /// Address to listen on, e.g. `127.0.0.1:7070` (`:0` picks a free port).
     pub listen: String,
@@ -55,6 +55,21 @@ pub struct DonorConfig {
     pub insecure: bool,
     /// Address of the Prometheus text endpoint, if any.
     pub metrics_listen: Option<String>,
+}
+
+impl std::fmt::Debug for DonorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DonorConfig")
+            .field("listen", &self.listen)
+            .field("capacity_bytes", &self.capacity_bytes)
+            .field("slab_size_bytes", &self.slab_size_bytes)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("quota_bytes", &self.quota_bytes)
+            .field("orphan_grace", &self.orphan_grace)
+            .field("insecure", &self.insecure)
+            .field("metrics_listen", &self.metrics_listen)
+            .finish()
+    }
 }
 
 impl Default for DonorConfig {
@@ -528,5 +543,61 @@ impl Drop for RunningDonor {
         if let Err(e) = self.stop_inner() {
             tracing::error!("donor stopped with an error: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_configurations_are_refused_with_the_reason() {
+        let base = DonorConfig {
+            listen: "127.0.0.1:0".into(),
+            capacity_bytes: 1 << 20,
+            slab_size_bytes: 64 << 10,
+            ..DonorConfig::default()
+        };
+        let err = |cfg: DonorConfig| match DonorServer::bind(cfg) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("configuration accepted"),
+        };
+        assert!(err(DonorConfig {
+            slab_size_bytes: 1000,
+            ..base.clone()
+        })
+        .contains("multiple of the page size"));
+        assert!(err(DonorConfig {
+            capacity_bytes: 4096,
+            ..base.clone()
+        })
+        .contains("smaller than one slab"));
+        assert!(err(DonorConfig {
+            quota_bytes: Some(4096),
+            ..base.clone()
+        })
+        .contains("quota"));
+        assert!(err(DonorConfig {
+            token: Some(Vec::new()),
+            ..base.clone()
+        })
+        .contains("token is empty"));
+        // Refused before anything is bound (tests never listen beyond loopback).
+        assert!(err(DonorConfig {
+            listen: "0.0.0.0:0".into(),
+            ..base.clone()
+        })
+        .contains("refusing to listen"));
+    }
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        let cfg = DonorConfig {
+            token: Some(b"hunter2".to_vec()),
+            ..DonorConfig::default()
+        };
+        let text = format!("{cfg:?}");
+        assert!(!text.contains("hunter2") && !text.contains("104"), "{text}");
+        assert!(text.contains("redacted"));
     }
 }

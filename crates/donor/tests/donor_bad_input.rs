@@ -232,3 +232,18 @@ fn garbage_that_is_not_farmem_is_closed_without_an_answer() {
     assert!(bad.closed_by_donor());
     w.check();
 }
+
+#[test]
+fn a_long_payload_on_a_short_request_is_refused_without_closing() {
+    let (donor, mut w) = donor_and_witness();
+    let mut bad = Raw::hello(donor.local_addr(), 7, b"");
+    let len = MAX_PAYLOAD_LEN; // legal for framing, absurd for STATS
+    let mut f = header(Opcode::Stats as u8, PROTOCOL_VERSION, 21, len);
+    f.resize(HEADER_LEN + len as usize, 0xEE);
+    assert_eq!(bad.call(&f).status(), Status::Malformed);
+    let mut f = header(0x33, PROTOCOL_VERSION, 22, len);
+    f.resize(HEADER_LEN + len as usize, 0xEE);
+    assert_eq!(bad.call(&f).status(), Status::UnknownRequest);
+    assert!(bad.stats().errors_total >= 2, "connection still in step");
+    w.check();
+}
