@@ -1,0 +1,1071 @@
+//! The paging engine: shared state and the three runtime threads (fault loop, evictor,
+//! sender).
+//!
+//! # Design
+//!
+//! - **Fault loop** (`farmem-fault`, one thread): the only reader of the region userfaultfd.
+//!   It reads messages in batches and handles them in order: release events (REMOVE, UNMAP,
+//!   REMAP) update the page table at once (never calling madvise itself: the program thread
+//!   that raised the event is blocked until it is read); a fault is answered by the cheapest
+//!   source: a zero page for never-written pages, a MOVE back from the write-back pool, or a
+//!   read from the donor issued by this thread, which waits for it directly (the only other
+//!   thread involved is the transport's socket reader). Remote reads of one batch are all
+//!   submitted before the first is waited for, so concurrent faults overlap on the wire.
+//!   Several messages for one page (threads faulting together) are served once: the first
+//!   install wakes every waiter, later messages find the page resident and only wake.
+//! - **Evictor** (`farmem-evict`): keeps resident pages at or below the low watermark (budget
+//!   minus a headroom), so a fault finds room without waiting. Victims (from the eviction
+//!   policy) are MOVEd into the write-back pool, a mapping registered with a second, event-free
+//!   userfaultfd (MOVE needs its destination registered with the userfaultfd it is issued on;
+//!   without events, freeing a pool page with MADV_DONTNEED never blocks). Clean pages become
+//!   reclaimable at once; all-zero pages are dropped and forgotten; dirty pages are copied to
+//!   a staging queue. A page written during eviction is never lost: MOVE is atomic with respect
+//!   to the page table, so the write lands either before (and moves with the page) or after
+//!   (and faults the page back from the pool).
+//! - **Sender** (`farmem-send`): drains the staging queue in batches of up to 256 pages per
+//!   donor, places slabs on first write, and marks acknowledged pages `PoolSent`: reclaimable
+//!   cache that the evictor frees (oldest first) when it needs pool slots.
+//! - **Dirty tracking**: synchronous userfaultfd write-protect. A page installed from an
+//!   up-to-date donor copy by a read fault is installed write-protected (`ResidentClean`); its
+//!   first write raises a WP fault that marks it dirty and unprotects it. Write faults install
+//!   writable pages directly. Asynchronous WP with PAGEMAP_SCAN was not used: MOVE re-creates
+//!   the page table entry without the uffd-wp bit, so the written/clean answer has to be read
+//!   before the MOVE, and a write between the scan and the MOVE would be lost; the synchronous
+//!   fault closes that window (the writer waits, is woken with UFFDIO_WAKE once the page is in
+//!   the pool, and faults it back).
+//! - **Failure**: a page that cannot be fetched (donor dead or stalled past the transport's
+//!   request timeout, after `fetch_attempts` tries) is logged as an error, counted, and
+//!   answered with UFFDIO_POISON: the faulting thread gets SIGBUS rather than hanging or
+//!   reading wrong data. Send failures are retried with back-off while the pages stay in the
+//!   pool (the program keeps running; the pool fills and resident memory may exceed the
+//!   budget); the error is logged and kept in [`crate::Stats::last_error`].
+//!
+//! Lock order: the state mutex, then the stats mutex. The runtime threads never touch region
+//! memory; they read pool pages and their own buffers only.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_policy::evict::EvictionPolicy;
+use farmem_policy::Origin;
+use farmem_transport::{Completion, PageWrite, Pending};
+use farmem_uffd::{Event, Uffd, UffdError};
+use parking_lot::{Condvar, Mutex};
+
+use crate::far::Far;
+use crate::stats::{FaultKind, StatsCell};
+use crate::table::{Entry, PageState, Table, NO_FAR};
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// No page owns this pool slot.
+const NO_OWNER: usize = 0;
+/// Victims picked per evictor round.
+const EVICT_BATCH: usize = 32;
+
+/// A page copied out of the pool, waiting to be sent.
+pub(crate) struct Staged {
+    /// The page's address when staged (for an ack after it moved back: `ResidentSending`).
+    addr: usize,
+    slot: u32,
+    gen: u32,
+    far: u64,
+    data: Box<[u8]>,
+}
+
+/// Everything behind the state mutex.
+pub(crate) struct State {
+    pub(crate) table: Table,
+    pub(crate) policy: Box<dyn EvictionPolicy>,
+    pub(crate) resident: u64,
+    /// Entries in the `Evicting` state right now.
+    pub(crate) evicting: u64,
+    /// Address of the page each pool slot holds.
+    pub(crate) slot_owner: Vec<usize>,
+    pub(crate) pool_free: Vec<u32>,
+    /// Slots holding reclaimable pages (sent or clean), oldest first; may hold stale slots.
+    pub(crate) pool_cached: VecDeque<u32>,
+    pub(crate) far_free: Vec<u64>,
+    pub(crate) far_next: u64,
+    pub(crate) stage_gen: u32,
+    /// Eviction is paused (fork in progress).
+    pub(crate) paused: bool,
+    pub(crate) staging: VecDeque<Staged>,
+}
+
+/// The runtime's shared core.
+pub(crate) struct Shared {
+    pub(crate) uffd: Uffd,
+    pub(crate) pool_uffd: Uffd,
+    pub(crate) pool_base: usize,
+    pub(crate) pool_slots: u32,
+    pub(crate) state: Mutex<State>,
+    /// The evictor waits here for work.
+    pub(crate) evict_cv: Condvar,
+    /// Signalled when an eviction round commits.
+    pub(crate) commit_cv: Condvar,
+    /// The sender waits here for staged pages.
+    pub(crate) stage_cv: Condvar,
+    /// Signalled when the sender acknowledged pages (pool slots became reclaimable).
+    pub(crate) slots_cv: Condvar,
+    pub(crate) far: Arc<Far>,
+    pub(crate) stats: Mutex<StatsCell>,
+    pub(crate) shutdown: AtomicBool,
+    /// Set in a forked child: no runtime threads exist there, never touch the uffd.
+    pub(crate) in_child: AtomicBool,
+    pub(crate) budget_pages: u64,
+    pub(crate) low_water: u64,
+    pub(crate) fetch_attempts: u32,
+    pub(crate) thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
+    pub(crate) zero: Box<[u8]>,
+    /// Fault-loop iterations completed (lets callers wait until events already read by the
+    /// kernel's count — e.g. the UNMAP of a munmap that has returned — are processed).
+    pub(crate) loop_seq: std::sync::atomic::AtomicU64,
+    /// The evictor found no pool slot last round (write-back is failing or slow).
+    pub(crate) evict_stalled: AtomicBool,
+}
+
+fn pid_of(addr: usize) -> u64 {
+    (addr / PAGE_SIZE) as u64
+}
+
+impl Shared {
+    pub(crate) fn slot_addr(&self, slot: u32) -> usize {
+        self.pool_base + slot as usize * PAGE_SIZE
+    }
+
+    /// Records an error: counted, logged loudly, kept as `last_error`.
+    pub(crate) fn report(&self, msg: String, fetch: bool) {
+        tracing::error!("{msg}");
+        let mut s = self.stats.lock();
+        if fetch {
+            s.s.fetch_errors += 1;
+        } else {
+            s.s.send_errors += 1;
+        }
+        s.s.last_error = Some(msg);
+    }
+
+    /// Frees a pool slot's memory (the pool's userfaultfd has no REMOVE event: never blocks).
+    fn discard_slot_memory(&self, slot: u32) {
+        // SAFETY: the slot lies inside the pool mapping the runtime owns; no reference points
+        // into it, and dropping its page is exactly the intent.
+        unsafe {
+            libc::madvise(
+                self.slot_addr(slot) as *mut libc::c_void,
+                PAGE_SIZE,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
+
+    /// Forgets everything stored for a page leaving the program (released, unmapped): frees
+    /// its pool slot and far page, updates residency and the policy. The entry becomes empty.
+    pub(crate) fn forget(&self, st: &mut State, addr: usize, e: &mut Entry) {
+        match e.state {
+            PageState::ResidentClean | PageState::ResidentDirty | PageState::ResidentSending => {
+                st.resident -= 1;
+                st.policy.remove(pid_of(addr));
+            }
+            PageState::Evicting => {
+                // The evictor owns the transition; it sees the page gone when it commits.
+                // Residency is settled there too.
+                e.far = NO_FAR;
+                return;
+            }
+            PageState::PoolSent | PageState::PoolUnsent => {
+                st.slot_owner[e.slot as usize] = NO_OWNER;
+                self.discard_slot_memory(e.slot);
+                st.pool_free.push(e.slot);
+            }
+            _ => {}
+        }
+        if e.far != NO_FAR {
+            st.far_free.push(e.far);
+        }
+        *e = Entry::default();
+    }
+
+    /// Waits until no eviction is half-done (release events move or drop entries and must not
+    /// race the evictor's commit).
+    fn settle_evictions<'a>(
+        &self,
+        mut st: parking_lot::MutexGuard<'a, State>,
+    ) -> parking_lot::MutexGuard<'a, State> {
+        while st.evicting > 0 {
+            self.commit_cv.wait_for(&mut st, Duration::from_millis(5));
+        }
+        st
+    }
+
+    fn update_peak(&self, st: &State) {
+        let mut s = self.stats.lock();
+        if st.resident > s.s.peak_resident_pages {
+            s.s.peak_resident_pages = st.resident;
+        }
+    }
+
+    /// Before a page is installed: if resident pages are at the budget, wake the evictor and
+    /// wait for it (the headroom normally makes this rare). Not when the evictor cannot make
+    /// progress (no pool slot: write-back failing), where waiting would only slow the program.
+    fn make_room(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while st.resident >= self.budget_pages
+            && !st.paused
+            && !self.evict_stalled.load(Ordering::Relaxed)
+            && Instant::now() < deadline
+        {
+            self.evict_cv.notify_one();
+            self.commit_cv.wait_for(st, Duration::from_millis(2));
+        }
+    }
+
+    fn kick_evictor(&self, st: &State) {
+        if st.resident > self.low_water {
+            self.evict_cv.notify_one();
+        }
+    }
+}
+
+/// A fault waiting to be served (again).
+struct FaultMsg {
+    addr: usize,
+    write: bool,
+    wp: bool,
+    t0: Instant,
+}
+
+/// A remote read in flight.
+struct Fetch {
+    msg: FaultMsg,
+    far: u64,
+    pending: Option<Pending>,
+    attempts: u32,
+}
+
+/// The fault loop. Runs until shutdown.
+pub(crate) fn fault_loop(sh: Arc<Shared>) {
+    if let Some(h) = &sh.thread_hook {
+        h();
+    }
+    let mut events: Vec<Event> = Vec::with_capacity(64);
+    let mut retry: VecDeque<FaultMsg> = VecDeque::new();
+    let mut installs: VecDeque<(FaultMsg, Box<[u8]>)> = VecDeque::new();
+    let mut fetches: Vec<Fetch> = Vec::new();
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        let timeout = if retry.is_empty() && installs.is_empty() {
+            100
+        } else {
+            1
+        };
+        if let Err(e) = sh.uffd.wait_readable(timeout) {
+            sh.report(format!("fault loop: {e}"), true);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        events.clear();
+        if let Err(e) = sh.uffd.read_events(&mut events) {
+            sh.report(format!("fault loop: {e}"), true);
+            continue;
+        }
+        for ev in events.drain(..) {
+            match ev {
+                Event::Pagefault {
+                    addr, write, wp, ..
+                } => {
+                    let msg = FaultMsg {
+                        addr: addr & !(PAGE_SIZE - 1),
+                        write,
+                        wp,
+                        t0: Instant::now(),
+                    };
+                    serve(&sh, msg, &mut retry, &mut fetches);
+                }
+                Event::Remove { start, end } | Event::Unmap { start, end } => {
+                    release(&sh, start, end, matches!(ev, Event::Unmap { .. }));
+                }
+                Event::Remap { from, to, len } => remap(&sh, from, to, len),
+                Event::Fork { .. } => {
+                    // EVENT_FORK is never enabled; dropping the fd would be the answer.
+                }
+            }
+        }
+        // Pages fetched earlier whose install met pending events.
+        for _ in 0..installs.len() {
+            let (msg, data) = installs.pop_front().expect("counted");
+            install_fetched(&sh, msg, data, &mut installs, &mut retry);
+        }
+        // Remote reads submitted in this batch: wait for each and install.
+        for f in fetches.drain(..) {
+            complete_fetch(&sh, f, &mut installs, &mut retry);
+        }
+        for _ in 0..retry.len() {
+            let msg = retry.pop_front().expect("counted");
+            serve(&sh, msg, &mut retry, &mut fetches);
+        }
+        for f in fetches.drain(..) {
+            complete_fetch(&sh, f, &mut installs, &mut retry);
+        }
+        sh.loop_seq.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Serves one fault message from local state, or starts its remote read.
+fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &mut Vec<Fetch>) {
+    let mut st = sh.state.lock();
+    let Some(mut e) = st.table.get(msg.addr) else {
+        // Not a region we know (being dropped, or a race with munmap): zero it so the thread
+        // does not wait forever.
+        drop(st);
+        match sh.uffd.zeropage(msg.addr, PAGE_SIZE, false) {
+            Ok(()) => {}
+            Err(UffdError::Again { .. }) => retry.push_back(msg),
+            Err(_) => {
+                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+            }
+        }
+        return;
+    };
+    while e.state == PageState::Evicting {
+        sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
+        e = st.table.get(msg.addr).unwrap_or_default();
+    }
+    if msg.wp {
+        match e.state {
+            PageState::ResidentClean | PageState::ResidentDirty | PageState::ResidentSending => {
+                match sh.uffd.writeprotect(msg.addr, PAGE_SIZE, false, false) {
+                    Ok(()) => {
+                        if let Some(m) = st.table.get_mut(msg.addr) {
+                            m.state = PageState::ResidentDirty;
+                        }
+                        st.policy.touched(pid_of(msg.addr));
+                        drop(st);
+                        sh.stats
+                            .lock()
+                            .fault(FaultKind::WriteProtect, msg.t0.elapsed().as_micros() as u64);
+                    }
+                    Err(UffdError::Again { .. }) => retry.push_back(msg),
+                    Err(err) => {
+                        drop(st);
+                        sh.report(
+                            format!("write-protect fault at {:#x}: {err}", msg.addr),
+                            true,
+                        );
+                        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                    }
+                }
+            }
+            _ => {
+                // The page left since the fault was raised: wake the writer, it faults again
+                // on the missing page.
+                drop(st);
+                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+            }
+        }
+        return;
+    }
+    if matches!(
+        e.state,
+        PageState::Empty | PageState::PoolSent | PageState::PoolUnsent
+    ) {
+        sh.make_room(&mut st);
+        match st.table.get(msg.addr) {
+            Some(now) if now == e => {}
+            _ => {
+                // Changed while waiting (released, or brought in): look again.
+                drop(st);
+                retry.push_back(msg);
+                return;
+            }
+        }
+    }
+    match e.state {
+        PageState::Empty => {
+            let r = if msg.write {
+                sh.uffd.copy(msg.addr, &sh.zero, false, false)
+            } else {
+                sh.uffd.zeropage(msg.addr, PAGE_SIZE, false)
+            };
+            match r {
+                Ok(()) | Err(UffdError::Exists { .. }) => {
+                    let m = st.table.get_mut(msg.addr).expect("found above");
+                    m.state = PageState::ResidentDirty;
+                    st.resident += 1;
+                    st.policy.insert(pid_of(msg.addr), Origin::Demand);
+                    sh.update_peak(&st);
+                    sh.kick_evictor(&st);
+                    drop(st);
+                    sh.stats
+                        .lock()
+                        .fault(FaultKind::Zero, msg.t0.elapsed().as_micros() as u64);
+                }
+                Err(UffdError::Again { .. }) => retry.push_back(msg),
+                Err(err) => {
+                    drop(st);
+                    tracing::debug!("zero fault at {:#x}: {err}", msg.addr);
+                    let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                }
+            }
+        }
+        PageState::ResidentClean
+        | PageState::ResidentDirty
+        | PageState::ResidentSending
+        | PageState::Fetching => {
+            // Served already (another thread's fault on the same page), or being fetched:
+            // the install wakes every waiter.
+            if e.state != PageState::Fetching {
+                drop(st);
+                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+            }
+            sh.stats.lock().s.faults_already_served += 1;
+        }
+        PageState::PoolSent | PageState::PoolUnsent => {
+            let src = sh.slot_addr(e.slot);
+            // SAFETY: `src` is a pool slot the runtime owns holding this page; nothing
+            // references it; MOVE hands the page to the region without copying.
+            let r = unsafe { sh.uffd.move_pages(msg.addr, src, PAGE_SIZE, true, false) };
+            match r {
+                Ok(_) => {
+                    // Read faults keep tracking writes: a sent page comes back clean, an
+                    // unsent one comes back as "sending" (clean once its send is acked).
+                    let protect = !msg.write
+                        && (e.state == PageState::PoolUnsent || e.far != NO_FAR)
+                        && sh
+                            .uffd
+                            .writeprotect(msg.addr, PAGE_SIZE, true, true)
+                            .is_ok();
+                    let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                    st.slot_owner[e.slot as usize] = NO_OWNER;
+                    st.pool_free.push(e.slot);
+                    let m = st.table.get_mut(msg.addr).expect("found above");
+                    m.state = match (protect, e.state) {
+                        (false, _) => PageState::ResidentDirty,
+                        (true, PageState::PoolSent) => PageState::ResidentClean,
+                        (true, _) => PageState::ResidentSending,
+                    };
+                    st.resident += 1;
+                    st.policy.insert(pid_of(msg.addr), Origin::Demand);
+                    sh.update_peak(&st);
+                    sh.kick_evictor(&st);
+                    drop(st);
+                    sh.stats
+                        .lock()
+                        .fault(FaultKind::PoolHit, msg.t0.elapsed().as_micros() as u64);
+                }
+                Err(UffdError::Again { .. }) => retry.push_back(msg),
+                Err(UffdError::Exists { .. }) => {
+                    drop(st);
+                    let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                }
+                Err(err) => {
+                    drop(st);
+                    sh.report(
+                        format!("moving page {:#x} back from the pool: {err}", msg.addr),
+                        true,
+                    );
+                    let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                }
+            }
+        }
+        PageState::Remote => {
+            let m = st.table.get_mut(msg.addr).expect("found above");
+            m.state = PageState::Fetching;
+            let far = m.far;
+            drop(st);
+            // Prefetch hook (issue 4): a prefetcher would be fed this access here and the
+            // pages it predicts submitted alongside this read, installed after it.
+            let pending = sh.far.submit_read(far).ok();
+            fetches.push(Fetch {
+                msg,
+                far,
+                pending,
+                attempts: 1,
+            });
+        }
+        PageState::Evicting => unreachable!("waited above"),
+    }
+}
+
+/// Waits for one remote read (retrying on failure) and installs the page.
+fn complete_fetch(
+    sh: &Shared,
+    mut f: Fetch,
+    installs: &mut VecDeque<(FaultMsg, Box<[u8]>)>,
+    retry: &mut VecDeque<FaultMsg>,
+) {
+    loop {
+        let result = match f.pending.take() {
+            Some(p) => p.wait().map_err(|e| e.to_string()),
+            None => match sh.far.submit_read(f.far) {
+                Ok(p) => p.wait().map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match result {
+            Ok(Completion::Pages(data)) if data.len() == PAGE_SIZE => {
+                sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
+                install_fetched(sh, f.msg, data.into_boxed_slice(), installs, retry);
+                return;
+            }
+            Ok(_) => {
+                sh.report(
+                    format!(
+                        "donor answered a page read with no page (far page {})",
+                        f.far
+                    ),
+                    true,
+                );
+            }
+            Err(e) => sh.report(
+                format!(
+                    "fetching page {:#x} (far page {}) failed (try {} of {}): {e}",
+                    f.msg.addr, f.far, f.attempts, sh.fetch_attempts
+                ),
+                true,
+            ),
+        }
+        if f.attempts >= sh.fetch_attempts {
+            fail_fetch(sh, f.msg, retry);
+            return;
+        }
+        f.attempts += 1;
+    }
+}
+
+/// A page that cannot be brought back: poison it so the faulting thread gets SIGBUS.
+fn fail_fetch(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>) {
+    let mut st = sh.state.lock();
+    if let Some(m) = st.table.get_mut(msg.addr) {
+        if m.state == PageState::Fetching {
+            m.state = PageState::Remote;
+        } else {
+            // Released meanwhile: serve whatever it is now.
+            drop(st);
+            retry.push_back(msg);
+            return;
+        }
+    }
+    drop(st);
+    tracing::error!(
+        "page {:#x} cannot be brought back from its donor: the faulting thread gets SIGBUS",
+        msg.addr
+    );
+    if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
+        eprintln!(
+            "farmem: fatal: page {:#x} cannot be brought back from its donor and cannot be \
+             poisoned; aborting rather than returning wrong data",
+            msg.addr
+        );
+        std::process::abort();
+    }
+}
+
+/// Installs a fetched page if it is still wanted.
+fn install_fetched(
+    sh: &Shared,
+    msg: FaultMsg,
+    data: Box<[u8]>,
+    installs: &mut VecDeque<(FaultMsg, Box<[u8]>)>,
+    retry: &mut VecDeque<FaultMsg>,
+) {
+    let mut st = sh.state.lock();
+    sh.make_room(&mut st);
+    let state = st.table.get(msg.addr).map(|e| e.state);
+    if state != Some(PageState::Fetching) {
+        // Released or remapped while in flight: serve what the page is now.
+        drop(st);
+        retry.push_back(msg);
+        return;
+    }
+    // Read faults get the page write-protected so that a later write is seen (clean pages are
+    // dropped at eviction without resending).
+    match sh.uffd.copy(msg.addr, &data, false, !msg.write) {
+        Ok(()) | Err(UffdError::Exists { .. }) => {
+            let m = st.table.get_mut(msg.addr).expect("checked above");
+            m.state = if msg.write {
+                PageState::ResidentDirty
+            } else {
+                PageState::ResidentClean
+            };
+            st.resident += 1;
+            st.policy.insert(pid_of(msg.addr), Origin::Demand);
+            sh.update_peak(&st);
+            sh.kick_evictor(&st);
+            drop(st);
+            sh.stats
+                .lock()
+                .fault(FaultKind::Remote, msg.t0.elapsed().as_micros() as u64);
+        }
+        Err(UffdError::Again { .. }) => {
+            drop(st);
+            installs.push_back((msg, data));
+        }
+        Err(err) => {
+            let m = st.table.get_mut(msg.addr).expect("checked above");
+            m.state = PageState::Remote;
+            drop(st);
+            tracing::debug!("installing page {:#x}: {err}", msg.addr);
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// REMOVE / UNMAP: the program released `start..end`; forget every copy.
+fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
+    let st = sh.state.lock();
+    let mut st = sh.settle_evictions(st);
+    let mut touched: Vec<(usize, Entry)> = Vec::new();
+    st.table
+        .for_each_in(start, end, |a, e| touched.push((a, *e)));
+    for (a, mut e) in touched {
+        sh.forget(&mut st, a, &mut e);
+        if let Some(m) = st.table.get_mut(a) {
+            *m = e;
+        }
+    }
+    if unmapped {
+        st.table.remove_range(start, end);
+    }
+}
+
+/// REMAP: `len` bytes moved from `from` to `to`; move their entries (far copies stay where
+/// they are: far page numbers do not depend on addresses).
+fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
+    let st = sh.state.lock();
+    let mut st = sh.settle_evictions(st);
+    let mut moved: Vec<(usize, Entry)> = Vec::new();
+    st.table
+        .for_each_in(from, from + len, |a, e| moved.push((a - from, *e)));
+    st.table.remove_range(from, from + len);
+    if st.table.find(to).is_none_or(|(_, end)| end < to + len) {
+        if st.table.overlaps(to, to + len) {
+            tracing::warn!(
+                "mremap to {to:#x}+{len:#x} overlaps a region partly; its pages are forgotten"
+            );
+            for (off, mut e) in moved {
+                sh.forget(&mut st, from + off, &mut e);
+            }
+            return;
+        }
+        st.table.add(to, to + len);
+    }
+    for (off, mut e) in moved {
+        match e.state {
+            PageState::ResidentClean | PageState::ResidentDirty | PageState::ResidentSending => {
+                if e.state == PageState::ResidentSending {
+                    // The send in flight is matched by address: forget it, resend later.
+                    e.state = PageState::ResidentDirty;
+                }
+                st.policy.remove(pid_of(from + off));
+                st.policy.insert(pid_of(to + off), Origin::Demand);
+            }
+            PageState::PoolSent | PageState::PoolUnsent => {
+                st.slot_owner[e.slot as usize] = to + off;
+            }
+            PageState::Fetching => e.state = PageState::Remote,
+            _ => {}
+        }
+        if let Some(m) = st.table.get_mut(to + off) {
+            *m = e;
+        }
+    }
+}
+
+/// Takes a free pool slot, reclaiming the oldest cached page if needed. Called with the
+/// state lock held.
+fn take_slot(sh: &Shared, st: &mut State) -> Option<u32> {
+    if let Some(s) = st.pool_free.pop() {
+        return Some(s);
+    }
+    while let Some(s) = st.pool_cached.pop_front() {
+        let owner = st.slot_owner[s as usize];
+        if owner == NO_OWNER {
+            continue;
+        }
+        let Some(m) = st.table.get_mut(owner) else {
+            continue;
+        };
+        if m.state != PageState::PoolSent || m.slot != s {
+            continue;
+        }
+        m.state = PageState::Remote;
+        st.slot_owner[s as usize] = NO_OWNER;
+        sh.discard_slot_memory(s);
+        return Some(s);
+    }
+    None
+}
+
+/// What happened to one victim: MOVE result, all-zero, copy of its data if dirty.
+type Outcome = (Victim, Result<(), UffdError>, bool, Option<Box<[u8]>>);
+
+/// One picked victim.
+struct Victim {
+    addr: usize,
+    slot: u32,
+    was_clean: bool,
+}
+
+/// The evictor. Runs until shutdown.
+pub(crate) fn evict_loop(sh: Arc<Shared>) {
+    if let Some(h) = &sh.thread_hook {
+        h();
+    }
+    let mut victims: Vec<Victim> = Vec::with_capacity(EVICT_BATCH);
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        let mut st = sh.state.lock();
+        if st.paused || st.resident <= sh.low_water {
+            sh.evict_cv.wait_for(&mut st, Duration::from_millis(50));
+            continue;
+        }
+        let want = ((st.resident - sh.low_water) as usize).min(EVICT_BATCH);
+        let mut skipped = Vec::new();
+        while victims.len() < want {
+            let Some(p) = st.policy.pick_victim() else {
+                break;
+            };
+            let addr = p as usize * PAGE_SIZE;
+            let state = st.table.get(addr).map(|e| e.state);
+            let was_clean = match state {
+                Some(PageState::ResidentClean) => true,
+                Some(PageState::ResidentDirty) | Some(PageState::ResidentSending) => false,
+                _ => continue, // stale: the policy will not return it again
+            };
+            let Some(slot) = take_slot(&sh, &mut st) else {
+                skipped.push(p);
+                break;
+            };
+            let m = st.table.get_mut(addr).expect("checked above");
+            m.state = PageState::Evicting;
+            st.evicting += 1;
+            st.slot_owner[slot as usize] = addr;
+            victims.push(Victim {
+                addr,
+                slot,
+                was_clean,
+            });
+        }
+        for p in skipped {
+            // No pool slot: put the page back and wait for the sender.
+            st.policy.insert(p, Origin::Demand);
+        }
+        if victims.is_empty() {
+            sh.evict_stalled.store(true, Ordering::Relaxed);
+            sh.commit_cv.notify_all();
+            sh.slots_cv.wait_for(&mut st, Duration::from_millis(20));
+            continue;
+        }
+        sh.evict_stalled.store(false, Ordering::Relaxed);
+        drop(st);
+        for v in victims.drain(..) {
+            let dst = sh.slot_addr(v.slot);
+            // SAFETY: `v.addr` is a region page the runtime manages (no Rust reference points
+            // into regions) and `dst` an empty pool slot it owns; MOVE takes the page out
+            // atomically with respect to the page table.
+            let r = unsafe { sh.pool_uffd.move_pages(dst, v.addr, PAGE_SIZE, true, false) };
+            let mut zero = false;
+            if r.is_ok() && !v.was_clean {
+                // SAFETY: the slot now holds a page (MOVE succeeded) in the pool mapping the
+                // runtime owns; only this thread reads it until it is committed.
+                let page = unsafe { std::slice::from_raw_parts(dst as *const u8, PAGE_SIZE) };
+                zero = page.iter().all(|b| *b == 0);
+                if !zero {
+                    buf.copy_from_slice(page);
+                }
+            }
+            let data = (!zero && !v.was_clean && r.is_ok()).then(|| buf.clone().into_boxed_slice());
+            outcomes.push((v, r.map(|_| ()), zero, data));
+        }
+        let mut st = sh.state.lock();
+        let mut counts = (0u64, 0u64); // (clean dropped, zero)
+        let mut new_staged = 0;
+        for (v, r, zero, data) in outcomes.drain(..) {
+            st.evicting -= 1;
+            let cur = st.table.get(v.addr);
+            let still = cur.map(|e| e.state) == Some(PageState::Evicting);
+            if !still {
+                // Released (or unmapped) while being evicted: whatever moved is garbage.
+                st.slot_owner[v.slot as usize] = NO_OWNER;
+                if r.is_ok() {
+                    sh.discard_slot_memory(v.slot);
+                }
+                st.pool_free.push(v.slot);
+                st.resident -= 1;
+                continue;
+            }
+            let m = st.table.get_mut(v.addr).expect("checked above");
+            match r {
+                Err(err) => {
+                    // Not moved (page shared after fork: EBUSY; gone: ENOENT): stays resident.
+                    m.state = if v.was_clean {
+                        PageState::ResidentClean
+                    } else {
+                        PageState::ResidentDirty
+                    };
+                    st.slot_owner[v.slot as usize] = NO_OWNER;
+                    st.pool_free.push(v.slot);
+                    st.policy.insert(pid_of(v.addr), Origin::Demand);
+                    tracing::debug!("evicting {:#x} failed: {err}", v.addr);
+                }
+                Ok(()) if v.was_clean => {
+                    m.state = PageState::PoolSent;
+                    m.slot = v.slot;
+                    st.pool_cached.push_back(v.slot);
+                    st.resident -= 1;
+                    counts.0 += 1;
+                }
+                Ok(()) if zero => {
+                    let far = m.far;
+                    *m = Entry::default();
+                    if far != NO_FAR {
+                        st.far_free.push(far);
+                    }
+                    st.slot_owner[v.slot as usize] = NO_OWNER;
+                    sh.discard_slot_memory(v.slot);
+                    st.pool_free.push(v.slot);
+                    st.resident -= 1;
+                    counts.1 += 1;
+                }
+                Ok(()) => {
+                    let far = if m.far != NO_FAR {
+                        m.far
+                    } else {
+                        st.far_free.pop().unwrap_or_else(|| {
+                            st.far_next += 1;
+                            st.far_next - 1
+                        })
+                    };
+                    st.stage_gen = st.stage_gen.wrapping_add(1);
+                    let gen = st.stage_gen;
+                    let m = st.table.get_mut(v.addr).expect("checked above");
+                    m.far = far;
+                    m.state = PageState::PoolUnsent;
+                    m.slot = v.slot;
+                    m.gen = gen;
+                    st.resident -= 1;
+                    let data = data.expect("a dirty, non-zero moved page was copied");
+                    st.staging.push_back(Staged {
+                        addr: v.addr,
+                        slot: v.slot,
+                        gen,
+                        far,
+                        data,
+                    });
+                    new_staged += 1;
+                }
+            }
+        }
+        drop(st);
+        sh.commit_cv.notify_all();
+        if new_staged > 0 {
+            sh.stage_cv.notify_one();
+        }
+        if counts != (0, 0) {
+            let mut s = sh.stats.lock();
+            s.s.evicted_dropped_clean += counts.0;
+            s.s.evicted_zero += counts.1;
+        }
+    }
+}
+
+/// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
+/// was moved back unmodified while its send was pending.
+fn staged_live(st: &State, s: &Staged) -> bool {
+    let owner = st.slot_owner[s.slot as usize];
+    let in_pool = st
+        .table
+        .get(owner)
+        .is_some_and(|e| e.state == PageState::PoolUnsent && e.slot == s.slot && e.gen == s.gen);
+    in_pool
+        || st
+            .table
+            .get(s.addr)
+            .is_some_and(|e| e.state == PageState::ResidentSending && e.gen == s.gen)
+}
+
+/// The sender. Runs until shutdown.
+pub(crate) fn send_loop(sh: Arc<Shared>) {
+    if let Some(h) = &sh.thread_hook {
+        h();
+    }
+    let mut backoff = Duration::from_millis(10);
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        let mut st = sh.state.lock();
+        if st.staging.is_empty() {
+            sh.stage_cv.wait_for(&mut st, Duration::from_millis(50));
+            continue;
+        }
+        // Take up to 256 still-wanted pages, oldest first.
+        let mut batch: Vec<Staged> = Vec::new();
+        while batch.len() < farmem_transport::MAX_BATCH_PAGES {
+            let Some(s) = st.staging.pop_front() else {
+                break;
+            };
+            let live = staged_live(&st, &s);
+            if live {
+                batch.push(s);
+            }
+        }
+        drop(st);
+        if batch.is_empty() {
+            continue;
+        }
+        // Group by donor, placing slabs on first write.
+        let mut groups: Vec<Vec<(farmem_transport::PageAddr, usize)>> =
+            vec![Vec::new(); sh.far.donors.len()];
+        let mut failed: Option<RuntimeError> = None;
+        for (i, s) in batch.iter().enumerate() {
+            match sh.far.place(s.far) {
+                Ok((d, a)) => groups[d].push((a, i)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if failed.is_none() {
+            for (d, g) in groups.iter().enumerate() {
+                if g.is_empty() {
+                    continue;
+                }
+                let writes: Vec<PageWrite<'_>> = g
+                    .iter()
+                    .map(|(a, i)| PageWrite {
+                        addr: *a,
+                        data: &batch[*i].data,
+                    })
+                    .collect();
+                if let Err(e) = sh.far.write(d, &writes) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            sh.report(
+                format!(
+                    "write-back of {} evicted pages failed (kept in the write-back pool, \
+                     retrying): {e}",
+                    batch.len()
+                ),
+                false,
+            );
+            let mut st = sh.state.lock();
+            for s in batch.into_iter().rev() {
+                st.staging.push_front(s);
+            }
+            drop(st);
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            continue;
+        }
+        backoff = Duration::from_millis(10);
+        let mut st = sh.state.lock();
+        let mut sent = 0u64;
+        for s in &batch {
+            let owner = st.slot_owner[s.slot as usize];
+            if let Some(m) = st.table.get_mut(owner) {
+                if m.state == PageState::PoolUnsent && m.slot == s.slot && m.gen == s.gen {
+                    m.state = PageState::PoolSent;
+                    st.pool_cached.push_back(s.slot);
+                }
+            }
+            if let Some(m) = st.table.get_mut(s.addr) {
+                if m.state == PageState::ResidentSending && m.gen == s.gen {
+                    m.state = PageState::ResidentClean;
+                }
+            }
+            sent += 1;
+        }
+        drop(st);
+        sh.slots_cv.notify_all();
+        let mut stats = sh.stats.lock();
+        stats.s.evicted_sent_dirty += sent;
+        stats.s.bytes_sent += sent * PAGE_SIZE as u64;
+    }
+}
+
+/// Brings every evicted page of every region back (before fork): called from a program thread
+/// with eviction paused and no eviction half-done.
+pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
+    let mut st = sh.state.lock();
+    let mut todo: Vec<(usize, Entry)> = Vec::new();
+    for (s, e) in st.table.ranges() {
+        st.table.for_each_in(s, e, |a, e| {
+            if matches!(
+                e.state,
+                PageState::PoolSent | PageState::PoolUnsent | PageState::Remote
+            ) {
+                todo.push((a, *e));
+            }
+        });
+    }
+    drop(st);
+    for (addr, e) in todo {
+        loop {
+            let mut st = sh.state.lock();
+            let Some(cur) = st.table.get(addr) else {
+                break;
+            };
+            if cur != e {
+                break; // changed meanwhile (a fault brought it in, or it was released)
+            }
+            let r = match e.state {
+                // SAFETY: a pool slot the runtime owns holding this page; nothing references it.
+                PageState::PoolSent | PageState::PoolUnsent => unsafe {
+                    sh.uffd
+                        .move_pages(addr, sh.slot_addr(e.slot), PAGE_SIZE, false, false)
+                        .map(|_| ())
+                },
+                _ => {
+                    drop(st);
+                    let mut data = vec![0u8; PAGE_SIZE];
+                    let (d, a) = sh
+                        .far
+                        .locate(e.far)
+                        .ok_or(RuntimeError::Internal("remote page without placement"))?;
+                    sh.far.donors[d]
+                        .read
+                        .read_pages(&[a], &mut data)
+                        .map_err(|source| RuntimeError::Donor {
+                            addr: sh.far.donors[d].read.addr().to_string(),
+                            step: "bringing pages back before fork",
+                            source,
+                        })?;
+                    st = sh.state.lock();
+                    if st.table.get(addr) != Some(e) {
+                        break;
+                    }
+                    sh.uffd.copy(addr, &data, false, false)
+                }
+            };
+            match r {
+                Ok(()) | Err(UffdError::Exists { .. }) => {
+                    if matches!(e.state, PageState::PoolSent | PageState::PoolUnsent) {
+                        st.slot_owner[e.slot as usize] = NO_OWNER;
+                        st.pool_free.push(e.slot);
+                    }
+                    let m = st.table.get_mut(addr).expect("checked");
+                    m.state = PageState::ResidentDirty;
+                    st.resident += 1;
+                    st.policy.insert(pid_of(addr), Origin::Demand);
+                    sh.update_peak(&st);
+                    break;
+                }
+                Err(UffdError::Again { .. }) => {
+                    drop(st);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(source) => {
+                    return Err(RuntimeError::Uffd {
+                        step: "bringing pages back before fork",
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}

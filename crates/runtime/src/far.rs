@@ -1,0 +1,367 @@
+//! The far side: connections to donors, slab placement, and the embedded donor.
+//!
+//! # Design
+//!
+//! - The far address space is a sequence of far page numbers, handed out densely by the runtime
+//!   (freed numbers are reused) and cut into slabs of `slab_pages` pages. A slab is placed on a
+//!   donor the first time a page in it is written ([`Far::place`]); with several donors, the
+//!   slab goes to the less loaded of two donors drawn at random (power of two choices,
+//!   Infiniswap), load being the share of the donor's capacity this runtime already uses.
+//!   A donor that refuses (full, quota) is skipped for the next one.
+//! - Each donor gets two [`DonorClient`]s with the same client id: one for demand reads on the
+//!   fault path, one for the sender's write batches, so a 1 MiB write batch never sits in front
+//!   of a fault's 4 KiB read on the same TCP stream.
+//! - With no donor configured, [`EmbeddedDonor`] starts `farmem donor --listen 127.0.0.1:0` as
+//!   a child process, reads its `farmem donor listening on ADDR` line, and kills it when the
+//!   runtime is dropped. The child is spawned from a keeper thread that lives as long as the
+//!   runtime and is marked `PR_SET_PDEATHSIG(SIGKILL)`, so it also dies with the process.
+//!
+//! # Limitations
+//!
+//! Slabs are never returned to donors while the runtime lives (freed far pages are reused
+//! instead); donors reclaim them when the connection closes (after their orphan grace period).
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
+use parking_lot::Mutex;
+use rand::Rng;
+
+use crate::{RuntimeConfig, RuntimeError, PAGE_SIZE};
+
+/// One donor and what this runtime placed on it.
+pub(crate) struct Donor {
+    pub(crate) read: DonorClient,
+    pub(crate) write: DonorClient,
+    pub(crate) capacity_bytes: u64,
+    pub(crate) slabs_placed: Mutex<u64>,
+}
+
+/// Donors and the placement of far slabs on them.
+pub(crate) struct Far {
+    pub(crate) donors: Vec<Donor>,
+    /// Pages per far slab (the smallest slab size among the donors).
+    pub(crate) slab_pages: u64,
+    /// Far slab index → (donor index, donor slab id).
+    placement: Mutex<Vec<Option<(usize, u32)>>>,
+    /// Kept alive for as long as the runtime: dropping it stops the embedded donor.
+    _embedded: Option<EmbeddedDonor>,
+}
+
+impl Far {
+    /// Connects to the configured donors, or starts the embedded one.
+    pub(crate) fn connect(cfg: &RuntimeConfig) -> Result<Far, RuntimeError> {
+        let client_id = {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            (u64::from(std::process::id()) << 32) ^ nanos
+        };
+        let ccfg = ClientConfig {
+            client_id,
+            token: cfg.token.clone(),
+            request_timeout: cfg.request_timeout,
+            link_delay_us: cfg.link_delay_us,
+            thread_hook: cfg.thread_hook.clone(),
+            ..ClientConfig::default()
+        };
+        let (addrs, embedded) = if cfg.donors.is_empty() {
+            let e = EmbeddedDonor::start(cfg)?;
+            (vec![e.addr.clone()], Some(e))
+        } else {
+            (cfg.donors.clone(), None)
+        };
+        let mut donors = Vec::new();
+        for a in &addrs {
+            let connect = |purpose: &'static str| {
+                DonorClient::connect(a, ccfg.clone()).map_err(|source| RuntimeError::Donor {
+                    addr: a.clone(),
+                    step: purpose,
+                    source,
+                })
+            };
+            let read = connect("connecting (fault path)")?;
+            let write = connect("connecting (write-back)")?;
+            let info = read.info();
+            donors.push(Donor {
+                read,
+                write,
+                capacity_bytes: info.capacity_bytes,
+                slabs_placed: Mutex::new(0),
+            });
+        }
+        let slab_bytes = addrs
+            .iter()
+            .zip(&donors)
+            .map(|(_, d)| d.read.info().slab_size_bytes)
+            .min()
+            .unwrap_or(64 << 20);
+        if slab_bytes < PAGE_SIZE as u64 || !slab_bytes.is_multiple_of(PAGE_SIZE as u64) {
+            return Err(RuntimeError::BadDonor {
+                addr: addrs[0].clone(),
+                reason: format!("slab size {slab_bytes} is not a positive multiple of 4096"),
+            });
+        }
+        Ok(Far {
+            donors,
+            slab_pages: slab_bytes / PAGE_SIZE as u64,
+            placement: Mutex::new(Vec::new()),
+            _embedded: embedded,
+        })
+    }
+
+    /// Total capacity the donors lend, in bytes.
+    pub(crate) fn capacity_bytes(&self) -> u64 {
+        self.donors.iter().map(|d| d.capacity_bytes).sum()
+    }
+
+    /// Where far page `far` lives, if its slab is placed.
+    pub(crate) fn locate(&self, far: u64) -> Option<(usize, PageAddr)> {
+        let idx = (far / self.slab_pages) as usize;
+        let (donor, slab) = (*self.placement.lock().get(idx)?)?;
+        Some((
+            donor,
+            PageAddr {
+                slab,
+                page: (far % self.slab_pages) as u32,
+            },
+        ))
+    }
+
+    /// Places the slab of far page `far` if it is not yet placed; returns its location.
+    pub(crate) fn place(&self, far: u64) -> Result<(usize, PageAddr), RuntimeError> {
+        if let Some(l) = self.locate(far) {
+            return Ok(l);
+        }
+        let idx = (far / self.slab_pages) as usize;
+        let order = self.choice_order();
+        let mut last = None;
+        for d in order {
+            match self.donors[d].write.alloc_slab() {
+                Ok(slab) => {
+                    *self.donors[d].slabs_placed.lock() += 1;
+                    let mut p = self.placement.lock();
+                    if p.len() <= idx {
+                        p.resize(idx + 1, None);
+                    }
+                    p[idx] = Some((d, slab));
+                    drop(p);
+                    return self
+                        .locate(far)
+                        .ok_or(RuntimeError::Internal("slab just placed"));
+                }
+                Err(e) => {
+                    let full = matches!(
+                        e.status(),
+                        Some(Status::CapacityExhausted) | Some(Status::QuotaExceeded)
+                    );
+                    last = Some((d, e, full));
+                }
+            }
+        }
+        match last {
+            Some((d, source, true)) => Err(RuntimeError::DonorsFull {
+                donors: self.donors.len(),
+                capacity_bytes: self.capacity_bytes(),
+                addr: self.donors[d].read.addr().to_string(),
+                source,
+            }),
+            Some((d, source, false)) => Err(RuntimeError::Donor {
+                addr: self.donors[d].read.addr().to_string(),
+                step: "allocating a slab",
+                source,
+            }),
+            None => Err(RuntimeError::Internal("no donor")),
+        }
+    }
+
+    /// Donor indexes in the order to try for a new slab: the less loaded of two random
+    /// donors first, then the other, then the rest.
+    fn choice_order(&self) -> Vec<usize> {
+        let n = self.donors.len();
+        if n <= 1 {
+            return (0..n).collect();
+        }
+        let mut rng = rand::thread_rng();
+        let a = rng.gen_range(0..n);
+        let mut b = rng.gen_range(0..n - 1);
+        if b >= a {
+            b += 1;
+        }
+        let load = |i: usize| {
+            let d = &self.donors[i];
+            (*d.slabs_placed.lock() * self.slab_pages * PAGE_SIZE as u64) as f64
+                / d.capacity_bytes.max(1) as f64
+        };
+        let (first, second) = if load(b) < load(a) { (b, a) } else { (a, b) };
+        let mut order = vec![first, second];
+        order.extend((0..n).filter(|i| *i != a && *i != b));
+        order
+    }
+
+    /// Slabs placed so far.
+    pub(crate) fn slabs_placed(&self) -> u64 {
+        self.placement.lock().iter().flatten().count() as u64
+    }
+
+    /// Starts the read of one far page on the fault-path connection.
+    pub(crate) fn submit_read(&self, far: u64) -> Result<Pending, RuntimeError> {
+        let (d, addr) = self
+            .locate(far)
+            .ok_or(RuntimeError::Internal("a remote page's slab is not placed"))?;
+        self.donors[d]
+            .read
+            .submit_read(&[addr])
+            .map_err(|source| RuntimeError::Donor {
+                addr: self.donors[d].read.addr().to_string(),
+                step: "reading a page",
+                source,
+            })
+    }
+
+    /// Writes a batch of pages (all on donor `d`, at most 256) and waits for the ack.
+    pub(crate) fn write(&self, d: usize, pages: &[PageWrite<'_>]) -> Result<(), RuntimeError> {
+        self.donors[d]
+            .write
+            .write_pages(pages)
+            .map_err(|source| RuntimeError::Donor {
+                addr: self.donors[d].write.addr().to_string(),
+                step: "writing evicted pages",
+                source,
+            })
+    }
+}
+
+/// A `farmem donor` child process serving this runtime on a loopback port.
+pub(crate) struct EmbeddedDonor {
+    pub(crate) addr: String,
+    /// Dropping this stops the keeper thread, which kills the child.
+    _stop: std::sync::mpsc::Sender<()>,
+}
+
+fn farmem_binary(cfg: &RuntimeConfig) -> PathBuf {
+    cfg.farmem_bin
+        .clone()
+        .or_else(|| std::env::var_os("FARMEM_BIN").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("farmem"))
+}
+
+impl EmbeddedDonor {
+    fn start(cfg: &RuntimeConfig) -> Result<EmbeddedDonor, RuntimeError> {
+        let bin = farmem_binary(cfg);
+        let mut cmd = Command::new(&bin);
+        cmd.arg("donor")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--capacity")
+            .arg(cfg.embedded_capacity_bytes.to_string())
+            .arg("--slab-size")
+            .arg(cfg.embedded_slab_size_bytes.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: the closure runs in the child between fork and exec and only calls the
+        // async-signal-safe prctl(2), getppid(2) and kill(2); it allocates nothing.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            let parent = libc::getpid();
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                if libc::getppid() != parent {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel::<Result<String, String>>();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let hook = cfg.thread_hook.clone();
+        let bin_shown = bin.display().to_string();
+        std::thread::Builder::new()
+            .name("farmem-donor-keeper".into())
+            .spawn(move || {
+                if let Some(h) = &hook {
+                    h();
+                }
+                keeper(cmd, &bin_shown, addr_tx, stop_rx);
+            })
+            .map_err(|source| RuntimeError::Spawn {
+                what: "the embedded donor keeper thread",
+                source,
+            })?;
+        match addr_rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(Ok(addr)) => Ok(EmbeddedDonor {
+                addr,
+                _stop: stop_tx,
+            }),
+            Ok(Err(reason)) => Err(RuntimeError::EmbeddedDonor { reason }),
+            Err(_) => Err(RuntimeError::EmbeddedDonor {
+                reason: format!(
+                    "`{} donor` did not report its address within 15 s",
+                    bin.display()
+                ),
+            }),
+        }
+    }
+}
+
+/// Runs in the keeper thread: spawns the donor, reports its address, waits for the runtime
+/// to stop (the stop channel closes), then kills and reaps the child.
+fn keeper(
+    mut cmd: Command,
+    bin: &str,
+    addr_tx: std::sync::mpsc::Sender<Result<String, String>>,
+    stop_rx: std::sync::mpsc::Receiver<()>,
+) {
+    let mut child: Child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = addr_tx.send(Err(format!(
+                "could not start `{bin} donor` ({e}): put the farmem binary on PATH, set \
+                 FARMEM_BIN or RuntimeConfig::farmem_bin, or name donors explicitly"
+            )));
+            return;
+        }
+    };
+    let stdout = child.stdout.take().expect("stdout was piped");
+    let mut reader = std::io::BufReader::new(stdout);
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                let _ = addr_tx.send(Err(format!(
+                    "`{bin} donor` exited before listening ({status}); see its messages above"
+                )));
+                return;
+            }
+            Ok(_) => {
+                if let Some(a) = line.trim().strip_prefix("farmem donor listening on ") {
+                    break a.to_string();
+                }
+            }
+        }
+    };
+    let _ = addr_tx.send(Ok(addr));
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut sink = String::new();
+            while matches!(reader.read_line(&mut sink), Ok(n) if n > 0) {
+                sink.clear();
+            }
+        });
+        let _ = stop_rx.recv();
+        let _ = child.kill();
+        let _ = child.wait();
+    });
+}
+
+/// Placement statistics per donor, for tests and stats: slabs placed on each.
+pub(crate) fn slabs_per_donor(far: &Far) -> Vec<u64> {
+    far.donors.iter().map(|d| *d.slabs_placed.lock()).collect()
+}
