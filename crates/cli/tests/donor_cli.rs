@@ -223,3 +223,107 @@ fn bad_flags_are_clear_errors() {
         "reading the token file /nonexistent/token",
     );
 }
+
+/// A request frame built by hand (header layout: crates/proto/src/lib.rs), so bad ones can be.
+fn frame(version: u8, opcode: u8, request_id: u64, payload_len: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(20 + payload.len());
+    f.extend_from_slice(b"FM");
+    f.push(version);
+    f.push(opcode);
+    f.extend_from_slice(&request_id.to_le_bytes());
+    f.extend_from_slice(&[0, 0, 0, 0]);
+    f.extend_from_slice(&payload_len.to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn req(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    frame(1, opcode, 7, payload.len() as u32, payload)
+}
+
+/// Sends `f` and returns the response's status and payload; `None` if the donor closed.
+fn exchange(s: &mut std::net::TcpStream, f: &[u8]) -> Option<(u16, Vec<u8>)> {
+    use std::io::Write;
+    s.write_all(f).unwrap();
+    let mut head = [0u8; 20];
+    s.read_exact(&mut head).ok()?;
+    let len = u32::from_le_bytes(head[16..20].try_into().unwrap()) as usize;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).ok()?;
+    Some((u16::from_le_bytes([head[12], head[13]]), payload))
+}
+
+fn hello_stream(addr: SocketAddr, client: u64) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut p = 1u16.to_le_bytes().to_vec();
+    p.extend_from_slice(&client.to_le_bytes());
+    p.extend_from_slice(&0u16.to_le_bytes());
+    assert_eq!(exchange(&mut s, &req(1, &p)).unwrap().0, 0, "HELLO");
+    s
+}
+
+fn read_req(slab: u32, page: u32) -> Vec<u8> {
+    let mut p = 1u16.to_le_bytes().to_vec();
+    p.extend_from_slice(&slab.to_le_bytes());
+    p.extend_from_slice(&page.to_le_bytes());
+    req(5, &p)
+}
+
+#[test]
+fn every_bad_input_gets_a_log_line() {
+    let mut d = spawn_donor(&["--capacity", "16MiB"]);
+    let mut owner = hello_stream(d.addr, 1);
+    let (st, slab) = exchange(&mut owner, &req(2, &[])).unwrap();
+    assert_eq!(st, 0);
+    let slab = u32::from_le_bytes(slab[..4].try_into().unwrap());
+
+    let mut s = hello_stream(d.addr, 2);
+    // Unknown request type, another client's slab, page out of range, batch over the limit:
+    // error statuses (4, 7, 8, 6), connection kept.
+    assert_eq!(exchange(&mut s, &req(0x42, b"")).unwrap().0, 4);
+    assert_eq!(exchange(&mut s, &read_req(slab, 0)).unwrap().0, 7);
+    let (_, own) = exchange(&mut s, &req(2, &[])).unwrap();
+    let own = u32::from_le_bytes(own[..4].try_into().unwrap());
+    assert_eq!(exchange(&mut s, &read_req(own, 256)).unwrap().0, 8);
+    let mut p = 300u16.to_le_bytes().to_vec();
+    p.extend_from_slice(&[0u8; 8]);
+    assert_eq!(exchange(&mut s, &req(5, &p)).unwrap().0, 6);
+    // Wrong version and a frame too long: answered, then closed.
+    let mut v = std::net::TcpStream::connect(d.addr).unwrap();
+    assert_eq!(exchange(&mut v, &frame(9, 6, 1, 0, b"")).unwrap().0, 1);
+    let mut l = hello_stream(d.addr, 3);
+    assert_eq!(
+        exchange(&mut l, &frame(1, 4, 1, u32::MAX, b"")).unwrap().0,
+        5
+    );
+    // A truncated frame: the client goes away mid-header.
+    let mut t = hello_stream(d.addr, 4);
+    {
+        use std::io::Write;
+        t.write_all(&req(6, b"")[..9]).unwrap();
+    }
+    t.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    let _ = t.read_to_end(&mut rest);
+    // The owner still reads its slab.
+    assert_eq!(exchange(&mut owner, &read_req(slab, 3)).unwrap().0, 0);
+
+    signal(&d.child, "-TERM");
+    assert!(wait_exit(&mut d.child).success());
+    let stderr = d.stderr.lock().unwrap().clone();
+    for needle in [
+        "unknown request type 0x42",
+        "belongs to another client",
+        "is outside slab",
+        "outside 1..=256",
+        "protocol version 9 is not supported",
+        "exceeds the limit",
+        "truncated frame",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "no log line with {needle:?} in:\n{stderr}"
+        );
+    }
+}
