@@ -157,8 +157,17 @@ pub(crate) struct Shared {
 impl Shared {
     /// A connection's client left; wake the reaper when the grace is zero so it acts now.
     pub(crate) fn client_left(&self, client: u64) {
-        if self.store.disconnect(client) > 0 && self.orphan_grace.is_zero() {
-            self.reaper_wake.notify_all();
+        let orphaned = self.store.disconnect(client);
+        if orphaned > 0 {
+            tracing::info!(
+                client,
+                slabs = orphaned,
+                grace_ms = self.orphan_grace.as_millis() as u64,
+                "client disconnected; its slabs are kept for the orphan grace period"
+            );
+            if self.orphan_grace.is_zero() {
+                self.reaper_wake.notify_all();
+            }
         }
     }
 
