@@ -1,18 +1,29 @@
 //! One TCP connection to a donor: the HELLO handshake, the send path (the caller's thread writes
-//! its own frame under a mutex) and the reader thread that hands each response to the request
-//! that is waiting for it.
+//! its own frame under a mutex) and the receive path (the waiting threads read the responses
+//! themselves, one at a time, and hand each to the request it answers).
 //!
 //! # Design
 //! - Sending: the calling thread takes the writer mutex, encodes header and page addresses into a
 //!   reused buffer and writes them together with the caller's page slices in one vectored write;
 //!   page bytes are never copied. The socket has a write timeout (the request timeout), so a
 //!   donor that stops reading cannot block a sender forever.
-//! - Receiving: one reader thread per connection reads frames through a buffered reader and
-//!   completes the [`Slot`] registered under the response's request id. Page payloads are read
-//!   straight into the `Vec` handed to the waiter.
+//! - Receiving (leader/follower): a thread waiting for a response becomes the *reader* if no
+//!   other thread is reading; it reads frames through the connection's buffered reader, files
+//!   every response under its request id (waking the threads waiting for them) and stops
+//!   reading as soon as its own response is in, handing the reader role to a waiting thread.
+//!   The other waiters sleep on a condition variable. A single synchronous request is therefore
+//!   answered on its own thread, with one wake-up (the socket's) instead of two (a reader
+//!   thread's, then the waiter's): measured here at ~6.5 µs of a ~22 µs loopback round trip.
+//!   Page payloads are read straight into the `Vec` handed to the waiter.
 //! - Failure: the first fatal event (read error, close, protocol violation, write failure,
 //!   request timeout) marks the connection closed, shuts the socket down and fails every request
 //!   in flight; the client opens a new connection on the next request.
+//!
+//! # Limitations
+//! - Responses are read only while some thread waits: a request submitted and never waited for
+//!   keeps its response in the socket until another request on the connection is waited for.
+//! - A connection that breaks while idle is noticed by the next request (which fails with
+//!   `Disconnected`); the request after it reconnects.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, IoSlice, Read, Write};
@@ -67,67 +78,27 @@ impl Failure {
     }
 }
 
-/// Where a response is delivered: one per request in flight.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    op: Opcode,
-    state: Mutex<Option<(Result<Reply, TransportError>, Instant)>>,
-    ready: Condvar,
-}
+/// A request's outcome and when it arrived.
+type Outcome = (Result<Reply, TransportError>, Instant);
 
-impl Slot {
-    fn new(op: Opcode) -> Slot {
-        Slot {
-            op,
-            state: Mutex::new(None),
-            ready: Condvar::new(),
-        }
-    }
-
-    fn complete(&self, result: Result<Reply, TransportError>) {
-        *lock(&self.state) = Some((result, Instant::now()));
-        self.ready.notify_one();
-    }
-
-    /// Waits until the slot is complete or `deadline` passes. Returns the result and the time it
-    /// arrived, or `None` at the deadline.
-    pub(crate) fn wait_until(
-        &self,
-        deadline: Option<Instant>,
-    ) -> Option<(Result<Reply, TransportError>, Instant)> {
-        let mut state = lock(&self.state);
-        loop {
-            if let Some(done) = state.take() {
-                return Some(done);
-            }
-            match deadline {
-                None => {
-                    state = self
-                        .ready
-                        .wait(state)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                }
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return None;
-                    }
-                    state = self
-                        .ready
-                        .wait_timeout(state, deadline - now)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .0;
-                }
-            }
-        }
-    }
-}
-
-/// Requests in flight, by request id.
+/// Requests in flight and responses not yet collected, by request id.
 #[derive(Debug, Default)]
 struct Demux {
-    pending: HashMap<u64, Arc<Slot>>,
+    /// Sent, not answered: the opcode each expects.
+    pending: HashMap<u64, Opcode>,
+    /// Answered (or failed), not yet collected by their waiter.
+    done: HashMap<u64, Outcome>,
+    /// Some thread holds the reader role.
+    reading: bool,
     closed: Option<Failure>,
+}
+
+/// How [`Conn::wait`] ended.
+pub(crate) enum Waited {
+    /// The response (or the connection's failure) for this request.
+    Done(Outcome),
+    /// The deadline passed; the request has been forgotten.
+    TimedOut,
 }
 
 #[derive(Debug)]
@@ -144,12 +115,22 @@ pub(crate) enum SendError {
     Failed(TransportError),
 }
 
+/// The receive side: whoever holds this reads responses.
+#[derive(Debug)]
+struct Reader {
+    stream: BufReader<TcpStream>,
+    payload: Vec<u8>,
+}
+
 /// One live connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
     addr: Arc<str>,
     writer: Mutex<Writer>,
+    reader: Mutex<Reader>,
     demux: Mutex<Demux>,
+    /// Signalled when a response is filed, the reader role is free, or the connection failed.
+    changed: Condvar,
     closed: AtomicBool,
     /// Set when the client closes the connection on purpose (drop), to keep the log quiet.
     closing: AtomicBool,
@@ -169,7 +150,7 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 impl Conn {
-    /// Connects to `addr`, performs HELLO with `hello_id` and starts the reader thread.
+    /// Connects to `addr` and performs HELLO with `hello_id`.
     pub(crate) fn open(
         addr: &Arc<str>,
         cfg: &ClientConfig,
@@ -260,7 +241,6 @@ impl Conn {
                 info.slab_size_bytes
             )));
         }
-        stream.set_read_timeout(None).map_err(setup)?;
 
         let reader_stream = stream.try_clone().map_err(setup)?;
         let control = stream.try_clone().map_err(setup)?;
@@ -270,25 +250,16 @@ impl Conn {
                 stream,
                 buf: Vec::with_capacity(HEADER_LEN + 2 + 8 * MAX_BATCH_PAGES),
             }),
+            reader: Mutex::new(Reader {
+                stream: BufReader::with_capacity(READ_BUFFER_BYTES, reader_stream),
+                payload: Vec::new(),
+            }),
             demux: Mutex::new(Demux::default()),
+            changed: Condvar::new(),
             closed: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             control,
         });
-        let reader_conn = Arc::clone(&conn);
-        let hook = cfg.thread_hook.clone();
-        std::thread::Builder::new()
-            .name(format!("farmem-net-{addr}"))
-            .spawn(move || {
-                if let Some(hook) = hook {
-                    hook();
-                }
-                reader_loop(&reader_conn, reader_stream);
-            })
-            .map_err(|source| TransportError::Spawn {
-                addr: addr.to_string(),
-                source,
-            })?;
         tracing::debug!(donor = %addr, "connected");
         Ok((conn, info))
     }
@@ -307,21 +278,20 @@ impl Conn {
         timeout: Duration,
         pages: &[&[u8]],
         encode: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
-    ) -> Result<Arc<Slot>, SendError> {
-        let slot = Arc::new(Slot::new(op));
+    ) -> Result<(), SendError> {
         {
             let mut demux = lock(&self.demux);
             if demux.closed.is_some() {
                 return Err(SendError::Closed);
             }
-            demux.pending.insert(id, Arc::clone(&slot));
+            demux.pending.insert(id, op);
         }
         let mut writer = lock(&self.writer);
         let Writer { stream, buf } = &mut *writer;
         buf.clear();
         if let Err(source) = encode(buf) {
             drop(writer);
-            lock(&self.demux).pending.remove(&id);
+            self.forget(id);
             return Err(SendError::Failed(TransportError::Invalid {
                 op: op.name(),
                 source,
@@ -329,7 +299,7 @@ impl Conn {
         }
         if let Err(e) = write_all_vectored(stream, buf, pages) {
             drop(writer);
-            lock(&self.demux).pending.remove(&id);
+            self.forget(id);
             let err = if is_timeout(&e) {
                 TransportError::Timeout {
                     addr: self.addr.to_string(),
@@ -346,19 +316,128 @@ impl Conn {
             self.fail(Failure::Lost(format!("sending {} failed: {e}", op.name())));
             return Err(SendError::Failed(err));
         }
-        Ok(slot)
+        Ok(())
     }
 
-    /// Forgets request `id` (its waiter gave up). Returns false if the reader already took the
-    /// slot, in which case its result is about to be delivered.
-    pub(crate) fn forget(&self, id: u64) -> bool {
-        lock(&self.demux).pending.remove(&id).is_some()
+    /// Forgets request `id` (its waiter gave up or dropped it): a late response is discarded.
+    pub(crate) fn forget(&self, id: u64) {
+        let mut demux = lock(&self.demux);
+        demux.pending.remove(&id);
+        demux.done.remove(&id);
+    }
+
+    /// Waits until request `id` is answered or `deadline` passes, reading the socket itself when
+    /// no other thread is (see the module docs). At the deadline the request is forgotten.
+    pub(crate) fn wait(&self, id: u64, deadline: Instant) -> Waited {
+        let mut demux = lock(&self.demux);
+        loop {
+            if let Some(outcome) = demux.done.remove(&id) {
+                return Waited::Done(outcome);
+            }
+            if !demux.pending.contains_key(&id) {
+                // Forgotten, or never registered: nothing will ever answer it.
+                return Waited::Done((
+                    Err(TransportError::Disconnected {
+                        addr: self.addr.to_string(),
+                        op: "request",
+                        reason: "the request was forgotten".into(),
+                    }),
+                    Instant::now(),
+                ));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                demux.pending.remove(&id);
+                return Waited::TimedOut;
+            }
+            if !demux.reading {
+                demux.reading = true;
+                drop(demux);
+                self.read_until_answered(id, deadline);
+                demux = lock(&self.demux);
+                demux.reading = false;
+                // Hand the reader role on: a waiting thread may need it.
+                self.changed.notify_all();
+                continue;
+            }
+            demux = self
+                .changed
+                .wait_timeout(demux, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The reader role: reads and files responses until `id`'s is in, the deadline passes, or
+    /// the connection fails.
+    fn read_until_answered(&self, id: u64, deadline: Instant) {
+        let mut reader = lock(&self.reader);
+        let Reader { stream, payload } = &mut *reader;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            // Bytes already buffered are read without a system call, so the timeout only
+            // matters when the socket must be waited on.
+            if stream.buffer().is_empty() {
+                if let Err(e) = stream.get_ref().set_read_timeout(Some(deadline - now)) {
+                    self.fail(Failure::Lost(format!(
+                        "setting the read timeout failed: {e}"
+                    )));
+                    return;
+                }
+            }
+            let (rid, result) = match read_one(stream, payload) {
+                Ok(frame) => frame,
+                Err(ReadError::TimedOut) => return,
+                Err(ReadError::Failed(failure)) => {
+                    self.fail(failure);
+                    return;
+                }
+            };
+            let mut demux = lock(&self.demux);
+            let Some(op) = demux.pending.remove(&rid) else {
+                // The waiter gave up (timeout) or dropped its `Pending`.
+                tracing::debug!(donor = %self.addr, id = rid, "response to a forgotten request");
+                continue;
+            };
+            let outcome = match result {
+                Ok((got, reply)) if got != op => {
+                    let detail = format!(
+                        "answered a {} request with a {} response",
+                        op.name(),
+                        got.name()
+                    );
+                    drop(reply);
+                    let failure = Failure::Protocol(detail);
+                    let err = failure.to_error(&self.addr, op.name());
+                    demux.done.insert(rid, (Err(err), Instant::now()));
+                    drop(demux);
+                    self.fail(failure);
+                    return;
+                }
+                Ok((_, reply)) => Ok(reply),
+                Err((status, message)) => Err(TransportError::Status {
+                    addr: self.addr.to_string(),
+                    op: op.name(),
+                    status,
+                    message,
+                }),
+            };
+            demux.done.insert(rid, (outcome, Instant::now()));
+            if rid == id {
+                return;
+            }
+            drop(demux);
+            self.changed.notify_all();
+        }
     }
 
     /// Closes the connection for `failure`: fails every request in flight and shuts the socket
-    /// down (which also ends the reader thread). Idempotent: the first failure wins.
+    /// down. Idempotent: the first failure wins.
     pub(crate) fn fail(&self, failure: Failure) {
-        let (failure, drained): (Failure, Vec<Arc<Slot>>) = {
+        {
             let mut demux = lock(&self.demux);
             if demux.closed.is_none() {
                 if !self.closing.load(Ordering::Relaxed) {
@@ -367,11 +446,14 @@ impl Conn {
                 self.closed.store(true, Ordering::Release);
             }
             let failure = demux.closed.get_or_insert(failure).clone();
-            (failure, demux.pending.drain().map(|(_, s)| s).collect())
-        };
-        for slot in drained {
-            slot.complete(Err(failure.to_error(&self.addr, slot.op.name())));
+            let now = Instant::now();
+            let failed: Vec<(u64, Opcode)> = demux.pending.drain().collect();
+            for (id, op) in failed {
+                let err = failure.to_error(&self.addr, op.name());
+                demux.done.insert(id, (Err(err), now));
+            }
         }
+        self.changed.notify_all();
         // Ignore errors: the socket may already be shut down or reset.
         let _ = self.control.shutdown(Shutdown::Both);
     }
@@ -442,109 +524,121 @@ fn write_all_vectored(stream: &mut TcpStream, head: &[u8], pages: &[&[u8]]) -> i
     Ok(())
 }
 
-/// The reader thread's body: completes requests until the connection fails.
-fn reader_loop(conn: &Conn, stream: TcpStream) {
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
-    let mut payload = Vec::new();
-    let failure = loop {
-        if let Err(f) = read_one(conn, &mut reader, &mut payload) {
-            break f;
-        }
-    };
-    conn.fail(failure);
+/// Why no response could be read.
+enum ReadError {
+    /// The socket had nothing within the reader's deadline.
+    TimedOut,
+    /// The connection is unusable.
+    Failed(Failure),
 }
 
-fn lost_reading(e: &io::Error) -> Failure {
-    Failure::Lost(format!("reading the response failed: {e}"))
+fn lost_reading(e: &io::Error) -> ReadError {
+    if is_timeout(e) {
+        ReadError::TimedOut
+    } else {
+        ReadError::Failed(Failure::Lost(format!("reading the response failed: {e}")))
+    }
 }
 
-/// Reads one response and completes its request.
-fn read_one(conn: &Conn, reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<(), Failure> {
+/// A response as read: its request id, and its opcode and reply, or its error status.
+type Frame = (u64, Result<(Opcode, Reply), (Status, String)>);
+
+/// Reads one response frame.
+fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut filled = 0;
     while filled < HEADER_LEN {
         match reader.read(&mut head[filled..]) {
             Ok(0) if filled == 0 => {
-                return Err(Failure::Lost("the donor closed the connection".into()))
+                return Err(ReadError::Failed(Failure::Lost(
+                    "the donor closed the connection".into(),
+                )))
             }
             Ok(0) => {
-                return Err(Failure::Lost(format!(
+                return Err(ReadError::Failed(Failure::Lost(format!(
                     "the donor closed the connection inside a frame header ({filled} of {HEADER_LEN} bytes)"
-                )))
+                ))))
             }
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A timeout in the middle of a header leaves the stream unusable.
+            Err(e) if filled > 0 && is_timeout(&e) => {
+                return Err(ReadError::Failed(Failure::Lost(format!(
+                    "the donor stopped inside a frame header ({filled} of {HEADER_LEN} bytes)"
+                ))))
+            }
             Err(e) => return Err(lost_reading(&e)),
         }
     }
-    let header = Header::decode(&head).map_err(|e| Failure::Protocol(e.to_string()))?;
+    let protocol = |detail: String| ReadError::Failed(Failure::Protocol(detail));
+    // From here on the frame has begun: any failure, a timeout included, breaks the stream.
+    let broken = |e: io::Error| {
+        ReadError::Failed(Failure::Lost(format!(
+            "reading the response failed inside a frame: {e}"
+        )))
+    };
+    let header = Header::decode(&head).map_err(|e| protocol(e.to_string()))?;
     if !header.is_response() {
-        return Err(Failure::Protocol(format!(
+        return Err(protocol(format!(
             "received a request frame (opcode {:#04x}) where a response was expected",
             header.opcode
         )));
     }
-    let result = if header.status == Status::Ok.code() && header.op() == Some(Opcode::ReadPages) {
-        Ok(Reply::Pages(read_pages_payload(&header, reader)?))
-    } else {
-        payload.clear();
-        payload.resize(header.payload_len as usize, 0);
-        reader.read_exact(payload).map_err(|e| lost_reading(&e))?;
-        match Response::decode(&header, payload) {
-            Ok(Response::SlabAllocated { slab }) => Ok(Reply::Slab(slab)),
-            Ok(Response::Done) => Ok(Reply::Done),
-            Ok(Response::Stats(s)) => Ok(Reply::Stats(s)),
-            Ok(Response::Error { status, message }) => Err((status, message.to_string())),
-            Ok(Response::Hello(_) | Response::Pages { .. }) => {
-                return Err(Failure::Protocol(format!(
-                    "unexpected {} response in the middle of a session",
-                    header.op().map_or("unknown", Opcode::name)
-                )))
-            }
-            Err(e) => return Err(Failure::Protocol(e.to_string())),
-        }
-    };
-    let Some(slot) = lock(&conn.demux).pending.remove(&header.request_id) else {
-        // The waiter gave up (timeout) or dropped its `Pending`.
-        tracing::debug!(donor = %conn.addr, id = header.request_id, "response to a forgotten request");
-        return Ok(());
-    };
-    if header.status == Status::Ok.code() && header.op() != Some(slot.op) {
-        let detail = format!(
-            "answered a {} request with a {} response",
-            slot.op.name(),
-            header.op().map_or("unknown", Opcode::name)
-        );
-        slot.complete(Err(
-            Failure::Protocol(detail.clone()).to_error(&conn.addr, slot.op.name())
+    let op = header.op();
+    if header.status == Status::Ok.code() && op == Some(Opcode::ReadPages) {
+        let data = read_pages_payload(&header, reader).map_err(|e| match e {
+            PayloadError::Protocol(d) => protocol(d),
+            PayloadError::Io(e) => broken(e),
+        })?;
+        return Ok((
+            header.request_id,
+            Ok((Opcode::ReadPages, Reply::Pages(data))),
         ));
-        return Err(Failure::Protocol(detail));
     }
-    slot.complete(result.map_err(|(status, message)| TransportError::Status {
-        addr: conn.addr.to_string(),
-        op: slot.op.name(),
-        status,
-        message,
-    }));
-    Ok(())
+    payload.clear();
+    payload.resize(header.payload_len as usize, 0);
+    reader.read_exact(payload).map_err(broken)?;
+    let reply = match Response::decode(&header, payload) {
+        Ok(Response::SlabAllocated { slab }) => Reply::Slab(slab),
+        Ok(Response::Done) => Reply::Done,
+        Ok(Response::Stats(s)) => Reply::Stats(s),
+        Ok(Response::Error { status, message }) => {
+            return Ok((header.request_id, Err((status, message.to_string()))))
+        }
+        Ok(Response::Hello(_) | Response::Pages { .. }) => {
+            return Err(protocol(format!(
+                "unexpected {} response in the middle of a session",
+                op.map_or("unknown", Opcode::name)
+            )))
+        }
+        Err(e) => return Err(protocol(e.to_string())),
+    };
+    // A successful response decodes only with a known opcode.
+    let op =
+        op.ok_or_else(|| protocol(format!("unknown response opcode {:#04x}", header.opcode)))?;
+    Ok((header.request_id, Ok((op, reply))))
+}
+
+/// Why a READ_PAGES payload could not be read.
+enum PayloadError {
+    Protocol(String),
+    Io(io::Error),
 }
 
 /// Reads a successful READ_PAGES payload (`count u16` then the pages) into a fresh buffer of
 /// exactly the page bytes.
-fn read_pages_payload(header: &Header, reader: &mut impl Read) -> Result<Vec<u8>, Failure> {
+fn read_pages_payload(header: &Header, reader: &mut impl Read) -> Result<Vec<u8>, PayloadError> {
     let len = header.payload_len as usize;
     if len < 2 {
-        return Err(Failure::Protocol(format!(
+        return Err(PayloadError::Protocol(format!(
             "read_pages response payload of {len} bytes has no page count"
         )));
     }
     let mut count = [0u8; 2];
-    reader
-        .read_exact(&mut count)
-        .map_err(|e| lost_reading(&e))?;
+    reader.read_exact(&mut count).map_err(PayloadError::Io)?;
     let count = usize::from(u16::from_le_bytes(count));
     if count == 0 || count > MAX_BATCH_PAGES || len != 2 + count * PAGE_SIZE {
-        return Err(Failure::Protocol(format!(
+        return Err(PayloadError::Protocol(format!(
             "read_pages response claims {count} pages in a payload of {len} bytes"
         )));
     }
@@ -553,10 +647,11 @@ fn read_pages_payload(header: &Header, reader: &mut impl Read) -> Result<Vec<u8>
     let mut data = Vec::with_capacity(want);
     let got = Read::take(&mut *reader, want as u64)
         .read_to_end(&mut data)
-        .map_err(|e| lost_reading(&e))?;
+        .map_err(PayloadError::Io)?;
     if got != want {
-        return Err(Failure::Lost(format!(
-            "the donor closed the connection inside a read_pages response ({got} of {want} page bytes)"
+        return Err(PayloadError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("the donor closed the connection inside a read_pages response ({got} of {want} page bytes)"),
         )));
     }
     Ok(data)

@@ -98,15 +98,6 @@ pub enum TransportError {
         /// The size given.
         got: usize,
     },
-    /// The connection's reader thread could not be started.
-    #[error("could not start the reader thread for donor {addr}")]
-    Spawn {
-        /// The donor address.
-        addr: String,
-        /// The spawn error.
-        #[source]
-        source: io::Error,
-    },
 }
 
 impl TransportError {
