@@ -120,6 +120,8 @@ pub(crate) enum SendError {
 struct Reader {
     stream: BufReader<TcpStream>,
     payload: Vec<u8>,
+    /// The socket's current receive timeout.
+    timeout: Duration,
 }
 
 /// One live connection.
@@ -253,6 +255,7 @@ impl Conn {
             reader: Mutex::new(Reader {
                 stream: BufReader::with_capacity(READ_BUFFER_BYTES, reader_stream),
                 payload: Vec::new(),
+                timeout: cfg.request_timeout,
             }),
             demux: Mutex::new(Demux::default()),
             changed: Condvar::new(),
@@ -372,25 +375,33 @@ impl Conn {
     /// the connection fails.
     fn read_until_answered(&self, id: u64, deadline: Instant) {
         let mut reader = lock(&self.reader);
-        let Reader { stream, payload } = &mut *reader;
+        let Reader {
+            stream,
+            payload,
+            timeout,
+        } = &mut *reader;
         loop {
             let now = Instant::now();
             if now >= deadline {
                 return;
             }
-            // Bytes already buffered are read without a system call, so the timeout only
-            // matters when the socket must be waited on.
-            if stream.buffer().is_empty() {
-                if let Err(e) = stream.get_ref().set_read_timeout(Some(deadline - now)) {
+            // The socket's receive timeout bounds a blocking read. It is changed only when it is
+            // off by more than a factor of two from the time left (a system call saved on every
+            // ordinary request): a stalled donor is noticed at most half the request timeout
+            // late, and a read that times out early just goes round again.
+            let left = deadline - now;
+            if stream.buffer().is_empty() && (left < *timeout / 2 || left > *timeout * 2) {
+                if let Err(e) = stream.get_ref().set_read_timeout(Some(left)) {
                     self.fail(Failure::Lost(format!(
                         "setting the read timeout failed: {e}"
                     )));
                     return;
                 }
+                *timeout = left;
             }
             let (rid, result) = match read_one(stream, payload) {
                 Ok(frame) => frame,
-                Err(ReadError::TimedOut) => return,
+                Err(ReadError::TimedOut) => continue,
                 Err(ReadError::Failed(failure)) => {
                     self.fail(failure);
                     return;

@@ -48,7 +48,7 @@ pub struct BenchDonorArgs {
     #[arg(long, default_value_t = 20_000, value_name = "N")]
     pub requests: u64,
     /// 64-page batches read on each system in the throughput phase.
-    #[arg(long, default_value_t = 2_000, value_name = "N")]
+    #[arg(long, default_value_t = 5_000, value_name = "N")]
     pub batches: u64,
     /// Pages (4 KiB each) in the working set loaded into each system.
     #[arg(long, default_value_t = 16_384, value_name = "N")]
