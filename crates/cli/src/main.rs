@@ -24,6 +24,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// Lend this machine's spare memory to farmem clients (a memory donor).
     Donor(cmd::donor::DonorArgs),
+    /// Run an unmodified program with a local memory budget, its heap paged to donors.
+    Run(cmd::run::RunArgs),
     /// Simulate prefetchers and eviction policies on a page-access trace (recorded or generated).
     Sim(cmd::sim::SimArgs),
     /// Show a donor's capacity, use, clients, requests per second and service times.
@@ -36,6 +38,7 @@ fn main() -> std::process::ExitCode {
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Donor(args) => cmd::donor::run(args),
+        Command::Run(args) => cmd::run::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Stats(args) => cmd::stats::run(args),
     };

@@ -8,18 +8,18 @@ use std::ffi::{c_int, c_void};
 use libc::{off_t, pthread_attr_t, pthread_t, size_t};
 
 extern "C" {
-    fn fm_malloc(size: size_t) -> *mut c_void;
-    fn fm_free(ptr: *mut c_void);
-    fn fm_calloc(n: size_t, size: size_t) -> *mut c_void;
-    fn fm_realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
-    fn fm_reallocarray(ptr: *mut c_void, n: size_t, size: size_t) -> *mut c_void;
-    fn fm_posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int;
-    fn fm_aligned_alloc(align: size_t, size: size_t) -> *mut c_void;
-    fn fm_memalign(align: size_t, size: size_t) -> *mut c_void;
-    fn fm_valloc(size: size_t) -> *mut c_void;
-    fn fm_pvalloc(size: size_t) -> *mut c_void;
-    fn fm_malloc_usable_size(ptr: *mut c_void) -> size_t;
-    fn fm_mmap(
+    fn fmp_malloc(size: size_t) -> *mut c_void;
+    fn fmp_free(ptr: *mut c_void);
+    fn fmp_calloc(n: size_t, size: size_t) -> *mut c_void;
+    fn fmp_realloc(ptr: *mut c_void, size: size_t) -> *mut c_void;
+    fn fmp_reallocarray(ptr: *mut c_void, n: size_t, size: size_t) -> *mut c_void;
+    fn fmp_posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int;
+    fn fmp_aligned_alloc(align: size_t, size: size_t) -> *mut c_void;
+    fn fmp_memalign(align: size_t, size: size_t) -> *mut c_void;
+    fn fmp_valloc(size: size_t) -> *mut c_void;
+    fn fmp_pvalloc(size: size_t) -> *mut c_void;
+    fn fmp_malloc_usable_size(ptr: *mut c_void) -> size_t;
+    fn fmp_mmap(
         addr: *mut c_void,
         len: size_t,
         prot: c_int,
@@ -27,16 +27,16 @@ extern "C" {
         fd: c_int,
         off: off_t,
     ) -> *mut c_void;
-    fn fm_munmap(addr: *mut c_void, len: size_t) -> c_int;
-    fn fm_mremap(
+    fn fmp_munmap(addr: *mut c_void, len: size_t) -> c_int;
+    fn fmp_mremap(
         old: *mut c_void,
         old_len: size_t,
         new_len: size_t,
         flags: c_int,
         new_addr: *mut c_void,
     ) -> *mut c_void;
-    fn fm_madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int;
-    fn fm_pthread_create(
+    fn fmp_madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int;
+    fn fmp_pthread_create(
         t: *mut pthread_t,
         attr: *const pthread_attr_t,
         start: extern "C" fn(*mut c_void) -> *mut c_void,
@@ -52,35 +52,35 @@ extern "C" {
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_malloc(size) }
+    unsafe { fmp_malloc(size) }
 }
 
 /// free(3); preserves errno.
 #[no_mangle]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // SAFETY: see the module comment above.
-    unsafe { fm_free(ptr) }
+    unsafe { fmp_free(ptr) }
 }
 
 /// calloc(3).
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_calloc(n, size) }
+    unsafe { fmp_calloc(n, size) }
 }
 
 /// realloc(3), with glibc's `realloc(p, 0)` = free.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_realloc(ptr, size) }
+    unsafe { fmp_realloc(ptr, size) }
 }
 
 /// reallocarray(3).
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_reallocarray(ptr, n, size) }
+    unsafe { fmp_reallocarray(ptr, n, size) }
 }
 
 /// posix_memalign(3).
@@ -91,42 +91,42 @@ pub unsafe extern "C" fn posix_memalign(
     size: size_t,
 ) -> c_int {
     // SAFETY: see the module comment above.
-    unsafe { fm_posix_memalign(out, align, size) }
+    unsafe { fmp_posix_memalign(out, align, size) }
 }
 
 /// aligned_alloc(3).
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_aligned_alloc(align, size) }
+    unsafe { fmp_aligned_alloc(align, size) }
 }
 
 /// memalign(3).
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_memalign(align, size) }
+    unsafe { fmp_memalign(align, size) }
 }
 
 /// valloc(3).
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_valloc(size) }
+    unsafe { fmp_valloc(size) }
 }
 
 /// pvalloc(3).
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_pvalloc(size) }
+    unsafe { fmp_pvalloc(size) }
 }
 
 /// malloc_usable_size(3).
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> size_t {
     // SAFETY: see the module comment above.
-    unsafe { fm_malloc_usable_size(ptr) }
+    unsafe { fmp_malloc_usable_size(ptr) }
 }
 
 /// mmap(2): private anonymous writable mappings at or above the threshold become regions.
@@ -140,7 +140,7 @@ pub unsafe extern "C" fn mmap(
     off: off_t,
 ) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_mmap(addr, len, prot, flags, fd, off) }
+    unsafe { fmp_mmap(addr, len, prot, flags, fd, off) }
 }
 
 /// mmap64: the same function on 64-bit Linux (what `_FILE_OFFSET_BITS=64` builds call).
@@ -154,14 +154,14 @@ pub unsafe extern "C" fn mmap64(
     off: off_t,
 ) -> *mut c_void {
     // SAFETY: see the module comment above.
-    unsafe { fm_mmap(addr, len, prot, flags, fd, off) }
+    unsafe { fmp_mmap(addr, len, prot, flags, fd, off) }
 }
 
 /// munmap(2), forwarded (the runtime learns of it through userfaultfd events).
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     // SAFETY: see the module comment above.
-    unsafe { fm_munmap(addr, len) }
+    unsafe { fmp_munmap(addr, len) }
 }
 
 /// mremap(2), forwarded. C declares it variadic (`new_address` only with MREMAP_FIXED); on
@@ -177,14 +177,14 @@ pub unsafe extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     // SAFETY: see the module comment above and the ABI note in this function's docs.
-    unsafe { fm_mremap(old, old_len, new_len, flags, new_addr) }
+    unsafe { fmp_mremap(old, old_len, new_len, flags, new_addr) }
 }
 
 /// madvise(2), forwarded (MADV_FREE becomes MADV_DONTNEED while regions are active).
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     // SAFETY: see the module comment above.
-    unsafe { fm_madvise(addr, len, advice) }
+    unsafe { fmp_madvise(addr, len, advice) }
 }
 
 /// pthread_create(3): glibc's, called so that the new thread's DTV comes from glibc.
@@ -196,5 +196,5 @@ pub unsafe extern "C" fn pthread_create(
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: see the module comment above.
-    unsafe { fm_pthread_create(t, attr, start, arg) }
+    unsafe { fmp_pthread_create(t, attr, start, arg) }
 }

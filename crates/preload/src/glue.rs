@@ -1,22 +1,203 @@
-//! The link between the library and the farmem runtime: start-up, region registration,
-//! fork handlers and the stats file.
+//! The link between the library and the farmem runtime: start-up, region registration, fork
+//! handlers and the stats file.
 //!
-//! Phase A (no runtime yet): regions are plain memory and registration always succeeds.
+//! Every function here runs as farmem code (see [`crate::internal`]): what it allocates comes
+//! from glibc, never from region memory.
 
 use std::ffi::c_int;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use farmem_runtime::{Runtime, RuntimeConfig};
 
 use crate::config::Config;
 
-/// Starts the runtime described by `cfg`. Runs in the constructor, on a thread that
-/// allocates from glibc.
-pub(crate) fn start(_cfg: &Config) -> Result<(), String> {
+static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
+/// Set in a forked child: it never writes the parent's stats file.
+static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
+static REGISTER_WARNINGS: AtomicU64 = AtomicU64::new(0);
+
+/// Starts the runtime described by `cfg` (nothing in allocator-only mode). Runs in the
+/// constructor, as farmem code.
+pub(crate) fn start(cfg: &Config) -> Result<(), String> {
+    if cfg.allocator_only {
+        return Ok(());
+    }
+    let token = match &cfg.token_file {
+        Some(f) => Some(
+            std::fs::read(f).map_err(|e| format!("reading the token file {}: {e}", f.display()))?,
+        ),
+        None => None,
+    };
+    let mut rc = RuntimeConfig {
+        budget_bytes: cfg.budget_bytes,
+        donors: cfg.donors.clone(),
+        token,
+        thread_hook: Some(Arc::new(crate::mark_runtime_thread)),
+        farmem_bin: cfg.farmem_bin.clone(),
+        record_trace: cfg.record_trace.clone(),
+        ..Default::default()
+    };
+    if let Some(e) = &cfg.evict {
+        rc.evict = e.clone();
+    }
+    if let Some(p) = &cfg.prefetch {
+        rc.prefetch = p.clone();
+    }
+    let rt = Runtime::start(rc).map_err(|e| error_chain("starting the farmem runtime", &e))?;
+    let _ = RUNTIME.set(rt);
     Ok(())
 }
 
-/// Called once the heap is ready: fork handlers, the stats writer.
-pub(crate) fn after_heap_ready(_cfg: &Config) {}
+fn error_chain(what: &str, e: &dyn std::error::Error) -> String {
+    let mut s = format!("{what}: {e}");
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(&format!(": {x}"));
+        src = x.source();
+    }
+    s
+}
 
 /// Makes `[addr, addr + len)` a region. Returns 0 or an errno.
-pub(crate) fn register(_addr: *mut u8, _len: usize, _is_heap: bool) -> c_int {
-    0
+pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
+    let Some(rt) = RUNTIME.get() else {
+        return 0; // allocator-only mode: plain memory
+    };
+    if IN_FORK_CHILD.load(Ordering::Relaxed) {
+        return 0; // a forked child has no runtime: its memory is plain memory
+    }
+    match rt.register(addr, len) {
+        Ok(()) => 0,
+        Err(e) => {
+            if REGISTER_WARNINGS.fetch_add(1, Ordering::Relaxed) < 5 {
+                eprintln!(
+                    "farmem: warning: {}",
+                    error_chain(
+                        &format!(
+                            "could not make {} at {addr:p} (+{len} bytes) a region",
+                            if is_heap { "a heap chunk" } else { "a mapping" }
+                        ),
+                        &e
+                    )
+                );
+            }
+            libc::ENOMEM
+        }
+    }
+}
+
+extern "C" fn fork_prepare() {
+    if let Some(rt) = RUNTIME.get() {
+        crate::internal(|| rt.before_fork());
+    }
+}
+
+extern "C" fn fork_parent() {
+    if let Some(rt) = RUNTIME.get() {
+        crate::internal(|| rt.after_fork_parent());
+    }
+}
+
+extern "C" fn fork_child() {
+    IN_FORK_CHILD.store(true, Ordering::SeqCst);
+    // SAFETY: a plain store in the shim; the child's mappings are ordinary memory.
+    unsafe { crate::shim::fmp_set_regions_active(0) };
+    if let Some(rt) = RUNTIME.get() {
+        crate::internal(|| rt.after_fork_child());
+    }
+}
+
+extern "C" fn at_exit() {
+    if IN_FORK_CHILD.load(Ordering::SeqCst) {
+        return;
+    }
+    crate::internal(|| {
+        if let Some(cfg) = crate::active_config() {
+            if let Some(path) = &cfg.stats_file {
+                let _ = write_stats(path, true);
+            }
+        }
+    });
+}
+
+/// The stats document: `{"pid", "final", "summary": {…}, "preload": {…}, "runtime": {…}}`.
+/// `summary` holds the figures of `farmem run`'s summary line under stable names.
+pub(crate) fn stats_json(final_: bool) -> serde_json::Value {
+    let rt = RUNTIME.get().map(|rt| rt.stats());
+    let summary = rt.as_ref().map(summary_of);
+    serde_json::json!({
+        "pid": std::process::id(),
+        "final": final_,
+        "summary": summary,
+        "preload": crate::shim_counters(),
+        "runtime": rt.map(|s| serde_json::to_value(s).unwrap_or_default()),
+    })
+}
+
+/// The summary figures, from the runtime's counters.
+fn summary_of(s: &farmem_runtime::Stats) -> serde_json::Value {
+    let page = farmem_runtime::PAGE_SIZE as u64;
+    serde_json::json!({
+        "faults": s.faults_zero + s.faults_pool_hit + s.faults_remote,
+        "faults_remote": s.faults_remote,
+        "faults_write_protect": s.faults_write_protect,
+        "remote_bytes_in": s.bytes_received,
+        "remote_bytes_out": s.bytes_sent,
+        // The runtime has no prefetcher wired yet: accuracy and coverage are undefined.
+        "prefetch_accuracy": serde_json::Value::Null,
+        "prefetch_coverage": serde_json::Value::Null,
+        "peak_resident_bytes": s.peak_resident_pages * page,
+        "budget_bytes": s.budget_pages * page,
+        "fetch_errors": s.fetch_errors,
+        "send_errors": s.send_errors,
+        "last_error": s.last_error,
+    })
+}
+
+/// Writes the stats file atomically (temporary file + rename).
+fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        serde_json::to_writer(&mut f, &stats_json(final_))?;
+        f.write_all(b"\n")?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Called once the heap is ready: fork handlers, the stats writer, the exit hook.
+pub(crate) fn after_heap_ready(cfg: &Config) {
+    // SAFETY: registers three handlers that stay valid for the life of the process (static
+    // functions of this library, which is never unloaded: it is preloaded).
+    let r =
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    if r != 0 {
+        crate::fatal("pthread_atfork failed: cannot keep a forked child's memory correct");
+    }
+    if let Some(path) = cfg.stats_file.clone() {
+        let _ = write_stats(&path, false);
+        let spawned = std::thread::Builder::new()
+            .name("farmem-stats".into())
+            .spawn(move || {
+                crate::mark_runtime_thread();
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                    if IN_FORK_CHILD.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let _ = write_stats(&path, false);
+                }
+            });
+        if let Err(e) = spawned {
+            crate::fatal(&format!("starting the stats writer thread: {e}"));
+        }
+        // SAFETY: registers a static function of this never-unloaded library.
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            crate::fatal("atexit failed: the final statistics could not be written");
+        }
+    }
 }

@@ -45,7 +45,7 @@ use libmimalloc_sys as _;
 /// Exit status of a program whose farmem start-up failed inside the library.
 pub const EXIT_PRELOAD_FAILED: c_int = 125;
 
-/// Counters the shim keeps (mirrors `struct fm_counters` in shim.c).
+/// Counters the shim keeps (mirrors `struct fmp_counters` in shim.c).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct ShimCounters {
@@ -66,19 +66,19 @@ pub(crate) mod shim {
     use std::ffi::{c_int, c_void};
 
     extern "C" {
-        pub fn fm_internal_enter();
-        pub fn fm_internal_leave();
-        pub fn fm_mark_runtime_thread();
-        pub fn fm_uses_glibc() -> c_int;
-        pub fn fm_heap_init(reserve_bytes: usize, first_chunk_bytes: usize) -> c_int;
-        pub fn fm_heap_set_ready();
-        pub fn fm_set_mmap_threshold(bytes: usize);
-        pub fn fm_set_regions_active(on: c_int);
-        pub fn fm_heap_bounds(lo: *mut usize, span: *mut usize);
-        pub fn fm_counters(out: *mut super::ShimCounters);
-        pub fn fm_resolve_symbols();
-        pub fn fm_malloc(size: usize) -> *mut c_void;
-        pub fn fm_free(ptr: *mut c_void);
+        pub fn fmp_internal_enter();
+        pub fn fmp_internal_leave();
+        pub fn fmp_mark_runtime_thread();
+        pub fn fmp_uses_glibc() -> c_int;
+        pub fn fmp_heap_init(reserve_bytes: usize, first_chunk_bytes: usize) -> c_int;
+        pub fn fmp_heap_set_ready();
+        pub fn fmp_set_mmap_threshold(bytes: usize);
+        pub fn fmp_set_regions_active(on: c_int);
+        pub fn fmp_heap_bounds(lo: *mut usize, span: *mut usize);
+        pub fn fmp_counters(out: *mut super::ShimCounters);
+        pub fn fmp_resolve_symbols();
+        pub fn fmp_malloc(size: usize) -> *mut c_void;
+        pub fn fmp_free(ptr: *mut c_void);
     }
 }
 
@@ -87,13 +87,13 @@ pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {
-            // SAFETY: fm_internal_leave only decrements this thread's initial-exec counter,
+            // SAFETY: fmp_internal_leave only decrements this thread's initial-exec counter,
             // balanced with the enter below.
-            unsafe { shim::fm_internal_leave() }
+            unsafe { shim::fmp_internal_leave() }
         }
     }
-    // SAFETY: fm_internal_enter only increments this thread's initial-exec counter.
-    unsafe { shim::fm_internal_enter() };
+    // SAFETY: fmp_internal_enter only increments this thread's initial-exec counter.
+    unsafe { shim::fmp_internal_enter() };
     let _leave = Leave;
     f()
 }
@@ -101,14 +101,14 @@ pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
 /// Marks the calling thread as a runtime thread for good: it allocates from glibc only.
 pub fn mark_runtime_thread() {
     // SAFETY: sets this thread's initial-exec flag; no other effect.
-    unsafe { shim::fm_mark_runtime_thread() }
+    unsafe { shim::fmp_mark_runtime_thread() }
 }
 
 /// The shim's counters.
 pub fn shim_counters() -> ShimCounters {
     let mut c = ShimCounters::default();
-    // SAFETY: `c` is a valid, writable repr(C) struct matching `struct fm_counters`.
-    unsafe { shim::fm_counters(&mut c) };
+    // SAFETY: `c` is a valid, writable repr(C) struct matching `struct fmp_counters`.
+    unsafe { shim::fmp_counters(&mut c) };
     c
 }
 
@@ -116,7 +116,7 @@ pub fn shim_counters() -> ShimCounters {
 pub fn heap_bounds() -> (usize, usize) {
     let (mut lo, mut span) = (0usize, 0usize);
     // SAFETY: both pointers are valid and writable; the shim only stores two words.
-    unsafe { shim::fm_heap_bounds(&mut lo, &mut span) };
+    unsafe { shim::fmp_heap_bounds(&mut lo, &mut span) };
     (lo, span)
 }
 
@@ -154,11 +154,22 @@ fn take_config() -> Result<Option<Config>, config::ConfigError> {
     parsed
 }
 
+/// Runtime logs go to the program's stderr; `FARMEM_LOG` sets the filter (default `warn`).
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("FARMEM_LOG").unwrap_or_else(|_| "warn".to_string());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
 /// The constructor: runs before the program's own constructors and `main`.
 extern "C" fn init() {
     internal(|| {
         // SAFETY: resolves glibc symbols with dlsym while this thread allocates from glibc.
-        unsafe { shim::fm_resolve_symbols() };
+        unsafe { shim::fmp_resolve_symbols() };
         let cfg = match take_config() {
             Ok(Some(cfg)) => cfg,
             Ok(None) => {
@@ -171,6 +182,7 @@ extern "C" fn init() {
             Err(e) => fatal(&e.to_string()),
         };
         let cfg = CONFIG.get_or_init(|| cfg);
+        init_logging();
         if let Err(e) = glue::start(cfg) {
             fatal(&e);
         }
@@ -178,7 +190,7 @@ extern "C" fn init() {
         // SAFETY: called once, from the constructor, before the heap is marked ready; the
         // shim reserves a fresh span and registers its first chunk through glue::register.
         let err =
-            unsafe { shim::fm_heap_init(cfg.heap_reserve_bytes as usize, first_chunk as usize) };
+            unsafe { shim::fmp_heap_init(cfg.heap_reserve_bytes as usize, first_chunk as usize) };
         if err != 0 {
             fatal(&format!(
                 "could not set up the program's heap ({}); lower FARMEM_RUN_HEAP_RESERVE_BYTES \
@@ -188,9 +200,9 @@ extern "C" fn init() {
         }
         // SAFETY: plain stores of configuration words in the shim.
         unsafe {
-            shim::fm_set_mmap_threshold(cfg.mmap_threshold_bytes as usize);
-            shim::fm_set_regions_active(1);
-            shim::fm_heap_set_ready();
+            shim::fmp_set_mmap_threshold(cfg.mmap_threshold_bytes as usize);
+            shim::fmp_set_regions_active(1);
+            shim::fmp_heap_set_ready();
         }
         glue::after_heap_ready(cfg);
     });
@@ -224,16 +236,16 @@ mod tests {
         internal(|| {
             internal(|| {
                 // SAFETY: reads this thread's flags only.
-                assert_eq!(unsafe { shim::fm_uses_glibc() }, 1);
+                assert_eq!(unsafe { shim::fmp_uses_glibc() }, 1);
             });
         });
         let (lo, span) = heap_bounds();
         assert_eq!((lo, span), (0, 0));
-        // SAFETY: fm_malloc/fm_free pair on a fresh pointer; glibc serves both here.
+        // SAFETY: fmp_malloc/fmp_free pair on a fresh pointer; glibc serves both here.
         unsafe {
-            let p = shim::fm_malloc(100);
+            let p = shim::fmp_malloc(100);
             assert!(!p.is_null());
-            shim::fm_free(p);
+            shim::fmp_free(p);
         }
     }
 }

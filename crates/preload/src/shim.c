@@ -53,8 +53,8 @@ extern int farmem_preload_register_region(void *addr, size_t len, int is_heap);
 #define FM_MAX_CHUNK (4UL << 30)
 
 /* ---- per-thread routing state (initial-exec TLS: never calls malloc) ---- */
-static FM_TLS unsigned fm_internal_depth;
-static FM_TLS unsigned char fm_runtime_thread;
+static FM_TLS unsigned fmp_internal_depth;
+static FM_TLS unsigned char fmp_runtime_thread;
 
 /* ---- heap span ---- */
 static uintptr_t heap_lo;      /* reserved span, fixed once heap_ready is set */
@@ -81,25 +81,25 @@ typedef int (*pthread_create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(
 static _Atomic(usable_fn) real_usable;
 static _Atomic(pthread_create_fn) real_pthread_create;
 
-FM_HIDDEN void fm_internal_enter(void) { fm_internal_depth++; }
-FM_HIDDEN void fm_internal_leave(void) { fm_internal_depth--; }
-FM_HIDDEN void fm_mark_runtime_thread(void) { fm_runtime_thread = 1; }
-FM_HIDDEN int fm_uses_glibc(void) {
-    return !atomic_load_explicit(&heap_ready, memory_order_acquire) || fm_internal_depth ||
-           fm_runtime_thread;
+FM_HIDDEN void fmp_internal_enter(void) { fmp_internal_depth++; }
+FM_HIDDEN void fmp_internal_leave(void) { fmp_internal_depth--; }
+FM_HIDDEN void fmp_mark_runtime_thread(void) { fmp_runtime_thread = 1; }
+FM_HIDDEN int fmp_uses_glibc(void) {
+    return !atomic_load_explicit(&heap_ready, memory_order_acquire) || fmp_internal_depth ||
+           fmp_runtime_thread;
 }
 
 static inline int use_glibc(void) {
     return unlikely(!atomic_load_explicit(&heap_ready, memory_order_relaxed) ||
-                    fm_internal_depth != 0 || fm_runtime_thread != 0);
+                    fmp_internal_depth != 0 || fmp_runtime_thread != 0);
 }
 
 static inline int in_heap(const void *p) { return (uintptr_t)p - heap_lo < heap_span; }
 
 static void *resolve(const char *name) {
-    fm_internal_depth++;
+    fmp_internal_depth++;
     void *f = dlsym(RTLD_NEXT, name);
-    fm_internal_depth--;
+    fmp_internal_depth--;
     return f;
 }
 
@@ -129,12 +129,12 @@ static int grow_locked(size_t need) {
     }
     void *chunk = (void *)heap_end;
     if (syscall(SYS_mprotect, chunk, len, PROT_READ | PROT_WRITE) != 0) return errno;
-    fm_internal_depth++;
+    fmp_internal_depth++;
     int err = farmem_preload_register_region(chunk, len, 1);
     if (err == 0 &&
         !mi_manage_os_memory(chunk, len, /*committed*/ true, /*large*/ false, /*zero*/ true, -1))
         err = ENOMEM;
-    fm_internal_depth--;
+    fmp_internal_depth--;
     if (err != 0) {
         syscall(SYS_mprotect, chunk, len, PROT_NONE);
         return err;
@@ -159,7 +159,7 @@ static uintptr_t heap_end_snapshot(void) { return __atomic_load_n(&heap_end, __A
 
 /* Reserves the span (PROT_NONE, MAP_NORESERVE, no huge pages) and hands mimalloc its first
  * chunk. Called once, from the library constructor, before heap_ready. Returns 0 or errno. */
-FM_HIDDEN int fm_heap_init(size_t reserve_bytes, size_t first_chunk_bytes) {
+FM_HIDDEN int fmp_heap_init(size_t reserve_bytes, size_t first_chunk_bytes) {
     reserve_bytes = round_up(reserve_bytes, FM_HEAP_ALIGN);
     first_chunk_bytes = round_up(first_chunk_bytes < FM_MIN_CHUNK ? FM_MIN_CHUNK : first_chunk_bytes,
                                  FM_HEAP_ALIGN);
@@ -188,16 +188,16 @@ FM_HIDDEN int fm_heap_init(size_t reserve_bytes, size_t first_chunk_bytes) {
     return err;
 }
 
-FM_HIDDEN void fm_heap_set_ready(void) { atomic_store_explicit(&heap_ready, 1, memory_order_release); }
-FM_HIDDEN void fm_set_mmap_threshold(size_t bytes) { atomic_store(&mmap_threshold, bytes); }
-FM_HIDDEN void fm_set_regions_active(int on) { atomic_store(&regions_active, on); }
+FM_HIDDEN void fmp_heap_set_ready(void) { atomic_store_explicit(&heap_ready, 1, memory_order_release); }
+FM_HIDDEN void fmp_set_mmap_threshold(size_t bytes) { atomic_store(&mmap_threshold, bytes); }
+FM_HIDDEN void fmp_set_regions_active(int on) { atomic_store(&regions_active, on); }
 
-FM_HIDDEN void fm_heap_bounds(uintptr_t *lo, uintptr_t *span) {
+FM_HIDDEN void fmp_heap_bounds(uintptr_t *lo, uintptr_t *span) {
     *lo = heap_lo;
     *span = heap_span;
 }
 
-struct fm_counters {
+struct fmp_counters {
     uint64_t heap_bytes;
     uint64_t mmap_regions;
     uint64_t mmap_region_bytes;
@@ -205,7 +205,7 @@ struct fm_counters {
     uint64_t madv_free_converted;
 };
 
-FM_HIDDEN void fm_counters(struct fm_counters *out) {
+FM_HIDDEN void fmp_counters(struct fmp_counters *out) {
     out->heap_bytes = atomic_load(&ctr_heap_bytes);
     out->mmap_regions = atomic_load(&ctr_mmap_regions);
     out->mmap_region_bytes = atomic_load(&ctr_mmap_region_bytes);
@@ -216,7 +216,7 @@ FM_HIDDEN void fm_counters(struct fm_counters *out) {
 /* ------------------------------------------------------------------------------------- */
 /* malloc family                                                                          */
 
-FM_HIDDEN void *fm_malloc(size_t size) {
+FM_HIDDEN void *fmp_malloc(size_t size) {
     if (use_glibc()) return __libc_malloc(size);
     for (int attempt = 0;; attempt++) {
         uintptr_t seen = heap_end_snapshot();
@@ -228,7 +228,7 @@ FM_HIDDEN void *fm_malloc(size_t size) {
     }
 }
 
-FM_HIDDEN void fm_free(void *ptr) {
+FM_HIDDEN void fmp_free(void *ptr) {
     if (ptr == NULL) return;
     int saved = errno;
     if (in_heap(ptr))
@@ -238,7 +238,7 @@ FM_HIDDEN void fm_free(void *ptr) {
     errno = saved;
 }
 
-FM_HIDDEN void *fm_calloc(size_t n, size_t size) {
+FM_HIDDEN void *fmp_calloc(size_t n, size_t size) {
     size_t total;
     if (__builtin_mul_overflow(n, size, &total)) {
         errno = ENOMEM;
@@ -255,10 +255,10 @@ FM_HIDDEN void *fm_calloc(size_t n, size_t size) {
     }
 }
 
-FM_HIDDEN void *fm_realloc(void *ptr, size_t size) {
-    if (ptr == NULL) return fm_malloc(size);
+FM_HIDDEN void *fmp_realloc(void *ptr, size_t size) {
+    if (ptr == NULL) return fmp_malloc(size);
     if (size == 0) { /* glibc semantics: realloc(p, 0) frees p and returns NULL */
-        fm_free(ptr);
+        fmp_free(ptr);
         return NULL;
     }
     if (!in_heap(ptr)) return __libc_realloc(ptr, size);
@@ -272,13 +272,13 @@ FM_HIDDEN void *fm_realloc(void *ptr, size_t size) {
     }
 }
 
-FM_HIDDEN void *fm_reallocarray(void *ptr, size_t n, size_t size) {
+FM_HIDDEN void *fmp_reallocarray(void *ptr, size_t n, size_t size) {
     size_t total;
     if (__builtin_mul_overflow(n, size, &total)) {
         errno = ENOMEM;
         return NULL;
     }
-    return fm_realloc(ptr, total);
+    return fmp_realloc(ptr, total);
 }
 
 static int is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -300,7 +300,7 @@ static void *aligned(size_t align, size_t size) {
     }
 }
 
-FM_HIDDEN int fm_posix_memalign(void **out, size_t align, size_t size) {
+FM_HIDDEN int fmp_posix_memalign(void **out, size_t align, size_t size) {
     if (!is_pow2(align) || align % sizeof(void *) != 0) return EINVAL;
     int saved = errno;
     void *p = aligned(align, size);
@@ -310,7 +310,7 @@ FM_HIDDEN int fm_posix_memalign(void **out, size_t align, size_t size) {
     return err;
 }
 
-FM_HIDDEN void *fm_aligned_alloc(size_t align, size_t size) {
+FM_HIDDEN void *fmp_aligned_alloc(size_t align, size_t size) {
     if (!is_pow2(align)) {
         errno = EINVAL;
         return NULL;
@@ -318,8 +318,8 @@ FM_HIDDEN void *fm_aligned_alloc(size_t align, size_t size) {
     return aligned(align, size);
 }
 
-FM_HIDDEN void *fm_memalign(size_t align, size_t size) {
-    if (align <= 16) return fm_malloc(size);
+FM_HIDDEN void *fmp_memalign(size_t align, size_t size) {
+    if (align <= 16) return fmp_malloc(size);
     if (!is_pow2(align)) { /* glibc rounds a bad alignment up to the next power of two */
         if (align > (SIZE_MAX >> 1) + 1) {
             errno = EINVAL;
@@ -332,9 +332,9 @@ FM_HIDDEN void *fm_memalign(size_t align, size_t size) {
     return aligned(align, size);
 }
 
-FM_HIDDEN void *fm_valloc(size_t size) { return aligned(FM_PAGE, size); }
+FM_HIDDEN void *fmp_valloc(size_t size) { return aligned(FM_PAGE, size); }
 
-FM_HIDDEN void *fm_pvalloc(size_t size) {
+FM_HIDDEN void *fmp_pvalloc(size_t size) {
     size_t rounded;
     if (__builtin_add_overflow(size, FM_PAGE - 1, &rounded)) {
         errno = ENOMEM;
@@ -344,7 +344,7 @@ FM_HIDDEN void *fm_pvalloc(size_t size) {
     return aligned(FM_PAGE, rounded ? rounded : FM_PAGE);
 }
 
-FM_HIDDEN size_t fm_malloc_usable_size(void *ptr) {
+FM_HIDDEN size_t fmp_malloc_usable_size(void *ptr) {
     if (ptr == NULL) return 0;
     if (in_heap(ptr)) return mi_usable_size(ptr);
     return glibc_usable_size(ptr);
@@ -355,7 +355,7 @@ FM_HIDDEN size_t fm_malloc_usable_size(void *ptr) {
 
 static int wants_region(void *got, size_t len, int prot, int flags, int fd) {
     if (!atomic_load_explicit(&regions_active, memory_order_acquire)) return 0;
-    if (fm_internal_depth || fm_runtime_thread) return 0;
+    if (fmp_internal_depth || fmp_runtime_thread) return 0;
     if (len < atomic_load_explicit(&mmap_threshold, memory_order_relaxed)) return 0;
     if ((flags & MAP_TYPE) != MAP_PRIVATE || !(flags & MAP_ANONYMOUS) || fd != -1) return 0;
     if (flags & (MAP_STACK | MAP_GROWSDOWN | MAP_HUGETLB)) return 0;
@@ -365,14 +365,14 @@ static int wants_region(void *got, size_t len, int prot, int flags, int fd) {
     return 1;
 }
 
-FM_HIDDEN void *fm_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+FM_HIDDEN void *fmp_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
     void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
     if (p == MAP_FAILED || !wants_region(p, len, prot, flags, fd)) return p;
     int saved = errno;
     syscall(SYS_madvise, p, len, MADV_NOHUGEPAGE);
-    fm_internal_depth++;
+    fmp_internal_depth++;
     int err = farmem_preload_register_region(p, len, 0);
-    fm_internal_depth--;
+    fmp_internal_depth--;
     if (err == 0) {
         atomic_fetch_add(&ctr_mmap_regions, 1);
         atomic_fetch_add(&ctr_mmap_region_bytes, len);
@@ -384,13 +384,13 @@ FM_HIDDEN void *fm_mmap(void *addr, size_t len, int prot, int flags, int fd, off
     return p;
 }
 
-FM_HIDDEN int fm_munmap(void *addr, size_t len) { return (int)syscall(SYS_munmap, addr, len); }
+FM_HIDDEN int fmp_munmap(void *addr, size_t len) { return (int)syscall(SYS_munmap, addr, len); }
 
-FM_HIDDEN void *fm_mremap(void *old, size_t old_len, size_t new_len, int flags, void *new_addr) {
+FM_HIDDEN void *fmp_mremap(void *old, size_t old_len, size_t new_len, int flags, void *new_addr) {
     return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
 }
 
-FM_HIDDEN int fm_madvise(void *addr, size_t len, int advice) {
+FM_HIDDEN int fmp_madvise(void *addr, size_t len, int advice) {
     /* MADV_FREE lets the kernel drop a page later without telling userfaultfd; on a region
      * that would leave the runtime believing the page is resident. MADV_DONTNEED is an
      * allowed implementation of MADV_FREE (the page may read back as zeros) and raises the
@@ -406,16 +406,16 @@ FM_HIDDEN int fm_madvise(void *addr, size_t len, int advice) {
     return (int)syscall(SYS_madvise, addr, len, advice);
 }
 
-struct fm_thread_start {
+struct fmp_thread_start {
     void *(*start)(void *);
     void *arg;
 };
 
 /* Start of a thread created by farmem code: it is a runtime thread from its first
  * instruction, before the thread library or Rust's std allocate anything on it. */
-static void *fm_runtime_thread_start(void *v) {
-    struct fm_thread_start s = *(struct fm_thread_start *)v;
-    fm_runtime_thread = 1;
+static void *fmp_runtime_thread_start(void *v) {
+    struct fmp_thread_start s = *(struct fmp_thread_start *)v;
+    fmp_runtime_thread = 1;
     __libc_free(v);
     return s.start(s.arg);
 }
@@ -425,7 +425,7 @@ static void *fm_runtime_thread_start(void *v) {
  * must not fault, so every thread's DTV comes from glibc. A thread created by farmem code
  * (a runtime thread, or a program thread inside farmem code) is marked a runtime thread
  * before it runs anything. */
-FM_HIDDEN int fm_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*start)(void *),
+FM_HIDDEN int fmp_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*start)(void *),
                                 void *arg) {
     pthread_create_fn f = atomic_load_explicit(&real_pthread_create, memory_order_acquire);
     if (unlikely(f == NULL)) {
@@ -433,29 +433,29 @@ FM_HIDDEN int fm_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *
         if (f == NULL) return EAGAIN;
         atomic_store_explicit(&real_pthread_create, f, memory_order_release);
     }
-    int from_farmem = fm_internal_depth != 0 || fm_runtime_thread != 0;
-    fm_internal_depth++;
+    int from_farmem = fmp_internal_depth != 0 || fmp_runtime_thread != 0;
+    fmp_internal_depth++;
     int r;
     if (from_farmem) {
-        struct fm_thread_start *s = __libc_malloc(sizeof *s);
+        struct fmp_thread_start *s = __libc_malloc(sizeof *s);
         if (s == NULL) {
-            fm_internal_depth--;
+            fmp_internal_depth--;
             return EAGAIN;
         }
         s->start = start;
         s->arg = arg;
-        r = f(t, attr, fm_runtime_thread_start, s);
+        r = f(t, attr, fmp_runtime_thread_start, s);
         if (r != 0) __libc_free(s);
     } else {
         r = f(t, attr, start, arg);
     }
-    fm_internal_depth--;
+    fmp_internal_depth--;
     return r;
 }
 
 /* Resolves the glibc symbols we forward to, from the constructor (before any thread of the
  * program can race on them). */
-FM_HIDDEN void fm_resolve_symbols(void) {
+FM_HIDDEN void fmp_resolve_symbols(void) {
     if (!atomic_load(&real_usable))
         atomic_store(&real_usable, (usable_fn)resolve("malloc_usable_size"));
     if (!atomic_load(&real_pthread_create))

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod bench_compare;
 pub mod bench_donor;
 pub mod donor;
+pub mod run;
 pub mod sim;
 pub mod stats;
 pub mod units;

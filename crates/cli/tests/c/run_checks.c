@@ -1,8 +1,8 @@
 /*
  * The C test program of `farmem run` (crates/cli/tests/run_c_program.rs).
  *
- * Usage: run_checks DATA_MIB
- * DATA_MIB is the size of the working set each check uses; run it under a budget well below
+ * Usage: run_checks DATA_MIB [CHECK]
+ * Runs every check, or only CHECK (by name). DATA_MIB is the size of the working set each check uses; run it under a budget well below
  * it so pages are evicted between writing and checking. Prints "ok NAME" per check and exits
  * 0, or prints "FAIL NAME: why" and exits 1.
  */
@@ -254,9 +254,14 @@ static void check_calloc(void) {
     printf("ok %s\n", n);
 }
 
+struct check {
+    const char *name;
+    void (*run)(void);
+};
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s DATA_MIB\n", argv[0]);
+    if (argc < 2 || argc > 3) {
+        fprintf(stderr, "usage: %s DATA_MIB [CHECK]\n", argv[0]);
         return 2;
     }
     data_bytes = (size_t)strtoul(argv[1], NULL, 10) << 20;
@@ -264,13 +269,23 @@ int main(int argc, char **argv) {
         fprintf(stderr, "DATA_MIB must be at least 64\n");
         return 2;
     }
-    check_api();
-    check_read_into_evicted();
-    check_threads();
-    check_fork();
-    check_mremap();
-    check_dontneed();
-    check_calloc();
+    static const struct check checks[] = {
+        {"malloc-api", check_api},          {"read-into-evicted", check_read_into_evicted},
+        {"threads", check_threads},         {"fork", check_fork},
+        {"mremap-grow", check_mremap},      {"madv-dontneed", check_dontneed},
+        {"calloc-zero", check_calloc},
+    };
+    int ran = 0;
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
+        if (argc == 3 && strcmp(argv[2], checks[i].name) != 0) continue;
+        checks[i].run();
+        fflush(stdout);
+        ran++;
+    }
+    if (ran == 0) {
+        fprintf(stderr, "no check named %s\n", argv[2]);
+        return 2;
+    }
     printf("all checks passed\n");
     return 0;
 }

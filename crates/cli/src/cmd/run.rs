@@ -1,0 +1,686 @@
+//! `farmem run --local-mem SIZE -- COMMAND [ARGS…]`: runs an unmodified, dynamically linked
+//! program with its heap and large anonymous mappings paged to donors under a local budget.
+//!
+//! # Design
+//!
+//! This command checks everything it can *before* starting the program (the command exists and
+//! is dynamically linked, the budget is above the runtime's minimum, userfaultfd is usable, the
+//! donors answer and accept the token), starts the embedded local donor when no `--donor` is
+//! given (a `farmem donor` child on 127.0.0.1, so the program itself never spawns processes),
+//! then starts the program with `libfarmem_preload.so` in `LD_PRELOAD` and the options in
+//! `FARMEM_RUN_*` variables. The library (crates/preload) starts the runtime inside the program
+//! and rewrites the stats file every second and at exit; this command reads that file after the
+//! program ends to print the summary line. The exit status is the program's (128 + n for a
+//! program killed by signal n).
+//!
+//! # Limitations
+//!
+//! - Programs the child execs are not under farmem (the library removes itself from their
+//!   environment); a script's interpreter is, the programs it starts are not.
+//! - A program killed by a signal leaves the stats of its last one-second snapshot.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use crate::cmd::units::parse_size;
+
+/// Environment variables shared with crates/preload/src/config.rs (the library reads them).
+mod env {
+    pub const BUDGET_BYTES: &str = "FARMEM_RUN_BUDGET_BYTES";
+    pub const DONORS: &str = "FARMEM_RUN_DONORS";
+    pub const TOKEN_FILE: &str = "FARMEM_RUN_TOKEN_FILE";
+    pub const EVICT: &str = "FARMEM_RUN_EVICT";
+    pub const PREFETCH: &str = "FARMEM_RUN_PREFETCH";
+    pub const STATS_FILE: &str = "FARMEM_RUN_STATS_FILE";
+    pub const RECORD_TRACE: &str = "FARMEM_RUN_RECORD_TRACE";
+    pub const MMAP_THRESHOLD_BYTES: &str = "FARMEM_RUN_MMAP_THRESHOLD_BYTES";
+    pub const HEAP_RESERVE_BYTES: &str = "FARMEM_RUN_HEAP_RESERVE_BYTES";
+    pub const ALLOCATOR_ONLY: &str = "FARMEM_RUN_ALLOCATOR_ONLY";
+    pub const FARMEM_BIN: &str = "FARMEM_RUN_BIN";
+    pub const ORIG_LD_PRELOAD: &str = "FARMEM_RUN_ORIG_LD_PRELOAD";
+}
+
+/// Exit status of a program whose start-up failed inside the preload library (it printed why).
+const PRELOAD_FAILED_STATUS: i32 = 125;
+
+/// File name of the preload library.
+pub const PRELOAD_LIB: &str = "libfarmem_preload.so";
+
+/// Arguments of `farmem run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Local memory budget for the program's far-memory regions (e.g. 256MiB, 1GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub local_mem: u64,
+    /// Donor to page to (`host:port`); repeat for several. Default: an embedded local donor.
+    #[arg(long = "donor", value_name = "ADDR")]
+    pub donors: Vec<String>,
+    /// File holding the donors' token.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Prefetcher (see `farmem sim --help` for the names).
+    #[arg(long, value_name = "NAME")]
+    pub prefetch: Option<String>,
+    /// Eviction policy.
+    #[arg(long, value_name = "NAME")]
+    pub evict: Option<String>,
+    /// Write the runtime's counters as JSON to FILE, every second and at exit.
+    #[arg(long, value_name = "FILE")]
+    pub stats: Option<PathBuf>,
+    /// Record the program's page accesses into a trace file (for `farmem sim`).
+    #[arg(long, value_name = "FILE")]
+    pub record_trace: Option<PathBuf>,
+    /// Private anonymous mappings of at least this size become far-memory regions.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
+    pub mmap_threshold: u64,
+    /// Address space reserved for the program's heap (virtual; costs nothing until used).
+    #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = parse_size)]
+    pub heap_reserve: u64,
+    /// Capacity of the embedded local donor (default: 4 GiB plus twice the budget).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub local_donor_capacity: Option<u64>,
+    /// Diagnostics: place the heap and mappings as usual but start no paging runtime.
+    #[arg(long, hide = true)]
+    pub allocator_only: bool,
+    /// Print no summary line at exit.
+    #[arg(long)]
+    pub quiet: bool,
+    /// The program and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Human-readable bytes.
+pub fn fmt_bytes(n: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// finding and checking the program
+
+/// Finds COMMAND like execvp would: a name with a `/` as is, otherwise the first executable
+/// match in PATH.
+pub fn resolve_command(cmd: &OsStr, path_var: Option<&OsStr>) -> anyhow::Result<PathBuf> {
+    let p = Path::new(cmd);
+    let is_exec = |p: &Path| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if cmd.as_encoded_bytes().contains(&b'/') {
+        if !p.exists() {
+            bail!("COMMAND not found: {} does not exist", p.display());
+        }
+        if !is_exec(p) {
+            bail!("COMMAND {} is not an executable file", p.display());
+        }
+        return Ok(p.to_path_buf());
+    }
+    let path_var = path_var.unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+    for dir in std::env::split_paths(path_var) {
+        let cand = dir.join(p);
+        if is_exec(&cand) {
+            return Ok(cand);
+        }
+    }
+    bail!(
+        "COMMAND not found: no executable {:?} in PATH ({})",
+        cmd,
+        path_var.to_string_lossy()
+    )
+}
+
+/// What kind of executable a file is, as far as LD_PRELOAD is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecKind {
+    /// A dynamically linked ELF program for this machine: LD_PRELOAD works.
+    Dynamic,
+    /// A statically linked ELF program (no PT_INTERP): LD_PRELOAD cannot reach it.
+    Static,
+    /// An ELF program for another class or machine than farmem's library.
+    ForeignElf { class64: bool, machine: u16 },
+    /// A `#!` script with its interpreter (and optional argument).
+    Script {
+        interpreter: PathBuf,
+        arg: Option<String>,
+    },
+    /// Neither ELF nor script.
+    Unknown,
+}
+
+const EM_X86_64: u16 = 62;
+const EM_AARCH64: u16 = 183;
+const PT_INTERP: u32 = 3;
+
+fn native_machine() -> u16 {
+    if cfg!(target_arch = "aarch64") {
+        EM_AARCH64
+    } else {
+        EM_X86_64
+    }
+}
+
+/// Classifies an executable from its first bytes and program headers.
+pub fn classify_executable(path: &Path) -> anyhow::Result<ExecKind> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(classify_bytes(&data))
+}
+
+/// [`classify_executable`] on the file's contents.
+pub fn classify_bytes(data: &[u8]) -> ExecKind {
+    if let Some(rest) = data.strip_prefix(b"#!") {
+        let line = rest.split(|&b| b == b'\n').next().unwrap_or(&[]);
+        let line = String::from_utf8_lossy(line);
+        let mut parts = line.trim().splitn(2, [' ', '\t']);
+        let interpreter = PathBuf::from(parts.next().unwrap_or(""));
+        let arg = parts
+            .next()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty());
+        return ExecKind::Script { interpreter, arg };
+    }
+    if data.len() < 64 || &data[..4] != b"\x7fELF" {
+        return ExecKind::Unknown;
+    }
+    let class64 = data[4] == 2;
+    let le = data[5] == 1;
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]);
+    let machine = if le { u16_at(18) } else { 0 };
+    if !class64 || !le || machine != native_machine() {
+        return ExecKind::ForeignElf { class64, machine };
+    }
+    let phoff = u64::from_le_bytes(data[32..40].try_into().expect("8 bytes")) as usize;
+    let phentsize = u16_at(54) as usize;
+    let phnum = u16_at(56) as usize;
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        if o + 4 > data.len() {
+            break;
+        }
+        if u32::from_le_bytes(data[o..o + 4].try_into().expect("4 bytes")) == PT_INTERP {
+            return ExecKind::Dynamic;
+        }
+    }
+    ExecKind::Static
+}
+
+/// Checks that LD_PRELOAD will reach the program; follows `#!` interpreters.
+fn check_preloadable(path: &Path) -> anyhow::Result<()> {
+    let mut cur = path.to_path_buf();
+    for _ in 0..4 {
+        match classify_executable(&cur)? {
+            ExecKind::Dynamic => return Ok(()),
+            ExecKind::Static => bail!(
+                "{} is statically linked: LD_PRELOAD cannot reach it, so farmem cannot page its \
+                 memory (rebuild it dynamically linked, or use farmem's C API)",
+                cur.display()
+            ),
+            ExecKind::ForeignElf { class64, machine } => bail!(
+                "{} is an ELF program for another machine ({}-bit, e_machine {machine}); farmem's \
+                 preload library is 64-bit for this machine",
+                cur.display(),
+                if class64 { 64 } else { 32 }
+            ),
+            ExecKind::Unknown => bail!(
+                "{} is neither an ELF program nor a #! script; farmem cannot run it",
+                cur.display()
+            ),
+            ExecKind::Script { interpreter, arg } => {
+                let name = interpreter
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned());
+                if name.as_deref() == Some("env") {
+                    bail!(
+                        "{} is a script started through `{} {}`: `env` would run under farmem \
+                         instead of the program it starts (farmem leaves exec'd programs \
+                         behind); run the real program through farmem directly, by its path \
+                         (farmem run ... -- /path/to/{} ...)",
+                        path.display(),
+                        interpreter.display(),
+                        arg.as_deref().unwrap_or(""),
+                        arg.as_deref().unwrap_or("program"),
+                    );
+                }
+                tracing::warn!(
+                    "{} is a script: its interpreter {} runs under farmem, programs it starts do \
+                     not (run those through `farmem run`)",
+                    path.display(),
+                    interpreter.display()
+                );
+                cur = interpreter;
+            }
+        }
+    }
+    bail!("{}: too many nested #! interpreters", path.display())
+}
+
+/// Finds libfarmem_preload.so: `$FARMEM_PRELOAD`, else next to the `farmem` binary (or in its
+/// `deps/` directory, where cargo leaves it for a workspace test build).
+pub fn find_preload_lib() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("FARMEM_PRELOAD") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("FARMEM_PRELOAD={} is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("locating the farmem binary")?;
+    let dir = exe.parent().context("the farmem binary has no directory")?;
+    for cand in [dir.join(PRELOAD_LIB), dir.join("deps").join(PRELOAD_LIB)] {
+        if cand.is_file() {
+            return Ok(cand);
+        }
+    }
+    bail!(
+        "{PRELOAD_LIB} not found next to {} (build it with `cargo build --release -p \
+         farmem-preload`, or point FARMEM_PRELOAD at it)",
+        exe.display()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// the embedded donor
+
+/// A `farmem donor` child on 127.0.0.1, killed when dropped.
+struct LocalDonor {
+    child: Child,
+    addr: String,
+}
+
+impl LocalDonor {
+    fn start(capacity_bytes: u64) -> anyhow::Result<LocalDonor> {
+        let exe = std::env::current_exe().context("locating the farmem binary")?;
+        let mut child = Command::new(&exe)
+            .args(["donor", "--listen", "127.0.0.1:0", "--capacity"])
+            .arg(capacity_bytes.to_string())
+            // the donor's per-connection logs are not the user's business here
+            .env(
+                "FARMEM_LOG",
+                std::env::var("FARMEM_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting the embedded donor ({} donor)", exe.display()))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(addr) = donor_addr_from_line(&line) {
+                        break addr;
+                    }
+                }
+                _ => {
+                    let status = child.wait().ok();
+                    bail!(
+                        "the embedded donor exited before reporting its address ({status:?}); \
+                         run `{} donor --listen 127.0.0.1:0` to see why",
+                        exe.display()
+                    );
+                }
+            }
+        };
+        // Keep draining its stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Ok(LocalDonor { child, addr })
+    }
+}
+
+impl Drop for LocalDonor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The donor prints `listening on ADDR` (see cmd/donor.rs) once its socket is bound.
+fn donor_addr_from_line(line: &str) -> Option<String> {
+    let idx = line.find("listening on ")?;
+    let rest = &line[idx + "listening on ".len()..];
+    let addr = rest.split_whitespace().next()?;
+    addr.parse::<std::net::SocketAddr>()
+        .ok()
+        .map(|a| a.to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// the summary line
+
+/// The summary printed at exit, from the `summary` object of the stats file.
+pub fn summary_line(stats: &serde_json::Value) -> String {
+    let v = &stats["summary"];
+    let num = |k: &str| v[k].as_u64().unwrap_or(0);
+    let pct = |k: &str| {
+        v[k].as_f64()
+            .map(|x| format!("{:.1}%", x * 100.0))
+            .unwrap_or_else(|| "n/a".into())
+    };
+    format!(
+        "farmem: {} faults ({} remote), remote in {} out {}, prefetch accuracy {} coverage {}, \
+         peak resident {} of {} budget",
+        num("faults"),
+        num("faults_remote"),
+        fmt_bytes(num("remote_bytes_in")),
+        fmt_bytes(num("remote_bytes_out")),
+        pct("prefetch_accuracy"),
+        pct("prefetch_coverage"),
+        fmt_bytes(num("peak_resident_bytes")),
+        fmt_bytes(num("budget_bytes"))
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// the command
+
+/// Runs `farmem run`.
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (cmd, cmd_args) = args
+        .command
+        .split_first()
+        .context("no COMMAND given after `--`")?;
+    let program = resolve_command(cmd, std::env::var_os("PATH").as_deref())?;
+    check_preloadable(&program)?;
+    let lib = find_preload_lib()?;
+    preflight::check_budget(args.local_mem)?;
+    if !args.allocator_only {
+        preflight::check_userfaultfd()?;
+    }
+    let token = match &args.token_file {
+        Some(f) => Some(
+            std::fs::read(f).with_context(|| format!("reading the token file {}", f.display()))?,
+        ),
+        None => None,
+    };
+    if let Some(p) = &args.prefetch {
+        preflight::check_prefetch(p)?;
+    }
+    if let Some(e) = &args.evict {
+        preflight::check_evict(e)?;
+    }
+
+    let mut local_donor = None;
+    let donors = if args.donors.is_empty() && !args.allocator_only {
+        let capacity = args
+            .local_donor_capacity
+            .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
+        let d = LocalDonor::start(capacity)?;
+        let addr = d.addr.clone();
+        local_donor = Some(d);
+        vec![addr]
+    } else {
+        args.donors.clone()
+    };
+    if !args.allocator_only {
+        for d in &donors {
+            preflight::check_donor(d, token.clone())?;
+        }
+    }
+
+    // The stats file: the user's, or a private one for the summary line.
+    let tmp_stats;
+    let stats_path = match &args.stats {
+        Some(p) => p.clone(),
+        None => {
+            tmp_stats = TempFile::new("stats.json")?;
+            tmp_stats.0.clone()
+        }
+    };
+    let _ = std::fs::remove_file(&stats_path);
+
+    let orig_preload = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let preload = if orig_preload.is_empty() {
+        lib.display().to_string()
+    } else {
+        format!("{}:{orig_preload}", lib.display())
+    };
+    let mut command = Command::new(&program);
+    command
+        .arg0(cmd)
+        .args(cmd_args)
+        .env("LD_PRELOAD", preload)
+        .env(env::ORIG_LD_PRELOAD, &orig_preload)
+        .env(env::BUDGET_BYTES, args.local_mem.to_string())
+        .env(env::DONORS, donors.join(","))
+        .env(env::STATS_FILE, &stats_path)
+        .env(env::MMAP_THRESHOLD_BYTES, args.mmap_threshold.to_string())
+        .env(env::HEAP_RESERVE_BYTES, args.heap_reserve.to_string())
+        .env(
+            env::ALLOCATOR_ONLY,
+            if args.allocator_only { "1" } else { "0" },
+        );
+    if let Ok(exe) = std::env::current_exe() {
+        command.env(env::FARMEM_BIN, exe);
+    }
+    if let Some(t) = &args.token_file {
+        command.env(env::TOKEN_FILE, t);
+    }
+    if let Some(p) = &args.prefetch {
+        command.env(env::PREFETCH, p);
+    }
+    if let Some(e) = &args.evict {
+        command.env(env::EVICT, e);
+    }
+    if let Some(t) = &args.record_trace {
+        command.env(env::RECORD_TRACE, t);
+    }
+
+    // Like a shell, let ^C and ^\ reach the program (same process group) and not end us
+    // before we can report; SIGTERM/SIGHUP sent to us are passed on to the program.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGQUIT] {
+        signal_hook::flag::register(sig, interrupted.clone())
+            .context("installing the SIGINT/SIGQUIT handlers")?;
+    }
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    let pid = child.id();
+    let mut forward = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("installing the SIGTERM/SIGHUP handlers")?;
+    let forward_handle = forward.handle();
+    let forwarder = std::thread::spawn(move || {
+        for sig in forward.forever() {
+            if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
+            }
+        }
+    });
+    let status = child.wait().context("waiting for the program")?;
+    forward_handle.close();
+    let _ = forwarder.join();
+    drop(local_donor);
+
+    let code: u8 = match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.saturating_add(s as u8),
+        _ => 1,
+    };
+    if !args.quiet {
+        match read_stats(&stats_path) {
+            Some(v) => eprintln!("{}", summary_line(&v)),
+            // the library already said why it stopped the program
+            None if code as i32 == PRELOAD_FAILED_STATUS => {}
+            None => eprintln!(
+                "farmem: no statistics: the program ended before farmem's library wrote any (it \
+                 exited with status {code})"
+            ),
+        }
+    }
+    Ok(ExitCode::from(code))
+}
+
+fn read_stats(path: &Path) -> Option<serde_json::Value> {
+    let mut s = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .read_to_string(&mut s)
+        .ok()?;
+    serde_json::from_str(&s).ok()
+}
+
+/// A file path in the temporary directory, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(suffix: &str) -> anyhow::Result<TempFile> {
+        let dir = std::env::temp_dir();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let p = dir.join(format!(
+            "farmem-run-{}-{nanos}-{suffix}",
+            std::process::id()
+        ));
+        Ok(TempFile(p))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Checks made before the program starts, each with a message saying what to do.
+mod preflight {
+    use super::*;
+
+    /// The smallest budget the runtime accepts (16 pages; `Runtime::start` checks the same).
+    pub const MIN_BUDGET_BYTES: u64 = 64 << 10;
+
+    pub fn check_budget(budget_bytes: u64) -> anyhow::Result<()> {
+        let min = MIN_BUDGET_BYTES;
+        if budget_bytes < min {
+            bail!(
+                "--local-mem {} is below the minimum the runtime needs ({}): give at least {}",
+                fmt_bytes(budget_bytes),
+                fmt_bytes(min),
+                fmt_bytes(min)
+            );
+        }
+        Ok(())
+    }
+
+    pub fn check_userfaultfd() -> anyhow::Result<()> {
+        farmem_uffd::Uffd::probe()
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    pub fn check_prefetch(name: &str) -> anyhow::Result<()> {
+        farmem_policy::prefetch::by_name(name)
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("--prefetch {name}: {e}"))
+    }
+
+    pub fn check_evict(name: &str) -> anyhow::Result<()> {
+        farmem_policy::evict::by_name(name)
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("--evict {name}: {e}"))
+    }
+
+    pub fn check_donor(addr: &str, token: Option<Vec<u8>>) -> anyhow::Result<()> {
+        let cfg = farmem_transport::ClientConfig {
+            token,
+            connect_timeout: Duration::from_secs(3),
+            ..Default::default()
+        };
+        farmem_transport::DonorClient::connect(addr, cfg)
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("donor {addr}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_scripts_and_elf() {
+        assert_eq!(
+            classify_bytes(b"#!/bin/sh -e\necho hi\n"),
+            ExecKind::Script {
+                interpreter: "/bin/sh".into(),
+                arg: Some("-e".into())
+            }
+        );
+        assert_eq!(classify_bytes(b"hello"), ExecKind::Unknown);
+        // this test binary is a dynamically linked program for this machine
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(classify_executable(&me).unwrap(), ExecKind::Dynamic);
+        // an ELF header without program headers reads as static
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[4] = 2;
+        elf[5] = 1;
+        elf[18..20].copy_from_slice(&native_machine().to_le_bytes());
+        assert_eq!(classify_bytes(&elf), ExecKind::Static);
+        elf[4] = 1;
+        assert!(matches!(
+            classify_bytes(&elf),
+            ExecKind::ForeignElf { class64: false, .. }
+        ));
+    }
+
+    #[test]
+    fn resolves_commands_like_execvp() {
+        let sh = resolve_command(OsStr::new("sh"), Some(OsStr::new("/nonexistent:/bin"))).unwrap();
+        assert_eq!(sh, PathBuf::from("/bin/sh"));
+        let e = resolve_command(OsStr::new("no-such-program-xyz"), Some(OsStr::new("/bin")))
+            .unwrap_err();
+        assert!(e.to_string().contains("COMMAND not found"), "{e}");
+        let e = resolve_command(OsStr::new("/etc/hostname"), None).unwrap_err();
+        assert!(e.to_string().contains("not an executable"), "{e}");
+    }
+
+    #[test]
+    fn donor_address_is_read_from_its_banner() {
+        assert_eq!(
+            donor_addr_from_line("farmem donor: listening on 127.0.0.1:40123 (capacity 1 GiB)"),
+            Some("127.0.0.1:40123".into())
+        );
+        assert_eq!(donor_addr_from_line("something else"), None);
+    }
+
+    #[test]
+    fn summary_line_reports_the_counters() {
+        let v = serde_json::json!({"summary": {"faults": 12, "faults_remote": 3,
+            "remote_bytes_in": 2048, "remote_bytes_out": 1048576,
+            "peak_resident_bytes": 268435456, "budget_bytes": 268435456,
+            "prefetch_accuracy": 0.5, "prefetch_coverage": 0.25}});
+        let s = summary_line(&v);
+        assert!(s.contains("12 faults (3 remote)"), "{s}");
+        assert!(s.contains("in 2.0 KiB out 1.0 MiB"), "{s}");
+        assert!(s.contains("accuracy 50.0% coverage 25.0%"), "{s}");
+        assert!(s.contains("peak resident 256.0 MiB"), "{s}");
+        let none = summary_line(&serde_json::json!({"summary": {"prefetch_accuracy": null}}));
+        assert!(none.contains("accuracy n/a"), "{none}");
+    }
+}

@@ -1,0 +1,69 @@
+//! `farmem run` on the C check program (tests/c/run_checks.c): read(2) into evicted memory,
+//! 8 threads writing and verifying, fork with evicted pages (the child checks every byte while
+//! the parent keeps writing), mremap growing a large block, MADV_DONTNEED then zeros, and a
+//! large calloc reading zeros — all with a working set three times the budget, so pages really
+//! go to the donor and come back (checked in the stats).
+
+mod run_support;
+use run_support::*;
+
+#[test]
+fn c_checks_pass_with_pages_on_the_donor() {
+    let dir = Scratch::new("c");
+    let prog = dir.path("run_checks");
+    compile_c("run_checks.c", &prog, &[]);
+    let stats = dir.path("stats.json");
+    let o = farmem_run(
+        &["--local-mem", "64MiB", "--stats", stats.to_str().unwrap()],
+        &[prog.to_str().unwrap(), "192"],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for check in [
+        "malloc-api",
+        "read-into-evicted",
+        "threads",
+        "fork",
+        "mremap-grow",
+        "madv-dontneed",
+        "calloc-zero",
+    ] {
+        assert!(
+            out.contains(&format!("ok {check}\n")),
+            "check {check} did not pass:\n{out}"
+        );
+    }
+    let s = read_stats(&stats);
+    assert!(
+        counter(&s, "remote_bytes_out") > 64 << 20,
+        "pages should have gone to the donor: {s}"
+    );
+    assert!(
+        counter(&s, "remote_bytes_in") > 0,
+        "pages should have come back: {s}"
+    );
+    assert!(s["preload"]["heap_bytes"].as_u64().unwrap() > 0, "{s}");
+    assert!(
+        s["preload"]["mmap_regions"].as_u64().unwrap() >= 2,
+        "mmap'd blocks should be regions: {s}"
+    );
+    // the summary line
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("faults") && err.contains("peak resident"),
+        "{out}"
+    );
+}
+
+#[test]
+fn same_program_passes_without_farmem() {
+    // The baseline: the checks themselves are right (so a farmem failure is farmem's).
+    let dir = Scratch::new("c-plain");
+    let prog = dir.path("run_checks");
+    compile_c("run_checks.c", &prog, &[]);
+    let o = std::process::Command::new(&prog)
+        .arg("64")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -1,0 +1,175 @@
+//! `farmem run`'s clear errors and its process semantics: budget below the minimum, COMMAND
+//! not found, statically linked program, donor unreachable, donor refusing the token,
+//! userfaultfd unavailable to the user; exit status passthrough (signals → 128+n); a program
+//! exec'd by the child is not under farmem; --quiet.
+
+mod run_support;
+use run_support::*;
+
+use std::process::Command;
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn budget_below_minimum_is_refused() {
+    let o = farmem_run(&["--local-mem", "4KiB"], &["true"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(stderr(&o).contains("below the minimum"), "{}", text(&o));
+}
+
+#[test]
+fn bad_size_is_refused() {
+    let o = farmem_run(&["--local-mem", "lots"], &["true"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("bad size"), "{}", text(&o));
+}
+
+#[test]
+fn missing_command_is_named() {
+    let o = farmem_run(&["--local-mem", "256MiB"], &["no-such-program-farmem-test"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("COMMAND not found"), "{}", text(&o));
+}
+
+#[test]
+fn static_program_is_refused_before_it_starts() {
+    let dir = Scratch::new("static");
+    let prog = dir.path("static_prog");
+    let marker = dir.path("ran");
+    compile_c("static_prog.c", &prog, &["-static"]);
+    let o = farmem_run(
+        &["--local-mem", "256MiB"],
+        &[prog.to_str().unwrap(), marker.to_str().unwrap()],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("statically linked"), "{}", text(&o));
+    assert!(
+        !marker.exists(),
+        "the static program must not have been started"
+    );
+}
+
+#[test]
+fn unreachable_donor_is_named() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let o = farmem_run(&["--local-mem", "256MiB", "--donor", &addr], &["true"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains(&addr), "{}", text(&o));
+}
+
+#[test]
+fn donor_refusing_the_token_is_reported() {
+    let dir = Scratch::new("token");
+    let good = dir.path("good.token");
+    let bad = dir.path("bad.token");
+    std::fs::write(&good, "the-right-secret-token-0123456789").unwrap();
+    std::fs::write(&bad, "a-wrong-secret-token-9876543210xx").unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut donor = Command::new(farmem())
+        .args([
+            "donor",
+            "--listen",
+            &addr,
+            "--capacity",
+            "256MiB",
+            "--token-file",
+        ])
+        .arg(&good)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = connect_retry(port, std::time::Duration::from_secs(10), &mut donor);
+    let o = farmem_run(
+        &[
+            "--local-mem",
+            "256MiB",
+            "--donor",
+            &addr,
+            "--token-file",
+            bad.to_str().unwrap(),
+        ],
+        &["true"],
+    );
+    let _ = donor.kill();
+    let _ = donor.wait();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains(&addr) && e.to_lowercase().contains("token"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn userfaultfd_unavailable_to_the_user_is_explained() {
+    // As user nobody, /dev/userfaultfd (root only) and the syscall (vm.unprivileged_userfaultfd
+    // is 0 here) are both refused.
+    let setpriv = require_program("setpriv", "util-linux");
+    let unpriv =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    assert_eq!(
+        unpriv.trim(),
+        "0",
+        "this test needs vm.unprivileged_userfaultfd=0 (the default)"
+    );
+    require_preload_lib();
+    let o = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(farmem())
+        .args(["run", "--local-mem", "256MiB", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("userfaultfd is not available"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn exit_status_and_signals_pass_through() {
+    let o = farmem_run(
+        &["--local-mem", "256MiB", "--quiet"],
+        &["sh", "-c", "exit 7"],
+    );
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert!(
+        !stderr(&o).contains("faults"),
+        "--quiet prints no summary: {}",
+        text(&o)
+    );
+    let o = farmem_run(
+        &["--local-mem", "256MiB", "--quiet"],
+        &["sh", "-c", "kill -TERM $$"],
+    );
+    assert_eq!(o.status.code(), Some(128 + 15), "{}", text(&o));
+}
+
+#[test]
+fn exec_leaves_farmem_behind() {
+    // The shell runs under farmem; what it execs sees neither LD_PRELOAD nor FARMEM_RUN_*.
+    let o = farmem_run(
+        &["--local-mem", "256MiB"],
+        &[
+            "sh",
+            "-c",
+            "echo \"preload=[$LD_PRELOAD]\"; env | grep -c FARMEM_RUN_ || true",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.contains("preload=[]"), "{}", text(&o));
+    assert!(out.lines().any(|l| l.trim() == "0"), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("peak resident"),
+        "summary line expected: {}",
+        text(&o)
+    );
+}

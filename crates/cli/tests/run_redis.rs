@@ -1,0 +1,191 @@
+//! `farmem run` on redis-server at ~50% local memory: 500k keys with random 1 KiB values load
+//! and read back identical; BGSAVE (a fork whose child writes the whole dataset) under memory
+//! pressure produces an RDB that a fresh redis-server without farmem loads with exactly the
+//! same keys and values; redis-benchmark runs to completion.
+
+mod run_support;
+use run_support::*;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KEYS: u64 = 500_000;
+const VALUE_BYTES: usize = 1024;
+const BATCH: u64 = 1000;
+
+fn load(c: &mut Resp) {
+    for start in (0..KEYS).step_by(BATCH as usize) {
+        let end = (start + BATCH).min(KEYS);
+        for i in start..end {
+            c.send(&[b"SET", redis_key(i).as_bytes(), &value_of(i, VALUE_BYTES)]);
+        }
+        c.flush();
+        for i in start..end {
+            assert_eq!(c.read(), Reply::Status("OK".into()), "SET {i}");
+        }
+    }
+}
+
+fn verify(c: &mut Resp, what: &str) {
+    assert_eq!(
+        c.call(&[b"DBSIZE"]),
+        Reply::Int(KEYS as i64),
+        "{what}: DBSIZE"
+    );
+    for start in (0..KEYS).step_by(BATCH as usize) {
+        let end = (start + BATCH).min(KEYS);
+        for i in start..end {
+            c.send(&[b"GET", redis_key(i).as_bytes()]);
+        }
+        c.flush();
+        for i in start..end {
+            match c.read() {
+                Reply::Bulk(Some(v)) => {
+                    assert!(v == value_of(i, VALUE_BYTES), "{what}: key {i} differs")
+                }
+                other => panic!("{what}: GET {i} gave {other:?}"),
+            }
+        }
+    }
+}
+
+fn info_field(c: &mut Resp, section: &str, field: &str) -> String {
+    let Reply::Bulk(Some(v)) = c.call(&[b"INFO", section.as_bytes()]) else {
+        panic!("INFO failed")
+    };
+    let s = String::from_utf8_lossy(&v).into_owned();
+    s.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|x| x.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}: {s}"))
+}
+
+#[test]
+fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
+    let server = require_program("redis-server", "redis-server");
+    let bench = require_program("redis-benchmark", "redis-tools");
+    let dir = Scratch::new("redis");
+    let stats = dir.path("stats.json");
+    let port = free_port();
+    let port_s = port.to_string();
+    let mut child = farmem_spawn(
+        &["--local-mem", "320MiB", "--stats", stats.to_str().unwrap()],
+        &[
+            server.to_str().unwrap(),
+            "--port",
+            &port_s,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            dir.0.to_str().unwrap(),
+            "--dbfilename",
+            "farmem.rdb",
+        ],
+    );
+    let mut c = Resp::new(connect_retry(port, Duration::from_secs(30), &mut child));
+    load(&mut c);
+    verify(&mut c, "under farmem");
+
+    // BGSAVE under pressure: the child writes every page, most of them evicted.
+    assert_eq!(
+        c.call(&[b"BGSAVE"]),
+        Reply::Status("Background saving started".into())
+    );
+    let start = Instant::now();
+    while info_field(&mut c, "persistence", "rdb_bgsave_in_progress") != "0" {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "BGSAVE did not finish in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        info_field(&mut c, "persistence", "rdb_last_bgsave_status"),
+        "ok"
+    );
+
+    let b = Command::new(&bench)
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port_s,
+            "-t",
+            "get",
+            "-n",
+            "50000",
+            "-r",
+            "500000",
+            "-d",
+            "1024",
+            "-c",
+            "20",
+            "--csv",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(b.status.success(), "redis-benchmark: {}", text(&b));
+    assert!(
+        String::from_utf8_lossy(&b.stdout).contains("\"GET\""),
+        "redis-benchmark: {}",
+        text(&b)
+    );
+
+    c.send(&[b"SHUTDOWN", b"NOSAVE"]);
+    c.flush();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "farmem run redis-server: {}",
+        text(&out)
+    );
+    let s = read_stats(&stats);
+    assert!(
+        counter(&s, "remote_bytes_out") > 200 << 20,
+        "pages should have gone to the donor: {s}"
+    );
+    assert!(
+        counter(&s, "remote_bytes_in") > 0,
+        "pages should have come back: {s}"
+    );
+
+    // A fresh redis-server without farmem loads the RDB the forked child wrote.
+    let port2 = free_port();
+    let mut plain = Command::new(&server)
+        .args([
+            "--port",
+            &port2.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&dir.0)
+        .args(["--dbfilename", "farmem.rdb"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c2 = Resp::new(connect_retry(port2, Duration::from_secs(30), &mut plain));
+    let start = Instant::now();
+    while info_field(&mut c2, "persistence", "loading") != "0" {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "RDB load did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    verify(&mut c2, "RDB loaded without farmem");
+    let _ = c2.call(&[b"SHUTDOWN", b"NOSAVE"]);
+    let _ = plain.wait();
+}
