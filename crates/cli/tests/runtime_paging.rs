@@ -74,6 +74,12 @@ fn word(p: usize, w: usize, r: u64) -> u64 {
     ((p as u64) << 32) ^ ((w as u64) << 8) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555
 }
 
+/// Reads the word at `addr` (inside a live region or mapping of the test).
+fn read_u64(addr: usize) -> u64 {
+    // SAFETY: callers pass addresses inside mappings the test owns and keeps alive.
+    unsafe { (addr as *const u64).read_volatile() }
+}
+
 fn write_page(base: usize, p: usize, r: u64) {
     let ptr = (base + p * PAGE) as *mut u64;
     for w in (0..PAGE / 8).step_by(37) {
@@ -216,12 +222,7 @@ fn madvise_dontneed_then_reads_are_zero() {
     for p in (0..pages / 2).chain(pages - 8..pages) {
         let ptr = (base + p * PAGE) as *const u64;
         for w in (0..PAGE / 8).step_by(37) {
-            // SAFETY: inside the live region.
-            assert_eq!(
-                unsafe { ptr.add(w).read_volatile() },
-                0,
-                "page {p} after release"
-            );
+            assert_eq!(read_u64(ptr as usize + w * 8), 0, "page {p} after release");
         }
     }
     for p in pages / 2..pages - 8 {
@@ -266,12 +267,7 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
     for p in 0..len / PAGE {
         let ptr = (b + p * PAGE) as *const u64;
         for w in (0..PAGE / 8).step_by(37) {
-            // SAFETY: inside the new mapping.
-            assert_eq!(
-                unsafe { ptr.add(w).read_volatile() },
-                0,
-                "old data in page {p}"
-            );
+            assert_eq!(read_u64(ptr as usize + w * 8), 0, "old data in page {p}");
         }
     }
     // SAFETY: done with the mapping.
@@ -323,11 +319,7 @@ fn clean_pages_not_resent_and_zero_pages_never_sent() {
     );
     // Zero pages came back as zero pages, never from the donor.
     for p in (1..pages).step_by(2) {
-        // SAFETY: inside the live region.
-        assert_eq!(
-            unsafe { ((base + p * PAGE) as *const u64).read_volatile() },
-            0
-        );
+        assert_eq!(read_u64(base + p * PAGE), 0);
     }
     let last = rt.stats();
     assert!(last.faults_zero > before.faults_zero, "{last:?}");

@@ -115,7 +115,11 @@ pub(crate) struct Shared {
     /// Set in a forked child: no runtime threads exist there, never touch the uffd.
     pub(crate) in_child: AtomicBool,
     pub(crate) budget_pages: u64,
+    /// The evictor brings resident pages down to this (budget minus a headroom)...
     pub(crate) low_water: u64,
+    /// ...once they reach this (halfway between it and the budget), so it works in batches
+    /// and the fault path rarely has to wake it.
+    pub(crate) high_water: u64,
     pub(crate) fetch_attempts: u32,
     pub(crate) thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
     pub(crate) zero: Box<[u8]>,
@@ -222,7 +226,7 @@ impl Shared {
     }
 
     fn kick_evictor(&self, st: &State) {
-        if st.resident > self.low_water {
+        if st.resident >= self.high_water {
             self.evict_cv.notify_one();
         }
     }
@@ -714,9 +718,14 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
     let mut victims: Vec<Victim> = Vec::with_capacity(EVICT_BATCH);
     let mut outcomes: Vec<Outcome> = Vec::new();
     let mut buf = vec![0u8; PAGE_SIZE];
+    let mut draining = false;
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
-        if st.paused || st.resident <= sh.low_water {
+        if st.resident >= sh.high_water {
+            draining = true;
+        }
+        if st.paused || !draining || st.resident <= sh.low_water {
+            draining = false;
             sh.evict_cv.wait_for(&mut st, Duration::from_millis(50));
             continue;
         }

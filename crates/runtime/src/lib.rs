@@ -40,6 +40,7 @@
 //!   pages populated between that scan and the registration are never evicted.
 //! - A forked child cannot use the runtime (no threads there): [`Runtime::map`] fails in it.
 
+pub mod bench;
 pub mod capi;
 mod engine;
 mod far;
@@ -320,7 +321,7 @@ impl Runtime {
             source,
         })?;
         let far = Arc::new(far::Far::connect(&cfg)?);
-        let headroom = (budget_pages / 16).clamp(1, 256);
+        let headroom = (budget_pages / 16).clamp(2, 256);
         let sh = Arc::new(Shared {
             uffd,
             pool_uffd,
@@ -350,6 +351,7 @@ impl Runtime {
             in_child: AtomicBool::new(false),
             budget_pages,
             low_water: budget_pages - headroom,
+            high_water: budget_pages - headroom / 2,
             fetch_attempts: cfg.fetch_attempts,
             thread_hook: cfg.thread_hook.clone(),
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
@@ -511,7 +513,7 @@ impl Runtime {
                     .insert((a / PAGE_SIZE) as u64, farmem_policy::Origin::Demand);
             }
         }
-        if st.resident > sh.low_water {
+        if st.resident >= sh.high_water {
             sh.evict_cv.notify_one();
         }
         Ok(())

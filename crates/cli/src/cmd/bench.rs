@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Compare(crate::cmd::bench_compare::CompareArgs),
     /// Compare farmem's donor with memcached: single-page read latency, batch read throughput.
     Donor(crate::cmd::bench_donor::BenchDonorArgs),
+    /// Page-fault latency: userfaultfd floor, donor round trip, remote miss, pool hit.
+    Fault(crate::cmd::bench_fault::BenchFaultArgs),
 }
 
 /// Runs the chosen benchmark.
@@ -28,5 +30,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         BenchCommand::Compare(a) => crate::cmd::bench_compare::run(a),
         BenchCommand::Donor(a) => crate::cmd::bench_donor::run(a),
+        BenchCommand::Fault(a) => crate::cmd::bench_fault::run(a),
     }
 }
