@@ -12,7 +12,7 @@
 //!
 //! # Limitations
 //! Both servers share the machine (and its CPU cores) with the client, as on any loopback
-//! benchmark; memcached runs with its default 4 worker threads.
+//! benchmark; memcached runs with its default 4 worker threads (`--memcached-threads`).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
@@ -56,6 +56,9 @@ pub struct BenchDonorArgs {
     /// The memcached binary to start.
     #[arg(long, default_value = "memcached", value_name = "PATH")]
     pub memcached: PathBuf,
+    /// memcached worker threads (`-t`); 4 is memcached's own default.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub memcached_threads: u32,
 }
 
 /// One system's figures, as printed by `--json`.
@@ -84,7 +87,11 @@ pub fn run(args: BenchDonorArgs) -> anyhow::Result<ExitCode> {
     ensure!(args.requests >= 1, "--requests must be at least 1");
     ensure!(args.batches >= 1, "--batches must be at least 1");
 
-    let mut memcached = Memcached::start(&args.memcached, args.pages)?;
+    ensure!(
+        args.memcached_threads >= 1,
+        "--memcached-threads must be at least 1"
+    );
+    let mut memcached = Memcached::start(&args.memcached, args.pages, args.memcached_threads)?;
     let mut farmem = FarmemSide::start(args.pages)?;
     tracing::info!(
         pages = args.pages,
@@ -434,7 +441,7 @@ struct Memcached {
 }
 
 impl Memcached {
-    fn start(bin: &PathBuf, pages: u32) -> anyhow::Result<Memcached> {
+    fn start(bin: &PathBuf, pages: u32, threads: u32) -> anyhow::Result<Memcached> {
         // A free port: bind :0, note it, release it for memcached.
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -445,6 +452,7 @@ impl Memcached {
         let mut child = Command::new(bin)
             .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
             .args(["-m", &memory_mb.to_string(), "-M", "-c", "64", "-u", "nobody"])
+            .args(["-t", &threads.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
