@@ -87,15 +87,15 @@ pub struct CompareArgs {
     pub zipf: f64,
 
     /// numpy: multiply two N×N float64 matrices (operands 3·N²·8 bytes).
-    #[arg(long, default_value_t = 6000, value_parser = clap::value_parser!(u64).range(2..))]
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(2..))]
     pub matrix_n: u64,
 
     /// kmeans: samples of the generated data set.
-    #[arg(long, default_value_t = 1_500_000, value_parser = clap::value_parser!(u64).range(16..))]
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(16..))]
     pub kmeans_samples: u64,
 
     /// kmeans: features per sample (float64).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
     pub kmeans_features: u64,
 
     /// kmeans: clusters.
@@ -103,7 +103,7 @@ pub struct CompareArgs {
     pub kmeans_clusters: u64,
 
     /// kmeans: maximum Lloyd iterations.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub kmeans_iterations: u64,
 
     /// A run that takes longer than this (seconds) is killed and reported as failed.
@@ -369,7 +369,10 @@ fn run_limited(
 ) -> Result<RunRow, String> {
     let tag = ctx.progress(&format!("{w} @{f} {system}"));
     let mut row = blank_row(system, w, f, Some(limit_bytes));
-    let swap_size = peak + (64 << 20);
+    // Twice the peak: with the area more than half full the kernel frees a page's swap slot when
+    // it comes back in (vm_swap_full), so a clean page would be written again on every eviction;
+    // real machines are not sized that tight, and zram only uses memory for stored pages.
+    let swap_size = 2 * peak + (64 << 20);
     let outcome: anyhow::Result<(workloads::Measured, Option<u64>)> = match system {
         SystemKind::Local => unreachable!("local runs in run_local"),
         SystemKind::Farmem => {
@@ -512,7 +515,16 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let uses_swap = systems_wanted.iter().any(|s| {
         matches!(s, SystemKind::Swap | SystemKind::Zram) && !unavailable.iter().any(|(u, _)| u == s)
     });
-    if root {
+    let limited_runs = systems_wanted
+        .iter()
+        .any(|s| *s != SystemKind::Local && !unavailable.iter().any(|(u, _)| u == s));
+    // Two harnesses would switch each other's swap areas off: one at a time per machine.
+    let _instance_lock = if root && limited_runs {
+        Some(systems::lock_machine()?)
+    } else {
+        None
+    };
+    if root && limited_runs {
         // Only the swap area under test may be active, during every run (farmem's included).
         match systems::quiesce_machine_swap(&cleanup) {
             Ok(areas) if !areas.is_empty() => eprintln!(

@@ -156,7 +156,7 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
                 opt(r.throughput_ops, 0),
                 opt(r.avg_access_us, 2),
                 opt(r.p50_us, 2),
-                opt(r.p99_us, 1),
+                opt(r.p99_us, 2),
                 r.moved_bytes.map(bytes).unwrap_or_else(|| "-".into()),
                 opt(vs_local, 2),
                 opt(vs_swap, 2),
@@ -198,7 +198,7 @@ pub fn svg(rows: &[RunRow]) -> String {
     let bar_w = 16.0;
     let group_w = bar_w * systems.len() as f64 + 24.0;
     let (left, top, plot_h) = (70.0, 40.0, 300.0);
-    let width = left + group_w * groups.len().max(1) as f64 + 20.0;
+    let width = (left + group_w * groups.len().max(1) as f64 + 20.0).max(640.0);
     let height = top + plot_h + 90.0;
     let bars: Vec<(usize, usize, f64)> = groups
         .iter()
@@ -229,7 +229,7 @@ pub fn svg(rows: &[RunRow]) -> String {
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{left}" y="20" font-size="13">Slowdown vs local (log scale; lower is better): access time, 1/throughput or completion time</text>"#
+        r##"<text x="10" y="18" font-size="13">Slowdown vs local, log scale (lower is better)</text><text x="10" y="32" fill="#555">ratio of average access time, of 1/throughput or of completion time to the local run's</text>"##
     );
     for d in 0..=(decades as i32) {
         let v = 10f64.powi(d);

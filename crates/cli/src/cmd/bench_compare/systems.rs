@@ -332,6 +332,45 @@ pub fn parse_vmstat_field(text: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// Held while a benchmark changes the machine's swap and cgroups.
+pub struct MachineLock {
+    _lock: nix::fcntl::Flock<fs::File>,
+}
+
+/// Path of the lock file that keeps two `farmem bench compare` runs from overlapping.
+pub const LOCK_PATH: &str = "/run/farmem-bench.lock";
+
+/// Takes the machine-wide benchmark lock, or says which process holds it.
+pub fn lock_machine() -> anyhow::Result<MachineLock> {
+    use std::io::{Read, Seek, Write};
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(LOCK_PATH)
+        .with_context(|| format!("cannot open the lock file {LOCK_PATH}"))?;
+    match nix::fcntl::Flock::lock(
+        file.try_clone()?,
+        nix::fcntl::FlockArg::LockExclusiveNonblock,
+    ) {
+        Ok(mut lock) => {
+            lock.set_len(0)?;
+            lock.rewind()?;
+            write!(lock, "{}", std::process::id())?;
+            Ok(MachineLock { _lock: lock })
+        }
+        Err((_, errno)) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            bail!(
+                "another `farmem bench compare` (pid {}) is changing this machine's swap ({errno}):                  wait for it to finish; two runs would switch each other's swap areas off",
+                holder.trim()
+            )
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory cgroups
 
