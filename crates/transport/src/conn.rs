@@ -499,6 +499,20 @@ fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, TransportError> {
     })
 }
 
+/// One vectored send with MSG_NOSIGNAL. `TcpStream::write_vectored` is `writev`, which raises
+/// SIGPIPE on a connection the donor has closed; the runtime runs inside unmodified programs
+/// (through the preload library) whose SIGPIPE action is usually the default, which kills them.
+/// With MSG_NOSIGNAL the send fails with EPIPE instead and the connection is failed cleanly.
+fn send_nosignal(stream: &TcpStream, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+    rustix::net::sendmsg(
+        stream,
+        slices,
+        &mut rustix::net::SendAncillaryBuffer::default(),
+        rustix::net::SendFlags::NOSIGNAL,
+    )
+    .map_err(io::Error::from)
+}
+
 /// Writes `head` then every slice of `pages`, with as few system calls as the socket allows.
 fn write_all_vectored(stream: &mut TcpStream, head: &[u8], pages: &[&[u8]]) -> io::Result<()> {
     // Position: part index (0 = head, i = pages[i - 1]) and bytes already written of it.
@@ -510,7 +524,7 @@ fn write_all_vectored(stream: &mut TcpStream, head: &[u8], pages: &[&[u8]]) -> i
         slices.clear();
         slices.push(IoSlice::new(&part(index)[skip..]));
         slices.extend((index + 1..parts.min(index + 1024)).map(|i| IoSlice::new(part(i))));
-        let mut n = match stream.write_vectored(&slices) {
+        let mut n = match send_nosignal(stream, &slices) {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::WriteZero,

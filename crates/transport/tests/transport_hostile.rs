@@ -424,3 +424,77 @@ fn a_dropped_pending_request_does_not_disturb_the_others() {
     assert_eq!(out, data);
     assert_eq!(Opcode::ReadPages.name(), "read_pages");
 }
+
+/// Env var telling the child copy of this test binary to run the SIGPIPE scenario.
+const SIGPIPE_CHILD_ENV: &str = "FARMEM_TEST_SIGPIPE_CHILD";
+
+/// The SIGPIPE scenario: a donor that closes its connection right after HELLO, then a client
+/// that keeps sending. Writing to the closed connection makes the kernel raise SIGPIPE unless the
+/// send says MSG_NOSIGNAL; an unmodified C program (which the runtime lives in, through the
+/// preload library) keeps SIGPIPE's default action, which kills it.
+fn write_to_a_closed_donor_with_default_sigpipe() {
+    // SAFETY: `signal` with SIG_DFL installs no handler code; this process (the child copy of the
+    // test binary, or a human running the ignored test) exists only to run this scenario.
+    let previous = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    assert_ne!(previous, libc::SIG_ERR, "resetting SIGPIPE failed");
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    let peer = spawn_peer(move |mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() {
+            drop(stream); // FIN: the client's socket goes to CLOSE_WAIT
+            let _ = closed_tx.send(());
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    closed_rx
+        .recv_timeout(NO_HANG)
+        .expect("the fake donor never closed");
+    let page = [5u8; PAGE_SIZE];
+    let write = [PageWrite {
+        addr: PageAddr { slab: 1, page: 0 },
+        data: &page,
+    }];
+    // The first send still goes out (the donor's kernel answers it with a reset); a later one
+    // meets the reset socket. Every send must fail with an error, never a signal.
+    let mut in_flight = Vec::new();
+    let err = loop {
+        match client.submit_write(&write) {
+            Ok(p) => in_flight.push(p),
+            Err(e) => break e,
+        }
+        assert!(
+            in_flight.len() < 10_000,
+            "sends to a closed donor kept succeeding"
+        );
+    };
+    assert!(err.is_connection_failure(), "{err}");
+    println!("SIGPIPE-SCENARIO-DONE: {err}");
+}
+
+#[test]
+#[ignore = "run in a child process by a_send_to_a_closed_donor_is_an_error_not_sigpipe"]
+fn sigpipe_child() {
+    write_to_a_closed_donor_with_default_sigpipe();
+}
+
+#[test]
+fn a_send_to_a_closed_donor_is_an_error_not_sigpipe() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "sigpipe_child", "--ignored", "--nocapture"])
+        .env(SIGPIPE_CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert_ne!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "the client was killed by SIGPIPE writing to a closed donor connection\n{stdout}{stderr}"
+    );
+    assert!(
+        out.status.success() && stdout.contains("SIGPIPE-SCENARIO-DONE"),
+        "the child failed: {:?}\n{stdout}{stderr}",
+        out.status
+    );
+}
