@@ -4,7 +4,7 @@
 //! Requests are served in order, one at a time, on the connection's own thread. The data path
 //! allocates nothing per request (buffers are reused) and copies page bytes once, between the
 //! socket and slab memory: WRITE_PAGES reads the addresses, checks every one (all-or-nothing)
-//! and then `readv`s the page data straight into the slab pages; READ_PAGES `writev`s the
+//! and then `readv`s the page data straight into the slab pages; READ_PAGES `sendmsg`s the
 //! response header and the slab pages in one vectored write.
 //!
 //! Framing errors (bad magic, bad version, reserved flags, a payload over the limit, a frame cut

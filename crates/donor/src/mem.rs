@@ -4,7 +4,7 @@
 //! - mapping a slab (`mmap` of private anonymous memory with `MAP_NORESERVE`) and unmapping it
 //!   when the last reference goes away (`munmap` returns the memory to the operating system);
 //! - receiving page data from a socket straight into slab pages (`readv`);
-//! - sending slab pages straight to a socket (`writev`).
+//! - sending slab pages straight to a socket (`sendmsg` with `MSG_NOSIGNAL`).
 //!
 //! # Design
 //! A slab is mapped at allocation time but costs nothing until written: the kernel backs a page
@@ -13,7 +13,7 @@
 //! pages are switched off for slabs (`MADV_NOHUGEPAGE`) so that writing one 4 KiB page commits
 //! 4 KiB, not 2 MiB, and the donor's committed-bytes figure stays true.
 //!
-//! Slab bytes are only ever read or written by the kernel, inside `readv`/`writev`; no Rust
+//! Slab bytes are only ever read or written by the kernel, inside `readv`/`sendmsg`; no Rust
 //! reference to slab memory is ever created. Two connections of one client that race on the same
 //! page therefore cannot cause undefined behaviour in the donor: the page simply ends up with one
 //! of the writes (the client's own race). A [`SlabMemory`] is kept alive (by `Arc`) for as long as
@@ -36,7 +36,7 @@ pub struct SlabMemory {
 }
 
 // SAFETY: `SlabMemory` owns its mapping exclusively (no aliasing Rust references exist; bytes are
-// only touched by the kernel in readv/writev), so moving or sharing the handle across threads is
+// only touched by the kernel in readv/sendmsg), so moving or sharing the handle across threads is
 // sound: the mapping is process-wide and the pointer stays valid until `Drop`.
 unsafe impl Send for SlabMemory {}
 // SAFETY: see `Send`; every method takes `&self` and only passes page pointers to the kernel.
@@ -176,7 +176,10 @@ fn advance(iovs: &mut [libc::iovec], mut start: usize, n: usize, mut done: usize
 
 /// Sends `prefix` followed by the bytes of `pages` (in order) with vectored writes, handling
 /// short writes. The socket's send timeout (SO_SNDTIMEO) bounds how long a peer that stops
-/// reading can hold this call: it then fails with `WouldBlock`/`TimedOut`.
+/// reading can hold this call: it then fails with `WouldBlock`/`TimedOut`. The sends use
+/// `sendmsg` with `MSG_NOSIGNAL`, not `writev`: a connection that is gone or shut down fails with
+/// EPIPE instead of raising SIGPIPE, which would kill a host process that keeps SIGPIPE's
+/// default action (the donor is a library too).
 pub fn send_pages<'a>(
     sock: &impl AsFd,
     prefix: &[u8],
@@ -190,8 +193,15 @@ pub fn send_pages<'a>(
         let cnt = (n - start) as libc::c_int;
         // SAFETY: `iovs[start..n]` describe live memory: `prefix` (borrowed for this call) and
         // pages inside slab mappings kept alive by the `&'a SlabMemory` borrows, which outlive
-        // this call; the kernel only reads from them. `fd` is a valid open socket borrowed via AsFd.
-        let rc = unsafe { libc::writev(fd, iovs[start..].as_ptr(), cnt) };
+        // this call; the kernel only reads from them. `msg` points at those iovecs and at no
+        // name or control data (null with zero lengths), and lives across the call. `fd` is a
+        // valid open socket borrowed via AsFd.
+        let rc = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iovs[start..].as_mut_ptr();
+            msg.msg_iovlen = cnt as _;
+            libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL)
+        };
         if rc < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {

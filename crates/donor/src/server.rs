@@ -2,7 +2,7 @@
 //!
 //! # Design
 //! One thread per connection, blocking I/O. A connection's thread is the only one that reads or
-//! writes its socket, so a client that stops reading (its thread blocks in `writev` until the
+//! writes its socket, so a client that stops reading (its thread blocks in `sendmsg` until the
 //! send timeout closes the connection) or sends garbage (its connection is closed) cannot stall
 //! another: the shared state (the slab store, the counters) is never locked across socket I/O.
 //! The number of connections is capped ([`MAX_CONNECTIONS`]) and a connection must say HELLO
