@@ -29,7 +29,7 @@ use farmem_proto::{
 use subtle::ConstantTimeEq;
 
 use crate::mem;
-use crate::server::{Shared, HELLO_TIMEOUT, WRITE_TIMEOUT};
+use crate::server::{Shared, WRITE_TIMEOUT};
 use crate::store::{Refusal, Slab};
 
 /// Longest payload buffered for a request other than WRITE_PAGES (a full READ_PAGES is 2 050
@@ -37,6 +37,13 @@ use crate::store::{Refusal, Slab};
 const MAX_SMALL_PAYLOAD: usize = 8 * 1024;
 /// Size of the buffer that discards the payload of refused requests.
 const DRAIN_BUFFER_BYTES: usize = 16 * 1024;
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
 
 /// Error lines logged in full per connection before rate limiting starts.
 const ERRORS_LOGGED_IN_FULL: u64 = 16;
@@ -66,6 +73,9 @@ pub(crate) struct Connection {
     slabs: Vec<Arc<Slab>>,
     pages: Vec<(usize, u32)>,
     errors: u64,
+    /// When an unauthenticated connection is closed: HELLO must be done by then, however the
+    /// peer spreads its bytes or how many other requests it sends.
+    hello_deadline: Instant,
 }
 
 impl Drop for Connection {
@@ -79,6 +89,7 @@ impl Drop for Connection {
 
 impl Connection {
     pub(crate) fn new(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> Connection {
+        let hello_deadline = Instant::now() + shared.hello_timeout;
         Connection {
             stream,
             peer,
@@ -90,6 +101,7 @@ impl Connection {
             slabs: Vec::new(),
             pages: Vec::with_capacity(MAX_BATCH_PAGES),
             errors: 0,
+            hello_deadline,
         }
     }
 
@@ -98,8 +110,7 @@ impl Connection {
         let setup = self
             .stream
             .set_nodelay(true)
-            .and_then(|()| self.stream.set_write_timeout(Some(WRITE_TIMEOUT)))
-            .and_then(|()| self.stream.set_read_timeout(Some(HELLO_TIMEOUT)));
+            .and_then(|()| self.stream.set_write_timeout(Some(WRITE_TIMEOUT)));
         if let Err(e) = setup {
             tracing::warn!(peer = %self.peer, "closing a connection: socket setup failed: {e}");
             return;
@@ -126,10 +137,37 @@ impl Connection {
         tracing::debug!(peer = %self.peer, client = ?self.client, "connection closed");
     }
 
+    /// Before HELLO: the deadline every read must respect. After: none.
+    fn read_deadline(&self) -> Option<Instant> {
+        self.client.is_none().then_some(self.hello_deadline)
+    }
+
+    /// Sets the socket's receive timeout to the time left before `deadline` (the HELLO deadline
+    /// of an unauthenticated connection), so that no sequence of reads can outlast it.
+    fn arm(stream: &TcpStream, deadline: Option<Instant>) -> io::Result<()> {
+        let Some(deadline) = deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Self::no_hello());
+        }
+        stream.set_read_timeout(Some(left))
+    }
+
+    fn no_hello() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no successful HELLO within the HELLO timeout",
+        )
+    }
+
     /// Reads a frame header. `Ok(false)`: the peer closed cleanly between frames.
     fn read_head(&mut self, head: &mut [u8; HEADER_LEN]) -> io::Result<bool> {
+        let deadline = self.read_deadline();
         let mut filled = 0;
         while filled < HEADER_LEN {
+            Self::arm(&self.stream, deadline)?;
             match self.stream.read(&mut head[filled..]) {
                 Ok(0) if filled == 0 => return Ok(false),
                 Ok(0) => {
@@ -142,46 +180,48 @@ impl Connection {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e)
-                    if self.client.is_none()
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        ) =>
-                {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("no HELLO within {} s", HELLO_TIMEOUT.as_secs()),
-                    ))
-                }
+                Err(e) if deadline.is_some() && is_timeout(&e) => return Err(Self::no_hello()),
                 Err(e) => return Err(e),
             }
         }
         Ok(true)
     }
 
-    /// Reads exactly `buf.len()` payload bytes; a close midway is a truncated frame.
-    fn read_payload(stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<()> {
-        stream.read_exact(buf).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "truncated frame: peer closed inside a payload",
-                )
-            } else {
-                e
+    /// Reads exactly `buf.len()` payload bytes; a close midway is a truncated frame. Before
+    /// HELLO every read is bounded by the HELLO deadline.
+    fn read_payload(
+        stream: &mut TcpStream,
+        deadline: Option<Instant>,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            Self::arm(stream, deadline)?;
+            match stream.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "truncated frame: peer closed inside a payload",
+                    ))
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if deadline.is_some() && is_timeout(&e) => return Err(Self::no_hello()),
+                Err(e) => return Err(e),
             }
-        })
+        }
+        Ok(())
     }
 
     /// Reads and discards `n` payload bytes (of a refused request) so the next frame lines up.
     fn drain(&mut self, mut n: usize) -> io::Result<()> {
+        let deadline = self.read_deadline();
         if self.scratch.is_empty() {
             self.scratch.resize(DRAIN_BUFFER_BYTES, 0);
         }
         while n > 0 {
             let k = n.min(self.scratch.len());
-            Self::read_payload(&mut self.stream, &mut self.scratch[..k])?;
+            Self::read_payload(&mut self.stream, deadline, &mut self.scratch[..k])?;
             n -= k;
         }
         Ok(())
@@ -322,7 +362,8 @@ impl Connection {
         let mut payload = std::mem::take(&mut self.payload);
         payload.clear();
         payload.resize(header.payload_len as usize, 0);
-        let read = Self::read_payload(&mut self.stream, &mut payload);
+        let deadline = self.read_deadline();
+        let read = Self::read_payload(&mut self.stream, deadline, &mut payload);
         let served = match read {
             Err(e) => Err(e),
             Ok(()) => Ok(match Request::decode(header, &payload) {
@@ -497,7 +538,8 @@ impl Connection {
             return Ok(self.refuse(op, id, &r, Flow::Continue));
         }
         let mut count_buf = [0u8; 2];
-        Self::read_payload(&mut self.stream, &mut count_buf)?;
+        let deadline = self.read_deadline();
+        Self::read_payload(&mut self.stream, deadline, &mut count_buf)?;
         let count = usize::from(u16::from_le_bytes(count_buf));
         let mut remaining = len - 2;
         let expected = 2 + count * (PAGE_ADDR_LEN + PAGE_SIZE);
@@ -520,7 +562,7 @@ impl Connection {
         }
         self.payload.clear();
         self.payload.resize(count * PAGE_ADDR_LEN, 0);
-        Self::read_payload(&mut self.stream, &mut self.payload)?;
+        Self::read_payload(&mut self.stream, deadline, &mut self.payload)?;
         remaining -= count * PAGE_ADDR_LEN;
         let Some(client) = self.client else {
             self.drain(remaining)?;

@@ -5,8 +5,10 @@
 //! writes its socket, so a client that stops reading (its thread blocks in `sendmsg` until the
 //! send timeout closes the connection) or sends garbage (its connection is closed) cannot stall
 //! another: the shared state (the slab store, the counters) is never locked across socket I/O.
-//! The number of connections is capped ([`MAX_CONNECTIONS`]) and a connection must say HELLO
-//! within [`HELLO_TIMEOUT`], so idle sockets cannot exhaust the donor's threads.
+//! The number of connections is capped ([`MAX_CONNECTIONS`]) and a connection must complete
+//! HELLO within [`DonorConfig::hello_timeout`] (default [`HELLO_TIMEOUT`]) counted from its
+//! accept, however it spreads its bytes or how many other requests it sends, so idle or
+//! dribbling sockets cannot exhaust the donor's threads.
 //!
 //! Shutdown ([`ShutdownHandle::shutdown`]) sets a flag, shuts the listening sockets down (which
 //! wakes the blocked `accept`) and shuts every open connection down (which wakes its blocked
@@ -28,7 +30,8 @@ use crate::store::SlabStore;
 
 /// Most connections served at once; more are accepted and closed at once, with a log line.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// How long a new connection may take to send HELLO before it is closed.
+/// Default of [`DonorConfig::hello_timeout`]: how long a new connection may take, in total, to
+/// complete HELLO before it is closed.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a response may wait for a client that does not read before its connection is closed.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,6 +58,9 @@ pub struct DonorConfig {
     pub insecure: bool,
     /// Address of the Prometheus text endpoint, if any.
     pub metrics_listen: Option<String>,
+    /// How long a new connection may take, in total, to complete HELLO before it is closed;
+    /// default [`HELLO_TIMEOUT`].
+    pub hello_timeout: Duration,
 }
 
 impl std::fmt::Debug for DonorConfig {
@@ -68,6 +74,7 @@ impl std::fmt::Debug for DonorConfig {
             .field("orphan_grace", &self.orphan_grace)
             .field("insecure", &self.insecure)
             .field("metrics_listen", &self.metrics_listen)
+            .field("hello_timeout", &self.hello_timeout)
             .finish()
     }
 }
@@ -83,6 +90,7 @@ impl Default for DonorConfig {
             orphan_grace: Duration::from_secs(60),
             insecure: false,
             metrics_listen: None,
+            hello_timeout: HELLO_TIMEOUT,
         }
     }
 }
@@ -145,6 +153,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) token: Option<Vec<u8>>,
     pub(crate) stop: AtomicBool,
+    pub(crate) hello_timeout: Duration,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     conns: Mutex<HashMap<u64, TcpStream>>,
@@ -262,6 +271,12 @@ impl DonorServer {
                 )));
             }
         }
+        if cfg.hello_timeout.is_zero() {
+            return Err(DonorError::Config(
+                "the HELLO timeout is zero: no client could ever connect; give it a positive duration"
+                    .into(),
+            ));
+        }
         if let Some(t) = &cfg.token {
             if t.is_empty() {
                 return Err(DonorError::Config("the auth token is empty".into()));
@@ -314,6 +329,7 @@ impl DonorServer {
                 metrics: Arc::new(Metrics::new()),
                 token: cfg.token,
                 stop: AtomicBool::new(false),
+                hello_timeout: cfg.hello_timeout,
                 listener,
                 metrics_listener,
                 conns: Mutex::new(HashMap::new()),
@@ -591,6 +607,11 @@ mod tests {
             ..base.clone()
         })
         .contains("token is empty"));
+        assert!(err(DonorConfig {
+            hello_timeout: Duration::ZERO,
+            ..base.clone()
+        })
+        .contains("HELLO timeout is zero"));
         // Refused before anything is bound (tests never listen beyond loopback).
         assert!(err(DonorConfig {
             listen: "0.0.0.0:0".into(),

@@ -88,6 +88,7 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         orphan_grace: args.orphan_grace,
         insecure: args.insecure,
         metrics_listen: args.metrics.clone(),
+        ..DonorConfig::default()
     };
     let server = DonorServer::bind(cfg).context("starting the donor")?;
     let handle = server.shutdown_handle();
