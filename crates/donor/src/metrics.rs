@@ -9,13 +9,15 @@
 //! The endpoint is a tiny hand-written HTTP/1.1 responder rather than an HTTP framework: it
 //! answers `GET /metrics` with one `Connection: close` response per connection, which is all a
 //! Prometheus scraper needs, and it keeps the donor free of an async runtime and a large
-//! dependency tree. It runs on its own thread with short socket timeouts, so a slow or hostile
-//! scraper can delay only other scrapers, never the data path.
+//! dependency tree. It runs on its own thread; a scraper has [`REQUEST_DEADLINE`] for its whole
+//! request, so a slow or hostile scraper can delay only other scrapers (and the donor's shutdown)
+//! by seconds, and never the data path.
 //!
 //! # Limitations
-//! One scrape is served at a time; request headers beyond 8 KiB are refused.
+//! One scrape is served at a time; request headers beyond 8 KiB are refused. A scraper that
+//! keeps opening slow connections can keep other scrapers waiting.
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -338,12 +340,19 @@ pub(crate) fn serve(
     }
 }
 
+/// The longest a scraper may take to send its whole request.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// The longest one write of the answer may block on a scraper that does not read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
 fn answer(mut s: TcpStream, metrics: &Metrics, store: &SlabStore) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let deadline = Instant::now() + REQUEST_DEADLINE;
     let mut buf = [0u8; 8192];
     let mut n = 0;
-    // Read until the end of the request headers.
+    // Read until the end of the request headers, within one deadline for the whole request (a
+    // per-read timeout alone would let a scraper dribbling bytes hold the endpoint, and the
+    // donor's shutdown, for hours).
     while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
         if n == buf.len() {
             return respond(
@@ -352,7 +361,19 @@ fn answer(mut s: TcpStream, metrics: &Metrics, store: &SlabStore) -> std::io::Re
                 "request headers too large\n",
             );
         }
-        let r = s.read(&mut buf[n..])?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return respond(
+                &mut s,
+                "408 Request Timeout",
+                "the request took too long to arrive\n",
+            );
+        }
+        s.set_read_timeout(Some(left))?;
+        let r = match s.read(&mut buf[n..]) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            r => r?,
+        };
         if r == 0 {
             break;
         }

@@ -165,3 +165,55 @@ fn metrics_endpoint_serves_parseable_prometheus_text() {
     // The data path is unaffected by scrapes.
     assert!(matches!(c.read(&[PageAddr { slab, page: 1 }]), Reply::Pages(d) if d == p));
 }
+
+#[test]
+fn a_scraper_that_dribbles_its_request_cannot_hold_the_endpoint_or_shutdown() {
+    let donor = start(DonorConfig {
+        metrics_listen: Some("127.0.0.1:0".into()),
+        ..config()
+    });
+    let maddr = donor.metrics_addr().expect("metrics address");
+    // The donor lives on a thread of its own, so that a hung stop cannot hang this test.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = stop_rx.recv();
+        let _ = stopped_tx.send(donor.stop().is_ok());
+    });
+    let mut slow = TcpStream::connect(maddr).unwrap();
+    // One byte every 300 ms, never finishing the headers: each read is quick, the request never is.
+    let dribbler = std::thread::spawn(move || {
+        for b in b"GET /metrics HTTP/1.1\r\nX-Slow: "
+            .iter()
+            .chain(b"a".repeat(8000).iter())
+        {
+            if slow.write_all(std::slice::from_ref(b)).is_err() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        false
+    });
+    // Another scraper is served once the slow one's time is up (well within 30 s).
+    let mut s = TcpStream::connect(maddr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .expect("a second scraper was not answered within 30 s while the first one dribbled");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("farmem_donor_capacity_bytes"));
+    // And the donor stops, even while that scraper is connected.
+    stop_tx.send(()).unwrap();
+    let stopped = stopped_rx.recv_timeout(std::time::Duration::from_secs(30));
+    assert_eq!(
+        stopped,
+        Ok(true),
+        "the donor did not stop within 30 s while a scraper dribbled its request"
+    );
+    assert!(
+        dribbler.join().unwrap(),
+        "the endpoint kept reading a request dribbled for 40 minutes"
+    );
+}
