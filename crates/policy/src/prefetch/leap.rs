@@ -344,20 +344,18 @@ impl Prefetcher for Leap {
 mod tests {
     use super::*;
 
+    use crate::prefetch::test_access;
+
     fn miss(page: u64, thread: u32) -> Access {
         Access {
-            page,
             thread,
-            time_ns: 0,
-            prefetch_hit: false,
+            ..test_access(page, false)
         }
     }
     fn hit(page: u64, thread: u32) -> Access {
         Access {
-            page,
             thread,
-            time_ns: 0,
-            prefetch_hit: true,
+            ..test_access(page, true)
         }
     }
 
@@ -586,15 +584,7 @@ mod tests {
                 issued.clear();
             }
             let mut new = Vec::new();
-            l.on_access(
-                &Access {
-                    page,
-                    thread: 0,
-                    time_ns: 0,
-                    prefetch_hit: is_hit,
-                },
-                &mut new,
-            );
+            l.on_access(&test_access(page, is_hit), &mut new);
             issued.extend(new.into_iter().filter(|&p| p > page));
             page += 1;
         }

@@ -92,6 +92,17 @@ pub(crate) fn offset(page: u64, delta: i64, i: u64) -> Option<u64> {
     u64::try_from(i128::from(page) + step).ok()
 }
 
+/// An access for unit tests: thread 0, time 0.
+#[cfg(test)]
+pub(crate) fn test_access(page: u64, prefetch_hit: bool) -> Access {
+    Access {
+        page,
+        thread: 0,
+        time_ns: 0,
+        prefetch_hit,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

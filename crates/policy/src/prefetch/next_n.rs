@@ -52,47 +52,37 @@ impl Prefetcher for NextN {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prefetch::test_access;
 
     #[test]
     fn brings_the_n_pages_after_each_miss_and_nothing_on_hits() {
         let mut p = NextN::new(NextNConfig { pages: 3 }).unwrap();
         let mut out = Vec::new();
-        p.on_access(
-            &Access {
-                page: 100,
-                thread: 0,
-                time_ns: 0,
-                prefetch_hit: false,
-            },
-            &mut out,
-        );
+        p.on_access(&test_access(100, false), &mut out);
         assert_eq!(out, vec![101, 102, 103]);
         p.on_access(
             &Access {
-                page: 101,
                 thread: 0,
                 time_ns: 1,
-                prefetch_hit: true,
+                ..test_access(101, true)
             },
             &mut out,
         );
         assert_eq!(out, vec![101, 102, 103]);
         p.on_access(
             &Access {
-                page: 7,
                 thread: 3,
                 time_ns: 2,
-                prefetch_hit: false,
+                ..test_access(7, false)
             },
             &mut out,
         );
         assert_eq!(out, vec![101, 102, 103, 8, 9, 10]);
         p.on_access(
             &Access {
-                page: u64::MAX - 1,
                 thread: 0,
                 time_ns: 3,
-                prefetch_hit: false,
+                ..test_access(u64::MAX - 1, false)
             },
             &mut out,
         );

@@ -107,14 +107,7 @@ impl Prefetcher for Readahead {
 mod tests {
     use super::*;
 
-    fn acc(page: u64, prefetch_hit: bool) -> Access {
-        Access {
-            page,
-            thread: 0,
-            time_ns: 0,
-            prefetch_hit,
-        }
-    }
+    use crate::prefetch::test_access as acc;
 
     #[test]
     fn isolated_faults_read_nothing_adjacent_faults_read_an_aligned_pair() {

@@ -114,14 +114,7 @@ impl Prefetcher for Stride {
 mod tests {
     use super::*;
 
-    fn acc(page: u64, prefetch_hit: bool) -> Access {
-        Access {
-            page,
-            thread: 0,
-            time_ns: 0,
-            prefetch_hit,
-        }
-    }
+    use crate::prefetch::test_access as acc;
 
     #[test]
     fn follows_the_last_stride_and_grows_with_accuracy() {
