@@ -174,6 +174,33 @@ fn advance(iovs: &mut [libc::iovec], mut start: usize, n: usize, mut done: usize
     start
 }
 
+/// Runs `syscall` on `iovs[start..n]` until every byte went through, handling short transfers
+/// and EINTR. `syscall` gets the remaining iovecs and returns the syscall's result; a result of
+/// 0 is `zero` (the peer closed, or the socket took nothing).
+fn transfer_all(
+    iovs: &mut [libc::iovec; MAX_IOV],
+    n: usize,
+    zero: (io::ErrorKind, &'static str),
+    mut syscall: impl FnMut(&mut [libc::iovec]) -> isize,
+) -> io::Result<()> {
+    let mut start = 0;
+    while start < n {
+        let rc = syscall(&mut iovs[start..n]);
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if rc == 0 {
+            return Err(io::Error::new(zero.0, zero.1));
+        }
+        start = advance(iovs, start, n, rc as usize);
+    }
+    Ok(())
+}
+
 /// Sends `prefix` followed by the bytes of `pages` (in order) with vectored writes, handling
 /// short writes. The socket's send timeout (SO_SNDTIMEO) bounds how long a peer that stops
 /// reading can hold this call: it then fails with `WouldBlock`/`TimedOut`. The sends use
@@ -188,36 +215,20 @@ pub fn send_pages<'a>(
     let fd = sock.as_fd().as_raw_fd();
     let mut iovs = [empty_iov(); MAX_IOV];
     let n = build_iovs(&mut iovs, prefix, pages);
-    let mut start = 0;
-    while start < n {
-        let cnt = (n - start) as libc::c_int;
-        // SAFETY: `iovs[start..n]` describe live memory: `prefix` (borrowed for this call) and
-        // pages inside slab mappings kept alive by the `&'a SlabMemory` borrows, which outlive
-        // this call; the kernel only reads from them. `msg` points at those iovecs and at no
-        // name or control data (null with zero lengths), and lives across the call. `fd` is a
-        // valid open socket borrowed via AsFd.
-        let rc = unsafe {
+    let zero = (io::ErrorKind::WriteZero, "socket accepted no bytes");
+    transfer_all(&mut iovs, n, zero, |rest| {
+        // SAFETY: `rest` describes live memory: `prefix` (borrowed for this call) and pages
+        // inside slab mappings kept alive by the `&'a SlabMemory` borrows, which outlive this
+        // call; the kernel only reads from them. `msg` is zeroed (no name, no control data)
+        // except for `rest`, which it borrows only during the call. `fd` is a valid open socket
+        // borrowed via AsFd.
+        unsafe {
             let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = iovs[start..].as_mut_ptr();
-            msg.msg_iovlen = cnt as _;
+            msg.msg_iov = rest.as_mut_ptr();
+            msg.msg_iovlen = rest.len() as _;
             libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL)
-        };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
         }
-        if rc == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "socket accepted no bytes",
-            ));
-        }
-        start = advance(&mut iovs, start, n, rc as usize);
-    }
-    Ok(())
+    })
 }
 
 /// Receives `pages.len()` pages from the socket straight into the given slab pages, in order,
@@ -229,29 +240,17 @@ pub fn recv_pages<'a>(
     let fd = sock.as_fd().as_raw_fd();
     let mut iovs = [empty_iov(); MAX_IOV];
     let n = build_iovs(&mut iovs, &[], pages);
-    let mut start = 0;
-    while start < n {
-        let cnt = (n - start) as libc::c_int;
-        // SAFETY: `iovs[start..n]` lie inside slab mappings kept alive by the `&'a SlabMemory`
-        // borrows, which outlive this call; no Rust reference to those bytes exists, so the
-        // kernel writing them aliases nothing. `fd` is a valid open socket borrowed via AsFd.
-        let rc = unsafe { libc::readv(fd, iovs[start..].as_ptr(), cnt) };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        if rc == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed in the middle of WRITE_PAGES data",
-            ));
-        }
-        start = advance(&mut iovs, start, n, rc as usize);
-    }
-    Ok(())
+    let zero = (
+        io::ErrorKind::UnexpectedEof,
+        "connection closed in the middle of WRITE_PAGES data",
+    );
+    transfer_all(&mut iovs, n, zero, |rest| {
+        // SAFETY: `rest` lies inside slab mappings kept alive by the `&'a SlabMemory` borrows,
+        // which outlive this call; no Rust reference to those bytes exists, so the kernel
+        // writing them aliases nothing. `rest.len()` is at most MAX_IOV, far below IOV_MAX.
+        // `fd` is a valid open socket borrowed via AsFd.
+        unsafe { libc::readv(fd, rest.as_ptr(), rest.len() as libc::c_int) }
+    })
 }
 
 #[cfg(test)]
