@@ -13,11 +13,25 @@ use common::*;
 use farmem_proto::{encode_error, Opcode, PageAddr, Status, MAX_BATCH_PAGES, PAGE_SIZE};
 use farmem_transport::{ClientConfig, Completion, DonorClient, PageWrite, TransportError};
 
+/// The request timeout of the tests whose point is a timeout: short enough to keep them quick,
+/// long enough that a loaded 2-core machine still completes HELLO within it.
+const SHORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// For tests that expect a timeout.
 fn quick_config() -> ClientConfig {
     ClientConfig {
+        request_timeout: SHORT_TIMEOUT,
+        ..patient_config()
+    }
+}
+
+/// For every other test: a timeout no scheduling delay reaches, so a slow machine cannot turn
+/// the error a test expects (or a success) into a timeout.
+fn patient_config() -> ClientConfig {
+    ClientConfig {
         client_id: 0xC0FFEE,
-        connect_timeout: Duration::from_secs(2),
-        request_timeout: Duration::from_millis(300),
+        connect_timeout: Duration::from_secs(30),
+        request_timeout: Duration::from_secs(60),
         ..ClientConfig::default()
     }
 }
@@ -34,8 +48,8 @@ fn chain(err: &dyn std::error::Error) -> String {
     s
 }
 
-/// Generous upper bound for "returned instead of hanging": far above the 300 ms timeout.
-const NO_HANG: Duration = Duration::from_secs(10);
+/// Generous upper bound for "returned instead of hanging": far above SHORT_TIMEOUT.
+const NO_HANG: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_donor_that_stalls_after_hello_gives_timeout_then_the_client_reconnects() {
@@ -49,10 +63,10 @@ fn a_donor_that_stalls_after_hello_gives_timeout_then_the_client_reconnects() {
     let err = client.alloc_slab().unwrap_err();
     assert!(start.elapsed() < NO_HANG, "took {:?}", start.elapsed());
     assert!(
-        matches!(err, TransportError::Timeout { op: "alloc_slab", after, .. } if after == Duration::from_millis(300)),
+        matches!(err, TransportError::Timeout { op: "alloc_slab", after, .. } if after == SHORT_TIMEOUT),
         "{err}"
     );
-    assert!(err.to_string().contains("300 ms"), "{err}");
+    assert!(err.to_string().contains("2000 ms"), "{err}");
     // The timed-out connection was abandoned: the next request opens a new one (which stalls too).
     let err = client.stats().unwrap_err();
     assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
@@ -91,7 +105,7 @@ fn a_donor_that_dies_mid_request_gives_disconnected_then_reconnect_works() {
         }
         serve(&mut stream, &s, &slabs);
     });
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let addr = PageAddr { slab: 0, page: 3 };
     let mut out = vec![0u8; PAGE_SIZE];
     let err = client.read_pages(&[addr], &mut out).unwrap_err();
@@ -130,7 +144,7 @@ fn every_request_in_flight_fails_with_disconnected_when_the_connection_drops() {
             // Drop the connection with all eight unanswered.
         }
     });
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let pending: Vec<_> = (0..8)
         .map(|i| {
             client
@@ -152,7 +166,7 @@ fn garbage_from_the_donor_is_a_protocol_error() {
             stall(&mut stream);
         }
     });
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let err = client.alloc_slab().unwrap_err();
     assert!(
         matches!(
@@ -174,7 +188,7 @@ fn garbage_instead_of_the_hello_answer_is_a_protocol_error() {
         let _ = stream.write_all(&[0xAB; 64]);
         stall(&mut stream);
     });
-    let err = DonorClient::connect(&peer.addr, quick_config()).unwrap_err();
+    let err = DonorClient::connect(&peer.addr, patient_config()).unwrap_err();
     assert!(
         matches!(err, TransportError::Protocol { op: "hello", .. }),
         "{err}"
@@ -194,7 +208,7 @@ fn a_response_of_the_wrong_kind_is_a_protocol_error() {
             stall(&mut stream);
         }
     });
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let mut out = vec![0u8; PAGE_SIZE];
     let err = client
         .read_pages(&[PageAddr { slab: 0, page: 0 }], &mut out)
@@ -210,7 +224,7 @@ fn a_wrong_token_is_refused_with_a_clear_error() {
     });
     let cfg = ClientConfig {
         token: Some(b"wrong".to_vec()),
-        ..quick_config()
+        ..patient_config()
     };
     let err = DonorClient::connect(&peer.addr, cfg).unwrap_err();
     assert!(
@@ -230,7 +244,7 @@ fn a_wrong_token_is_refused_with_a_clear_error() {
     );
     let cfg = ClientConfig {
         token: Some(b"right".to_vec()),
-        ..quick_config()
+        ..patient_config()
     };
     DonorClient::connect(&peer.addr, cfg).unwrap();
 }
@@ -238,7 +252,7 @@ fn a_wrong_token_is_refused_with_a_clear_error() {
 #[test]
 fn an_error_status_is_reported_with_the_donors_message_and_the_connection_stays_up() {
     let (peer, _store) = good_donor();
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let mut out = vec![0u8; PAGE_SIZE];
     let err = client
         .read_pages(&[PageAddr { slab: 9, page: 0 }], &mut out)
@@ -279,7 +293,7 @@ fn requests_over_the_protocol_limits_are_rejected_before_sending() {
             }
         }
     });
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let too_many = vec![PageAddr { slab: 0, page: 0 }; MAX_BATCH_PAGES + 1];
     let err = client.submit_read(&too_many).unwrap_err();
     assert!(
@@ -328,7 +342,7 @@ fn requests_over_the_protocol_limits_are_rejected_before_sending() {
         &peer.addr,
         ClientConfig {
             token: Some(vec![b'x'; 300]),
-            ..quick_config()
+            ..patient_config()
         },
     )
     .unwrap_err();
@@ -348,7 +362,7 @@ fn link_delay_is_added_to_every_request_without_serializing_the_pipeline() {
     let (peer, _store) = good_donor();
     let cfg = ClientConfig {
         link_delay_us: 20_000,
-        ..quick_config()
+        ..patient_config()
     };
     let client = DonorClient::connect(&peer.addr, cfg).unwrap();
     let start = Instant::now();
@@ -368,7 +382,7 @@ fn link_delay_is_added_to_every_request_without_serializing_the_pipeline() {
 #[test]
 fn responses_for_requests_nobody_waits_for_yet_are_kept_for_their_waiter() {
     let (peer, _store) = good_donor();
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let slab = client.alloc_slab().unwrap();
     let data: Vec<Vec<u8>> = (0..3).map(|i| page(100 + i)).collect();
     let writes: Vec<_> = data
@@ -409,7 +423,7 @@ fn responses_for_requests_nobody_waits_for_yet_are_kept_for_their_waiter() {
 #[test]
 fn a_dropped_pending_request_does_not_disturb_the_others() {
     let (peer, _store) = good_donor();
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     let slab = client.alloc_slab().unwrap();
     let data = page(7);
     let addr = PageAddr { slab, page: 1 };
@@ -444,7 +458,7 @@ fn write_to_a_closed_donor_with_default_sigpipe() {
             let _ = closed_tx.send(());
         }
     });
-    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
     closed_rx
         .recv_timeout(NO_HANG)
         .expect("the fake donor never closed");

@@ -19,7 +19,13 @@ fn seed(thread: u32, batch: u32, i: u32) -> u64 {
 #[test]
 fn pipelined_requests_from_several_threads_keep_every_page_intact() {
     let (peer, store) = good_donor();
-    let client = DonorClient::connect(&peer.addr, ClientConfig::default()).unwrap();
+    // A request timeout no scheduling delay on a loaded machine reaches: the test checks that
+    // nothing times out, so a short one would make it depend on the machine's load.
+    let cfg = ClientConfig {
+        request_timeout: std::time::Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let client = DonorClient::connect(&peer.addr, cfg).unwrap();
     let slab = client.alloc_slab().unwrap();
     let addr = move |t: u32, b: u32, i: u32| PageAddr {
         slab,
