@@ -8,7 +8,8 @@ use farmem_donor::DonorConfig;
 use farmem_proto::{PageAddr, Status};
 
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Generous: on a loaded machine the donor's threads may wait seconds for a CPU.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(10));
