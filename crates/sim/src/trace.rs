@@ -490,7 +490,9 @@ impl<R: Read> TraceReader<R> {
     /// Reads every record and runs the end checks; returns the records only if the whole trace
     /// is valid.
     pub fn read_all(mut self) -> Result<Vec<Record>, TraceError> {
-        let mut out = Vec::with_capacity(self.expected.min(1 << 24) as usize);
+        // The count comes from the file: reserve only a little up front (a 32-byte file claiming
+        // 2^60 records must not reserve hundreds of MiB); the vector grows with what is read.
+        let mut out = Vec::with_capacity(self.expected.min(1 << 16) as usize);
         while let Some(r) = self.next_record()? {
             out.push(r);
         }
