@@ -62,11 +62,13 @@ use std::time::{Duration, Instant};
 
 use farmem_proto::{
     encode_alloc_slab, encode_free_slab, encode_read_pages, encode_stats,
-    encode_write_pages_header, EncodeError, Opcode, MAX_TOKEN_LEN,
+    encode_write_pages_header, EncodeError, Opcode,
 };
 
 pub use error::TransportError;
-pub use farmem_proto::{DonorInfo, DonorStats, PageAddr, Status, MAX_BATCH_PAGES, PAGE_SIZE};
+pub use farmem_proto::{
+    DonorInfo, DonorStats, PageAddr, Status, MAX_BATCH_PAGES, MAX_TOKEN_LEN, PAGE_SIZE,
+};
 
 use conn::{Conn, Failure, Reply, SendError, Waited};
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use farmem_donor::{DonorConfig, DonorServer};
+use farmem_transport::MAX_TOKEN_LEN;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -55,22 +56,19 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
         bail!(
             "the token file {} is empty; put a secret of 1 to {} bytes in it",
             path.display(),
-            MAX_TOKEN_BYTES
+            MAX_TOKEN_LEN
         );
     }
-    if token.len() > MAX_TOKEN_BYTES {
+    if token.len() > MAX_TOKEN_LEN {
         bail!(
             "the token file {} holds {} bytes; a token is at most {} bytes",
             path.display(),
             token.len(),
-            MAX_TOKEN_BYTES
+            MAX_TOKEN_LEN
         );
     }
     Ok(token)
 }
-
-/// The protocol's limit on a token (farmem_proto::MAX_TOKEN_LEN).
-const MAX_TOKEN_BYTES: usize = 256;
 
 /// Runs the donor until SIGINT/SIGTERM.
 pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
