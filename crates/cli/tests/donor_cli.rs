@@ -1,95 +1,20 @@
 //! The real `farmem donor` process: its one stdout line, clean shutdown on SIGTERM/SIGINT, the
 //! auth token (refusal logged), and clear errors for bad flags.
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, PAGE_SIZE};
 
-struct Donor {
-    child: Child,
-    addr: SocketAddr,
-    stderr: Arc<Mutex<String>>,
-    stdout_rest: std::thread::JoinHandle<String>,
-}
+mod donor_support;
+
+use donor_support::Donor;
 
 fn spawn_donor(extra: &[&str]) -> Donor {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_farmem"))
-        .args(["donor", "--listen", "127.0.0.1:0", "--slab-size", "1MiB"])
-        .args(extra)
-        .env("FARMEM_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start farmem donor");
-    let stderr = Arc::new(Mutex::new(String::new()));
-    {
-        let sink = Arc::clone(&stderr);
-        let mut pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-    }
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line)
-        .expect("read the donor's first line");
-    let addr = line
-        .strip_prefix("farmem donor listening on ")
-        .and_then(|rest| rest.strip_suffix('\n'))
-        .unwrap_or_else(|| {
-            panic!(
-                "unexpected first stdout line {line:?}; stderr: {}",
-                stderr.lock().unwrap()
-            )
-        })
-        .parse()
-        .expect("the line names a socket address");
-    let stdout_rest = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = out.read_to_string(&mut rest);
-        rest
-    });
-    Donor {
-        child,
-        addr,
-        stderr,
-        stdout_rest,
-    }
-}
-
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .expect("run kill(1)")
-        .success();
-    assert!(ok, "kill {sig} failed");
-}
-
-fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the donor did not exit within 15 s of the signal");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut args = vec!["--slab-size", "1MiB"];
+    args.extend_from_slice(extra);
+    Donor::spawn(&args)
 }
 
 fn client(
@@ -123,16 +48,12 @@ fn stop_with(sig: &str) {
     assert_eq!(c.info().capacity_bytes, 64 << 20);
     assert_eq!(c.info().slab_size_bytes, 1 << 20);
     round_trip(&c);
-    signal(&d.child, sig);
-    let status = wait_exit(&mut d.child);
-    let stderr = d.stderr.lock().unwrap().clone();
+    d.signal(sig);
+    let status = d.wait_exit();
+    let (stdout_rest, stderr) = d.output_after_exit();
     assert!(status.success(), "exit {status:?}; stderr:\n{stderr}");
     assert!(stderr.contains("donor stopped"), "stderr:\n{stderr}");
-    assert_eq!(
-        d.stdout_rest.join().unwrap(),
-        "",
-        "only one line goes to stdout"
-    );
+    assert_eq!(stdout_rest, "", "only one line goes to stdout");
     assert!(c.stats().is_err(), "the donor is gone");
 }
 
@@ -161,9 +82,9 @@ fn a_wrong_token_is_refused_and_logged() {
     assert!(client(d.addr, None).is_err());
     let c = client(d.addr, Some(b"correct horse battery staple")).expect("right token");
     round_trip(&c);
-    signal(&d.child, "-TERM");
-    assert!(wait_exit(&mut d.child).success());
-    let stderr = d.stderr.lock().unwrap().clone();
+    d.signal("-TERM");
+    assert!(d.wait_exit().success());
+    let (_, stderr) = d.output_after_exit();
     assert!(
         stderr.matches("authentication failed").count() >= 2,
         "stderr:\n{stderr}"
@@ -309,9 +230,9 @@ fn every_bad_input_gets_a_log_line() {
     // The owner still reads its slab.
     assert_eq!(exchange(&mut owner, &read_req(slab, 3)).unwrap().0, 0);
 
-    signal(&d.child, "-TERM");
-    assert!(wait_exit(&mut d.child).success());
-    let stderr = d.stderr.lock().unwrap().clone();
+    d.signal("-TERM");
+    assert!(d.wait_exit().success());
+    let (_, stderr) = d.output_after_exit();
     for needle in [
         "unknown request type 0x42",
         "belongs to another client",

@@ -2,45 +2,25 @@
 //! client holding a slab, and `farmem stats --json` parsed; plus the table and the errors for a
 //! missing token, an unreachable donor and a bad address.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
 
-/// A `farmem donor` child, killed on drop.
-struct Donor {
-    child: Child,
-    addr: String,
-}
+mod donor_support;
 
-impl Drop for Donor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use donor_support::Donor;
 
-fn start_donor(token_file: &std::path::Path) -> Donor {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_farmem"))
-        .args(["donor", "--listen", "127.0.0.1:0", "--capacity", "256MiB"])
-        .arg("--token-file")
-        .arg(token_file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("cannot run `farmem donor`");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("reading the donor's first line");
-    let addr = line
-        .trim()
-        .strip_prefix("farmem donor listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line from farmem donor: {line:?}"))
-        .to_string();
-    Donor { child, addr }
+/// A `farmem donor` lending 256 MiB (in 64 MiB slabs) to holders of the token in `token_file`;
+/// returns it and its address as text.
+fn start_donor(token_file: &std::path::Path) -> (Donor, String) {
+    let donor = Donor::spawn(&[
+        "--capacity",
+        "256MiB",
+        "--token-file",
+        token_file.to_str().expect("a UTF-8 temp path"),
+    ]);
+    let addr = donor.addr.to_string();
+    (donor, addr)
 }
 
 fn farmem(args: &[&str]) -> Output {
@@ -55,11 +35,11 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, b"stats-test-token").unwrap();
-    let donor = start_donor(&token_file);
+    let (_donor, addr) = start_donor(&token_file);
 
     // A client that holds one slab and has written and read 8 pages.
     let client = DonorClient::connect(
-        &donor.addr,
+        &addr,
         ClientConfig {
             client_id: 11,
             token: Some(b"stats-test-token".to_vec()),
@@ -84,7 +64,7 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     let out = farmem(&[
         "stats",
         "--donor",
-        &donor.addr,
+        &addr,
         "--token-file",
         token,
         "--json",
@@ -101,7 +81,7 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
         v[k].as_f64()
             .unwrap_or_else(|| panic!("{k} missing or not a number in {v}"))
     };
-    assert_eq!(v["donor"], donor.addr.as_str());
+    assert_eq!(v["donor"], addr.as_str());
     assert_eq!(n("capacity_bytes"), (256u64 << 20) as f64);
     assert_eq!(n("slab_size_bytes"), (64u64 << 20) as f64);
     assert_eq!(n("used_bytes"), (64u64 << 20) as f64);
@@ -123,7 +103,7 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     let out = farmem(&[
         "stats",
         "--donor",
-        &donor.addr,
+        &addr,
         "--token-file",
         token,
         "--interval-ms",
@@ -150,11 +130,11 @@ fn stats_without_the_token_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, b"right").unwrap();
-    let donor = start_donor(&token_file);
+    let (_donor, addr) = start_donor(&token_file);
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, b"wrong").unwrap();
     for extra in [vec![], vec!["--token-file", wrong.to_str().unwrap()]] {
-        let mut args = vec!["stats", "--donor", donor.addr.as_str(), "--json"];
+        let mut args = vec!["stats", "--donor", addr.as_str(), "--json"];
         args.extend(extra);
         let out = farmem(&args);
         assert!(!out.status.success());
