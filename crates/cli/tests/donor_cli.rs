@@ -130,7 +130,7 @@ fn bad_flags_are_clear_errors() {
     );
     fails_with(
         &["--capacity", "1GiB", "--listen", "nonsense"],
-        "cannot resolve listen address",
+        "cannot resolve address \"nonsense\"",
     );
     fails_with(
         &[
@@ -245,6 +245,44 @@ fn every_bad_input_gets_a_log_line() {
         assert!(
             stderr.contains(needle),
             "no log line with {needle:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_busy_port_or_bad_address_names_the_cause_once() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().to_string();
+    for (args, expect) in [
+        (
+            vec!["--capacity", "1GiB", "--listen", port.as_str()],
+            "another donor",
+        ),
+        (
+            vec![
+                "--capacity",
+                "1GiB",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics",
+                port.as_str(),
+            ],
+            "cannot serve metrics",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_farmem"))
+            .arg("donor")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run farmem donor");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.matches("Address already in use").count(),
+            1,
+            "{args:?}: the OS error should appear once: {stderr}"
         );
     }
 }

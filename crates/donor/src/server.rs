@@ -102,9 +102,7 @@ pub enum DonorError {
     #[error("invalid donor configuration: {0}")]
     Config(String),
     /// The listen address did not resolve.
-    #[error(
-        "cannot resolve listen address {addr:?}: {source}; use HOST:PORT, e.g. 127.0.0.1:7070"
-    )]
+    #[error("cannot resolve address {addr:?} (use HOST:PORT, e.g. 127.0.0.1:7070)")]
     Resolve {
         /// The address given.
         addr: String,
@@ -119,7 +117,7 @@ pub enum DonorError {
         addr: String,
     },
     /// Binding the data listener failed.
-    #[error("cannot listen on {addr}: {source}; is another donor already using this port?")]
+    #[error("cannot listen on {addr} (is another donor already using this port? pick another with --listen)")]
     Bind {
         /// The address.
         addr: String,
@@ -128,7 +126,7 @@ pub enum DonorError {
         source: io::Error,
     },
     /// Binding the metrics listener failed.
-    #[error("cannot serve metrics on {addr}: {source}")]
+    #[error("cannot serve metrics on {addr} (is the port in use? pick another with --metrics)")]
     MetricsBind {
         /// The address.
         addr: String,
@@ -137,10 +135,10 @@ pub enum DonorError {
         source: io::Error,
     },
     /// A socket operation needed to set up the server failed.
-    #[error("setting up the donor's sockets failed: {0}")]
+    #[error("setting up the donor's sockets failed")]
     Socket(#[source] io::Error),
     /// Starting a thread failed.
-    #[error("starting a donor thread failed: {0}; the host may be out of threads or memory")]
+    #[error("starting a donor thread failed (the host may be out of threads or memory)")]
     Spawn(#[source] io::Error),
     /// The donor's thread panicked.
     #[error("the donor thread panicked")]
