@@ -12,7 +12,7 @@ pub enum ReadFrameError {
     #[error("connection closed by peer")]
     Closed,
     /// Reading failed (including a close in the middle of a frame).
-    #[error("reading a frame failed: {0}")]
+    #[error("reading a frame failed")]
     Io(#[from] io::Error),
     /// The header is invalid. `salvage` holds the opcode and request id when they could be read,
     /// so the error can still be answered before the connection is closed.
@@ -86,6 +86,17 @@ mod tests {
             read_frame(&mut r, &mut buf),
             Err(ReadFrameError::Closed)
         ));
+    }
+
+    #[test]
+    fn the_io_error_is_the_source_not_repeated_in_the_message() {
+        use std::error::Error;
+        let e = ReadFrameError::Io(io::Error::other("disk on fire"));
+        assert!(!e.to_string().contains("disk on fire"), "{e}");
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("disk on fire")
+        );
     }
 
     #[test]
