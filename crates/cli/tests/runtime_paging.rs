@@ -64,6 +64,7 @@ fn runtime(budget: usize, donors: Vec<String>, evict: &str) -> Arc<Runtime> {
         donors,
         evict: evict.into(),
         farmem_bin: Some(farmem()),
+        prefetch: "none".into(),
         ..RuntimeConfig::default()
     })
     .expect("runtime starts")

@@ -126,8 +126,9 @@ pub(crate) struct Shared {
     /// Fault-loop iterations completed (lets callers wait until events already read by the
     /// kernel's count — e.g. the UNMAP of a munmap that has returned — are processed).
     pub(crate) loop_seq: std::sync::atomic::AtomicU64,
-    /// The evictor found no pool slot last round (write-back is failing or slow).
-    pub(crate) evict_stalled: AtomicBool,
+    /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
+    /// pool slots, so faults must not wait for it.
+    pub(crate) send_failing: AtomicBool,
 }
 
 fn pid_of(addr: usize) -> u64 {
@@ -211,13 +212,14 @@ impl Shared {
     }
 
     /// Before a page is installed: if resident pages are at the budget, wake the evictor and
-    /// wait for it (the headroom normally makes this rare). Not when the evictor cannot make
-    /// progress (no pool slot: write-back failing), where waiting would only slow the program.
+    /// wait for it (the headroom normally makes this rare). Not when write-back is failing
+    /// (the evictor cannot free pool slots), where waiting would only stall the program: the
+    /// budget is then exceeded and the error is in the stats.
     fn make_room(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
-        let deadline = Instant::now() + Duration::from_millis(100);
+        let deadline = Instant::now() + Duration::from_secs(2);
         while st.resident >= self.budget_pages
             && !st.paused
-            && !self.evict_stalled.load(Ordering::Relaxed)
+            && !self.send_failing.load(Ordering::Relaxed)
             && Instant::now() < deadline
         {
             self.evict_cv.notify_one();
@@ -761,12 +763,9 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
             st.policy.insert(p, Origin::Demand);
         }
         if victims.is_empty() {
-            sh.evict_stalled.store(true, Ordering::Relaxed);
-            sh.commit_cv.notify_all();
             sh.slots_cv.wait_for(&mut st, Duration::from_millis(20));
             continue;
         }
-        sh.evict_stalled.store(false, Ordering::Relaxed);
         drop(st);
         for v in victims.drain(..) {
             let dst = sh.slot_addr(v.slot);
@@ -961,6 +960,8 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
                 ),
                 false,
             );
+            sh.send_failing.store(true, Ordering::Relaxed);
+            sh.commit_cv.notify_all();
             let mut st = sh.state.lock();
             for s in batch.into_iter().rev() {
                 st.staging.push_front(s);
@@ -971,6 +972,7 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
             continue;
         }
         backoff = Duration::from_millis(10);
+        sh.send_failing.store(false, Ordering::Relaxed);
         let mut st = sh.state.lock();
         let mut sent = 0u64;
         for s in &batch {
@@ -1012,14 +1014,19 @@ pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
         });
     }
     drop(st);
-    for (addr, e) in todo {
+    for (addr, _) in todo {
         loop {
             let mut st = sh.state.lock();
-            let Some(cur) = st.table.get(addr) else {
+            // Act on the entry as it is now: the sender may have acknowledged a pool page
+            // (PoolUnsent → PoolSent) since the list was made.
+            let Some(e) = st.table.get(addr) else {
                 break;
             };
-            if cur != e {
-                break; // changed meanwhile (a fault brought it in, or it was released)
+            if !matches!(
+                e.state,
+                PageState::PoolSent | PageState::PoolUnsent | PageState::Remote
+            ) {
+                break; // resident already, or released
             }
             let r = match e.state {
                 // SAFETY: a pool slot the runtime owns holding this page; nothing references it.
@@ -1045,7 +1052,7 @@ pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
                         })?;
                     st = sh.state.lock();
                     if st.table.get(addr) != Some(e) {
-                        break;
+                        continue; // changed meanwhile: look again
                     }
                     sh.uffd.copy(addr, &data, false, false)
                 }

@@ -87,7 +87,7 @@ pub struct RuntimeConfig {
     pub farmem_bin: Option<PathBuf>,
     /// Record a page-access trace (not supported yet: setting it is an error).
     pub record_trace: Option<PathBuf>,
-    /// Size of the write-back pool; default budget/4, within 256 KiB..64 MiB.
+    /// Size of the write-back pool; default budget/4, within 1 MiB..64 MiB.
     pub pool_bytes: Option<u64>,
     /// Capacity the embedded donor lends (default 16 GiB; committed only when written).
     pub embedded_capacity_bytes: u64,
@@ -300,7 +300,7 @@ impl Runtime {
         let budget_pages = cfg.budget_bytes / PAGE_SIZE as u64;
         let pool_bytes = cfg
             .pool_bytes
-            .unwrap_or((cfg.budget_bytes / 4).clamp(256 << 10, 64 << 20));
+            .unwrap_or((cfg.budget_bytes / 4).clamp(1 << 20, 64 << 20));
         let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
         let pool_len = pool_slots as usize * PAGE_SIZE;
         let pool_base = mmap_anon(pool_len, "mapping the write-back pool")?;
@@ -356,7 +356,7 @@ impl Runtime {
             thread_hook: cfg.thread_hook.clone(),
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
             loop_seq: std::sync::atomic::AtomicU64::new(0),
-            evict_stalled: AtomicBool::new(false),
+            send_failing: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
         let spawn = |name: &str, f: fn(Arc<Shared>), sh: Arc<Shared>| {
@@ -629,6 +629,12 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         if self.sh.in_child.load(Ordering::Relaxed) {
             return;
+        }
+        if self.fork_locked.swap(false, Ordering::SeqCst) {
+            // SAFETY: `before_fork` locked the state mutex and forgot the guard, and no
+            // `after_fork_*` released it (a caller bug or a panic in between): release it so
+            // the runtime threads can stop.
+            unsafe { self.sh.state.force_unlock() };
         }
         self.sh.shutdown.store(true, Ordering::SeqCst);
         self.sh.evict_cv.notify_all();

@@ -352,3 +352,52 @@ fn unregister_wakes_and_stops_reporting() {
     // WAKE on a range nobody waits on is harmless.
     u.wake(m.addr, m.len).unwrap();
 }
+
+/// The kernel behaviour the runtime's fork design rests on: after fork (even once the child
+/// has exited), MOVE refuses pages not written since (no longer exclusive: EBUSY) and accepts
+/// pages written since (copy-on-write made them exclusive again).
+#[test]
+fn move_refuses_pages_shared_since_fork_until_written() {
+    let region = Map::new(2 * PAGE_SIZE);
+    let pool = Map::new(2 * PAGE_SIZE);
+    let u = Uffd::open(all(), Features::empty()).unwrap();
+    let pool_uffd = Uffd::open(Features::MOVE, Features::empty()).unwrap();
+    // SAFETY: both mappings belong to this test; no references into them.
+    unsafe {
+        u.register(region.addr, region.len, BOTH).unwrap();
+        let missing = RegisterMode {
+            missing: true,
+            wp: false,
+        };
+        pool_uffd.register(pool.addr, pool.len, missing).unwrap();
+    }
+    u.copy(region.addr, &vec![5u8; 2 * PAGE_SIZE], false, false)
+        .unwrap();
+    // SAFETY: the child exits at once without touching anything.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: leaving the child immediately.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: a store into the test's own mapping.
+    unsafe { std::ptr::write_volatile(region.addr as *mut u64, 9) };
+    // SAFETY: the region pages belong to this test and nothing references them.
+    let (written, untouched) = unsafe {
+        (
+            pool_uffd.move_pages(pool.addr, region.addr, PAGE_SIZE, true, false),
+            pool_uffd.move_pages(
+                pool.addr + PAGE_SIZE,
+                region.addr + PAGE_SIZE,
+                PAGE_SIZE,
+                true,
+                false,
+            ),
+        )
+    };
+    assert_eq!(written.unwrap(), PAGE_SIZE);
+    assert_eq!(untouched.unwrap_err().errno(), Some(libc::EBUSY));
+}
