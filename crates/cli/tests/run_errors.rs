@@ -83,7 +83,7 @@ fn donor_refusing_the_token_is_reported() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let _ = connect_retry(port, std::time::Duration::from_secs(10), &mut donor);
+    let _ = connect_plain(port, std::time::Duration::from_secs(10), &mut donor);
     let o = farmem_run(
         &[
             "--local-mem",

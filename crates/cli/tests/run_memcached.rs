@@ -33,6 +33,7 @@ fn memcached_at_half_memory_returns_every_item() {
             "-u",
             "root",
         ],
+        &dir.path("farmem-run.log"),
     );
     let s = connect_retry(port, Duration::from_secs(30), &mut child);
     let mut w = std::io::BufWriter::new(s.try_clone().unwrap());
@@ -76,10 +77,14 @@ fn memcached_at_half_memory_returns_every_item() {
         r.read_line(&mut line).unwrap();
         assert_eq!(line, "END\r\n");
     }
-    // memcached ends on SIGTERM; farmem run passes the status through (0 after a clean stop)
-    nix_kill(child.id());
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "farmem run memcached: {}", text(&out));
+    // memcached ends on SIGTERM, which farmem run passes on; its status comes back through
+    child.signal("TERM");
+    let st = child.wait(Duration::from_secs(60));
+    assert!(
+        st.success(),
+        "farmem run memcached: {st}\n{}",
+        child.log_text()
+    );
     let st = read_stats(&stats);
     assert!(
         counter(&st, "remote_bytes_out") > 100 << 20,
@@ -89,13 +94,4 @@ fn memcached_at_half_memory_returns_every_item() {
         counter(&st, "remote_bytes_in") > 0,
         "pages should have come back: {st}"
     );
-}
-
-/// SIGTERM to `farmem run`, which passes it on to memcached.
-fn nix_kill(pid: u32) {
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
 }

@@ -30,6 +30,10 @@
 //!   semantics; the kernel would otherwise drop region pages without telling the runtime).
 //! - Alignments above 32 MiB (which mimalloc's arenas cannot serve) come from glibc.
 
+// The unit-test binary has no constructor (it must keep its own malloc), so the start-up path
+// is unused there.
+#![cfg_attr(test, allow(dead_code))]
+
 pub mod config;
 mod exports;
 mod glue;
@@ -63,13 +67,12 @@ pub struct ShimCounters {
 
 pub(crate) mod shim {
     //! Declarations of `src/shim.c`.
-    use std::ffi::{c_int, c_void};
+    use std::ffi::c_int;
 
     extern "C" {
         pub fn fmp_internal_enter();
         pub fn fmp_internal_leave();
         pub fn fmp_mark_runtime_thread();
-        pub fn fmp_uses_glibc() -> c_int;
         pub fn fmp_heap_init(reserve_bytes: usize, first_chunk_bytes: usize) -> c_int;
         pub fn fmp_heap_set_ready();
         pub fn fmp_set_mmap_threshold(bytes: usize);
@@ -77,8 +80,6 @@ pub(crate) mod shim {
         pub fn fmp_heap_bounds(lo: *mut usize, span: *mut usize);
         pub fn fmp_counters(out: *mut super::ShimCounters);
         pub fn fmp_resolve_symbols();
-        pub fn fmp_malloc(size: usize) -> *mut c_void;
-        pub fn fmp_free(ptr: *mut c_void);
     }
 }
 
@@ -229,6 +230,12 @@ extern "C" fn farmem_preload_register_region(
 mod tests {
     use super::*;
 
+    extern "C" {
+        fn fmp_uses_glibc() -> c_int;
+        fn fmp_malloc(size: usize) -> *mut c_void;
+        fn fmp_free(ptr: *mut c_void);
+    }
+
     #[test]
     fn internal_scope_routes_to_glibc_and_nests() {
         // In the unit-test binary the heap is never made ready, so the shim uses glibc
@@ -236,16 +243,16 @@ mod tests {
         internal(|| {
             internal(|| {
                 // SAFETY: reads this thread's flags only.
-                assert_eq!(unsafe { shim::fmp_uses_glibc() }, 1);
+                assert_eq!(unsafe { fmp_uses_glibc() }, 1);
             });
         });
         let (lo, span) = heap_bounds();
         assert_eq!((lo, span), (0, 0));
         // SAFETY: fmp_malloc/fmp_free pair on a fresh pointer; glibc serves both here.
         unsafe {
-            let p = shim::fmp_malloc(100);
+            let p = fmp_malloc(100);
             assert!(!p.is_null());
-            shim::fmp_free(p);
+            fmp_free(p);
         }
     }
 }

@@ -656,8 +656,13 @@ mod tests {
         let e = resolve_command(OsStr::new("no-such-program-xyz"), Some(OsStr::new("/bin")))
             .unwrap_err();
         assert!(e.to_string().contains("COMMAND not found"), "{e}");
-        let e = resolve_command(OsStr::new("/etc/hostname"), None).unwrap_err();
+        let plain = std::env::temp_dir().join(format!("farmem-run-test-{}", std::process::id()));
+        std::fs::write(&plain, "not a program").unwrap();
+        let e = resolve_command(plain.as_os_str(), None).unwrap_err();
+        std::fs::remove_file(&plain).unwrap();
         assert!(e.to_string().contains("not an executable"), "{e}");
+        let e = resolve_command(OsStr::new("/no/such/dir/prog"), None).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
     }
 
     #[test]

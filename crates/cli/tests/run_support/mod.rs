@@ -104,19 +104,98 @@ pub fn farmem_run(args: &[&str], command: &[&str]) -> Output {
         .expect("starting farmem run")
 }
 
-/// Starts `farmem run ARGS -- COMMAND` in the background.
-pub fn farmem_spawn(args: &[&str], command: &[&str]) -> Child {
+/// A `farmem run` started in the background, in its own process group, its output in a log
+/// file. Dropping it kills the whole group (farmem run, the program, the embedded donor), so a
+/// failing test leaves nothing behind.
+pub struct Running {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Running {
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `timeout` for `farmem run` to end; a test failure (with the log) otherwise.
+    pub fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "farmem run did not end within {timeout:?}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends `sig` to `farmem run` (which passes SIGTERM/SIGHUP on to the program).
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // the group's id is farmem run's pid (process_group(0) below)
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", self.child.id())])
+                .status();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Starts `farmem run ARGS -- COMMAND` in the background, output to `log`.
+pub fn farmem_spawn(args: &[&str], command: &[&str], log: &Path) -> Running {
+    use std::os::unix::process::CommandExt;
     require_preload_lib();
-    Command::new(farmem())
+    let out = std::fs::File::create(log).unwrap();
+    let err = out.try_clone().unwrap();
+    let child = Command::new(farmem())
         .arg("run")
         .args(args)
         .arg("--")
         .args(command)
         .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .expect("starting farmem run");
+    Running {
+        child,
+        log: log.to_path_buf(),
+    }
+}
+
+/// Runs `cmd` to completion within `timeout` (killed and a test failure otherwise).
+pub fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("starting farmem run")
+        .expect("spawn");
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("{cmd:?} did not finish within {timeout:?}: {}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// Text of an output, for messages.
@@ -152,8 +231,30 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Connects to 127.0.0.1:port, retrying until `timeout` (a server starting up).
-pub fn connect_retry(port: u16, timeout: Duration, child: &mut Child) -> TcpStream {
+/// Connects to 127.0.0.1:port, retrying until `timeout` (a server starting up under farmem).
+pub fn connect_retry(port: u16, timeout: Duration, r: &mut Running) -> TcpStream {
+    let start = Instant::now();
+    loop {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+            return s;
+        }
+        if let Ok(Some(st)) = r.child.try_wait() {
+            panic!(
+                "the server exited before listening ({st}): {}",
+                r.log_text()
+            );
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "nothing listens on 127.0.0.1:{port} after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Connects to a server started without farmem (`child`), retrying until `timeout`.
+pub fn connect_plain(port: u16, timeout: Duration, child: &mut Child) -> TcpStream {
     let start = Instant::now();
     loop {
         if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
@@ -161,11 +262,7 @@ pub fn connect_retry(port: u16, timeout: Duration, child: &mut Child) -> TcpStre
             return s;
         }
         if let Ok(Some(st)) = child.try_wait() {
-            let mut err = String::new();
-            if let Some(e) = child.stderr.as_mut() {
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("the server exited before listening ({st}): {err}");
+            panic!("the server exited before listening ({st})");
         }
         assert!(
             start.elapsed() < timeout,
