@@ -85,3 +85,22 @@ fn a_missing_memcached_names_the_package_to_install() {
         "{err}"
     );
 }
+
+#[test]
+fn help_explains_the_phases_the_ratio_and_the_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_farmem"))
+        .args(["bench", "donor", "--help"])
+        .output()
+        .expect("cannot run the farmem binary");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "memcached",
+        "warm-up",
+        "ratio to memcached",
+        "single_p50_us",
+        "batch_pages_per_s",
+    ] {
+        assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+    }
+}

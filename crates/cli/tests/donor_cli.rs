@@ -286,3 +286,23 @@ fn a_busy_port_or_bad_address_names_the_cause_once() {
         );
     }
 }
+
+#[test]
+fn help_explains_the_stdout_line_stopping_and_security() {
+    let out = Command::new(env!("CARGO_BIN_EXE_farmem"))
+        .args(["donor", "--help"])
+        .output()
+        .expect("run farmem donor --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "farmem donor listening on ADDR",
+        "SIGTERM",
+        "--token-file",
+        "--insecure",
+        "--orphan-grace",
+        "Examples:",
+    ] {
+        assert!(help.contains(needle), "{needle:?} missing from:\n{help}");
+    }
+}

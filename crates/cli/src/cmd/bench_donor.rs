@@ -35,11 +35,27 @@ const IN_FLIGHT: usize = 4;
 /// Slab size of the bench donor.
 const SLAB_BYTES: u64 = 64 << 20;
 
+const BENCH_DONOR_LONG_HELP: &str = "\
+Starts a farmem donor in this process and a memcached child (from the Debian package `memcached`, \
+or --memcached PATH), both on 127.0.0.1, loads the same --pages 4 KiB pages into each, then reads \
+them back with the same random page sequence:
+  single   one page at a time, --requests reads after 1000 warm-up reads: p50 and p99 latency (us)
+  batch    --batches batches of 64 pages, 4 in flight on one connection: pages per second
+Every page read back is checked, so neither side can win by returning wrong bytes.
+
+The table gives each figure for both systems and farmem's ratio to memcached, measured in the \
+same run on the same machine. --json prints {\"farmem\": F, \"memcached\": F} with \
+F = {\"single_p50_us\", \"single_p99_us\", \"batch_pages_per_s\"}.
+
+Example:
+  farmem bench donor --requests 5000 --batches 1000";
+
 /// Compare farmem's donor with memcached: single-page read latency and batch read throughput.
 ///
 /// Starts both servers on 127.0.0.1 itself (memcached from the Debian package `memcached`),
 /// loads the same pages into each, and reads them back with the same random sequence.
 #[derive(Args, Debug)]
+#[command(after_long_help = BENCH_DONOR_LONG_HELP)]
 pub struct BenchDonorArgs {
     /// Print only the JSON figures.
     #[arg(long)]

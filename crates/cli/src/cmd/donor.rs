@@ -18,8 +18,28 @@ use signal_hook::iterator::Signals;
 
 use crate::cmd::units::{parse_duration, parse_size};
 
+const DONOR_LONG_HELP: &str = "\
+Lends up to --capacity bytes of this machine's memory, in slabs of --slab-size, to farmem clients \
+(`farmem run --donor ADDR`). Memory is committed only when a client writes a page and returned \
+to the system when its slab is freed.
+
+Once listening, prints exactly one line to stdout, `farmem donor listening on ADDR` (with the \
+real port when --listen ends in :0); logs go to stderr (FARMEM_LOG=debug for more). SIGINT or \
+SIGTERM stops it cleanly with exit status 0.
+
+Security: without --token-file any local process may connect, so only loopback addresses are \
+accepted; to serve other hosts, give --token-file (the same file on the clients) or, on a \
+trusted network only, --insecure. Client ids are names, not credentials.
+
+A client that disconnects keeps its slabs for --orphan-grace, so a reconnect finds its pages.
+
+Examples:
+  farmem donor --capacity 8GiB
+  farmem donor --listen 0.0.0.0:7070 --capacity 8GiB --token-file /etc/farmem/token --metrics 127.0.0.1:9177";
+
 /// Arguments of `farmem donor`.
 #[derive(Args, Debug)]
+#[command(after_long_help = DONOR_LONG_HELP)]
 pub struct DonorArgs {
     /// Address to listen on, HOST:PORT (port 0 picks a free port). Without a token only
     /// loopback addresses are allowed (see --insecure).
