@@ -109,9 +109,9 @@ mod tests {
                 p.insert(page, Origin::Prefetch);
             }
             p.insert(3, Origin::Demand);
-            p.touched(117); // consumed: goes first
-                            // Then the oldest unused prefetch beyond the 16 newest (default grace), then the
-                            // demand pages, then the newest unused prefetches.
+            // 117 is consumed: it goes first. Then the oldest unused prefetch beyond the 16
+            // newest (default grace), then the demand pages, then the newest unused prefetches.
+            p.touched(117);
             let order: Vec<u64> = std::iter::from_fn(|| p.pick_victim()).collect();
             let mut want = vec![117, 100, 1, 3];
             want.extend(101..=116);
