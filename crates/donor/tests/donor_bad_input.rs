@@ -314,3 +314,16 @@ fn a_connection_that_dribbles_a_header_is_closed_at_the_hello_timeout() {
     );
     w.check();
 }
+
+#[test]
+fn after_hello_an_idle_connection_is_not_held_to_the_hello_timeout() {
+    let (_donor, mut w) = donor_with_a_short_hello_timeout();
+    let mut c = Raw::hello(w.raw.stream.peer_addr().unwrap(), 77, b"");
+    // Idle for longer than the whole HELLO timeout: an authenticated client may pause freely.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert!(
+        c.stats().clients >= 2,
+        "the idle client's connection was closed"
+    );
+    w.check();
+}
