@@ -9,12 +9,8 @@ use std::time::Duration;
 
 /// Parses a size in bytes. Errors say what was wrong and show a valid example.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let (num, unit) = number_and_unit(text);
+    let mult: u64 = match unit.as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
@@ -31,13 +27,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 /// Parses a duration: a number with `ns`, `us`, `ms`, `s`, `m` or `h`; a number alone is seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
+    let (num, unit) = number_and_unit(text);
     // Nanoseconds per unit.
-    let ns_per_unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let ns_per_unit: u64 = match unit.as_str() {
         "ns" => 1,
         "us" | "µs" => 1_000,
         "ms" => 1_000_000,
@@ -53,6 +45,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     scaled(num, ns_per_unit)
         .map(Duration::from_nanos)
         .map_err(|why| format!("bad duration `{text}`: {why} (e.g. 60s, 500ms, 2m)"))
+}
+
+/// Splits `  12.5 MiB ` into the number (`12.5`) and the unit, trimmed and lower-cased (`mib`).
+fn number_and_unit(text: &str) -> (&str, String) {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    (num, unit.trim().to_ascii_lowercase())
 }
 
 /// `num × mult`, exactly, where `num` is a decimal number with an optional fraction.
