@@ -319,3 +319,46 @@ fn sigterm_in_the_middle_of_a_swap_run_restores_the_machine() {
     );
     assert_eq!(leftover_cgroups(pid), Vec::<String>::new());
 }
+
+#[test]
+fn farmem_system_runs_the_workload_under_farmem_run() {
+    let _m = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
+    let lib = Path::new(env!("CARGO_BIN_EXE_farmem")).with_file_name("libfarmem_preload.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace) so farmem run can preload it",
+        lib.display()
+    );
+    let o = run(&[
+        "-w",
+        "random",
+        "--wss",
+        "32MiB",
+        "--passes",
+        "1",
+        "--local",
+        "0.5",
+        "--systems",
+        "farmem",
+        "--json",
+    ]);
+    let rows = json_rows(&o);
+    let r = row(&rows, "farmem", "random");
+    check_keys(r);
+    assert_eq!(r["local_fraction"], 0.5);
+    let avg = r["avg_access_us"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("farmem did not run: {}", stderr(&o)));
+    assert!(avg > 0.0);
+    // The table (stderr) shows the limit and what farmem sent to its donor (half the working
+    // set did not fit).
+    let line = stderr(&o)
+        .lines()
+        .find(|l| l.starts_with("farmem"))
+        .map(str::to_string)
+        .unwrap();
+    assert!(
+        line.matches("MiB").count() >= 2,
+        "no remote bytes (only the limit) in {line}"
+    );
+}
