@@ -181,10 +181,24 @@ impl Connection {
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if deadline.is_some() && is_timeout(&e) => return Err(Self::no_hello()),
+                // Authenticated and idle between requests: wait on.
+                Err(e) if filled == 0 && is_timeout(&e) => {}
+                Err(e) if is_timeout(&e) => return Err(self.stalled("a frame header")),
                 Err(e) => return Err(e),
             }
         }
         Ok(true)
+    }
+
+    /// An authenticated client paused inside a request for the whole stall timeout.
+    fn stalled(&self, inside: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the client stalled for {} ms inside {inside}",
+                self.shared.stall_timeout.as_millis()
+            ),
+        )
     }
 
     /// Reads exactly `buf.len()` payload bytes; a close midway is a truncated frame. Before
@@ -207,6 +221,12 @@ impl Connection {
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if deadline.is_some() && is_timeout(&e) => return Err(Self::no_hello()),
+                Err(e) if is_timeout(&e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client stalled inside a request payload for the whole stall timeout",
+                    ))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -499,8 +519,11 @@ impl Connection {
             }
             Some(_) => {}
             None => {
-                if let Err(e) = self.stream.set_read_timeout(None) {
-                    tracing::warn!(peer = %self.peer, "closing the connection: clearing the read timeout failed: {e}");
+                // From now on a read may wait forever between requests but at most the stall
+                // timeout inside one (see `read_head`).
+                let stall = Some(self.shared.stall_timeout);
+                if let Err(e) = self.stream.set_read_timeout(stall) {
+                    tracing::warn!(peer = %self.peer, "closing the connection: setting the read timeout failed: {e}");
                     return Served {
                         status: Status::Internal,
                         bytes_out: 0,
@@ -591,7 +614,13 @@ impl Connection {
             self.pages.iter().map(|&(i, p)| (slabs[i].mem(), p)),
         );
         self.slabs.clear();
-        received?;
+        received.map_err(|e| {
+            if is_timeout(&e) {
+                self.stalled("WRITE_PAGES page data")
+            } else {
+                e
+            }
+        })?;
         self.shared.metrics.pages(0, count as u64);
         self.out.clear();
         encode_success(&mut self.out, Opcode::WritePages, id);

@@ -42,6 +42,6 @@ pub mod store;
 
 pub use server::{
     DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, HELLO_TIMEOUT,
-    MAX_CONNECTIONS, WRITE_TIMEOUT,
+    MAX_CONNECTIONS, STALL_TIMEOUT, WRITE_TIMEOUT,
 };
 pub use store::{SlabInfo, SlabStore};

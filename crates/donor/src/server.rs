@@ -8,7 +8,10 @@
 //! The number of connections is capped ([`MAX_CONNECTIONS`]) and a connection must complete
 //! HELLO within [`DonorConfig::hello_timeout`] (default [`HELLO_TIMEOUT`]) counted from its
 //! accept, however it spreads its bytes or how many other requests it sends, so idle or
-//! dribbling sockets cannot exhaust the donor's threads.
+//! dribbling sockets cannot exhaust the donor's threads. An authenticated client may stay idle
+//! between requests as long as it likes, but may not pause inside one for longer than
+//! [`DonorConfig::stall_timeout`] (default [`STALL_TIMEOUT`]): a half-sent request would
+//! otherwise hold its thread, and the slabs it names, forever.
 //!
 //! Shutdown ([`ShutdownHandle::shutdown`]) sets a flag, shuts the listening sockets down (which
 //! wakes the blocked `accept`) and shuts every open connection down (which wakes its blocked
@@ -33,6 +36,9 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// Default of [`DonorConfig::hello_timeout`]: how long a new connection may take, in total, to
 /// complete HELLO before it is closed.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of [`DonorConfig::stall_timeout`]: how long an authenticated client may pause inside
+/// a request before its connection is closed.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a response may wait for a client that does not read before its connection is closed.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stack size of a connection thread (the data path needs little: buffers live on the heap).
@@ -61,6 +67,10 @@ pub struct DonorConfig {
     /// How long a new connection may take, in total, to complete HELLO before it is closed;
     /// default [`HELLO_TIMEOUT`].
     pub hello_timeout: Duration,
+    /// How long an authenticated client may pause inside a request (between two of its bytes)
+    /// before its connection is closed; pauses between requests are unlimited. Default
+    /// [`STALL_TIMEOUT`].
+    pub stall_timeout: Duration,
 }
 
 impl std::fmt::Debug for DonorConfig {
@@ -75,6 +85,7 @@ impl std::fmt::Debug for DonorConfig {
             .field("insecure", &self.insecure)
             .field("metrics_listen", &self.metrics_listen)
             .field("hello_timeout", &self.hello_timeout)
+            .field("stall_timeout", &self.stall_timeout)
             .finish()
     }
 }
@@ -91,6 +102,7 @@ impl Default for DonorConfig {
             insecure: false,
             metrics_listen: None,
             hello_timeout: HELLO_TIMEOUT,
+            stall_timeout: STALL_TIMEOUT,
         }
     }
 }
@@ -152,6 +164,7 @@ pub(crate) struct Shared {
     pub(crate) token: Option<Vec<u8>>,
     pub(crate) stop: AtomicBool,
     pub(crate) hello_timeout: Duration,
+    pub(crate) stall_timeout: Duration,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     conns: Mutex<HashMap<u64, TcpStream>>,
@@ -269,6 +282,12 @@ impl DonorServer {
                 )));
             }
         }
+        if cfg.stall_timeout.is_zero() {
+            return Err(DonorError::Config(
+                "the stall timeout is zero: every request would be cut off; give it a positive duration"
+                    .into(),
+            ));
+        }
         if cfg.hello_timeout.is_zero() {
             return Err(DonorError::Config(
                 "the HELLO timeout is zero: no client could ever connect; give it a positive duration"
@@ -328,6 +347,7 @@ impl DonorServer {
                 token: cfg.token,
                 stop: AtomicBool::new(false),
                 hello_timeout: cfg.hello_timeout,
+                stall_timeout: cfg.stall_timeout,
                 listener,
                 metrics_listener,
                 conns: Mutex::new(HashMap::new()),
@@ -610,6 +630,11 @@ mod tests {
             ..base.clone()
         })
         .contains("HELLO timeout is zero"));
+        assert!(err(DonorConfig {
+            stall_timeout: Duration::ZERO,
+            ..base.clone()
+        })
+        .contains("stall timeout is zero"));
         // Refused before anything is bound (tests never listen beyond loopback).
         assert!(err(DonorConfig {
             listen: "0.0.0.0:0".into(),

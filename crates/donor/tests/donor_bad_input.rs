@@ -327,3 +327,38 @@ fn after_hello_an_idle_connection_is_not_held_to_the_hello_timeout() {
     );
     w.check();
 }
+
+#[test]
+fn a_client_that_stalls_inside_a_frame_is_closed_at_the_stall_timeout() {
+    let donor = start(DonorConfig {
+        stall_timeout: std::time::Duration::from_secs(1),
+        ..config()
+    });
+    let mut w = Witness::new(donor.local_addr(), 1000, b"");
+    let mut c = Raw::hello(donor.local_addr(), 78, b"");
+    let slab = c.alloc_ok();
+    // Idle between frames for longer than the stall timeout: allowed.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(
+        c.stats().slabs,
+        2,
+        "an idle authenticated client was closed"
+    );
+    // A WRITE_PAGES whose page data never comes: the donor's thread must not wait forever
+    // (holding the slab's memory and one of its connection slots).
+    let page = page(9);
+    let mut f = Vec::new();
+    encode_write_pages(&mut f, 5, &[(PageAddr { slab, page: 0 }, &page)]).unwrap();
+    c.send(&f[..f.len() - 100]);
+    let start = std::time::Instant::now();
+    assert!(
+        c.closed_by_donor(),
+        "the donor answered a request it never fully received"
+    );
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(15),
+        "closed only after {:?}",
+        start.elapsed()
+    );
+    w.check();
+}
