@@ -8,7 +8,9 @@
 //!   off, a write-back pool of 16 pages so evicted pages are not cached locally).
 //! - **pool_hit**: a fault on an evicted page still in the write-back pool (moved back).
 //!
-//! Each figure is the latency of the touching load, measured by the touching thread. The
+//! Each figure is the latency of the touching load, measured by the touching thread. The four
+//! figures are measured interleaved, in ten rounds, after every rig is set up, so that a change
+//! in machine load during the run affects all of them alike. The
 //! target is `miss_p50 ≤ 1.3 × (floor_p50 + rtt_p50)`: the fault path adds almost nothing to
 //! what userfaultfd and the network cost.
 
@@ -28,7 +30,7 @@ use crate::{Runtime, RuntimeConfig, RuntimeError, Stats, PAGE_SIZE};
 pub struct FaultBenchConfig {
     /// Donor address (HOST:PORT) used for rtt, miss and pool hit.
     pub donor: String,
-    /// Faults (or reads) measured per figure.
+    /// Faults (or reads) measured per figure (at least 100; interleaved in 10 rounds).
     pub samples: usize,
 }
 
@@ -89,84 +91,139 @@ fn stamp(addr: usize, v: u64) {
     unsafe { std::ptr::write_volatile(addr as *mut u64, v | 1) };
 }
 
-fn floor(samples: usize) -> Result<f64, RuntimeError> {
-    let map = Scratch::new(samples * PAGE_SIZE)?;
-    let uffd = Arc::new(
-        Uffd::open(Features::empty(), Features::empty()).map_err(|source| RuntimeError::Uffd {
-            step: "opening the floor benchmark's userfaultfd",
-            source,
-        })?,
-    );
-    // SAFETY: the scratch mapping is owned here and only touched through `touch`.
-    unsafe {
-        uffd.register(
-            map.addr,
-            map.len,
-            RegisterMode {
-                missing: true,
-                wp: false,
-            },
-        )
-    }
-    .map_err(|source| RuntimeError::Uffd {
-        step: "registering the floor benchmark's mapping",
-        source,
-    })?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let handler = {
-        let uffd = uffd.clone();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let page = vec![0x5au8; PAGE_SIZE];
-            let mut evs = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let _ = uffd.wait_readable(50);
-                evs.clear();
-                let _ = uffd.read_events(&mut evs);
-                for e in evs.drain(..) {
-                    if let Event::Pagefault { addr, .. } = e {
-                        let _ = uffd.copy(addr & !(PAGE_SIZE - 1), &page, false, false);
-                    }
-                }
-            }
-        })
-    };
-    let mut h = hist();
-    for i in 0..samples {
-        let _ = h.record(touch(map.addr + i * PAGE_SIZE).max(1));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let _ = handler.join();
-    let _ = uffd.unregister(map.addr, map.len);
-    Ok(p(&h, 0.5))
+/// Rounds the measurements are interleaved in: each round takes a share of every figure's
+/// samples, so a change of machine load in the middle of the run hits all figures alike.
+const ROUNDS: usize = 10;
+
+/// The floor: a mapping served by a handler thread answering each fault with UFFDIO_COPY.
+struct FloorRig {
+    map: Scratch,
+    uffd: Arc<Uffd>,
+    stop: Arc<AtomicBool>,
+    handler: Option<std::thread::JoinHandle<()>>,
+    next: usize,
 }
 
-fn rtt(donor: &str, samples: usize) -> Result<f64, RuntimeError> {
-    let err = |step: &'static str| {
-        move |source| RuntimeError::Donor {
-            addr: donor.to_string(),
-            step,
-            source,
+impl FloorRig {
+    fn new(samples: usize) -> Result<FloorRig, RuntimeError> {
+        let map = Scratch::new(samples * PAGE_SIZE)?;
+        let uffd = Arc::new(Uffd::open(Features::empty(), Features::empty()).map_err(
+            |source| RuntimeError::Uffd {
+                step: "opening the floor benchmark's userfaultfd",
+                source,
+            },
+        )?);
+        // SAFETY: the scratch mapping is owned here and only touched through `touch`.
+        unsafe {
+            uffd.register(
+                map.addr,
+                map.len,
+                RegisterMode {
+                    missing: true,
+                    wp: false,
+                },
+            )
         }
-    };
-    let c = DonorClient::connect(donor, ClientConfig::default()).map_err(err("connecting"))?;
-    let slab = c.alloc_slab().map_err(err("allocating a slab"))?;
-    let addr = PageAddr { slab, page: 0 };
-    let data = vec![7u8; PAGE_SIZE];
-    c.write_pages(&[PageWrite { addr, data: &data }])
-        .map_err(err("writing a page"))?;
-    let mut out = vec![0u8; PAGE_SIZE];
-    let mut h = hist();
-    for i in 0..samples + 200 {
-        let t0 = Instant::now();
-        c.read_pages(&[addr], &mut out)
-            .map_err(err("reading a page"))?;
-        if i >= 200 {
-            let _ = h.record((t0.elapsed().as_nanos() as u64).max(1));
+        .map_err(|source| RuntimeError::Uffd {
+            step: "registering the floor benchmark's mapping",
+            source,
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let handler = {
+            let uffd = uffd.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let page = vec![0x5au8; PAGE_SIZE];
+                let mut evs = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = uffd.wait_readable(50);
+                    evs.clear();
+                    let _ = uffd.read_events(&mut evs);
+                    for e in evs.drain(..) {
+                        if let Event::Pagefault { addr, .. } = e {
+                            let _ = uffd.copy(addr & !(PAGE_SIZE - 1), &page, false, false);
+                        }
+                    }
+                }
+            })
+        };
+        Ok(FloorRig {
+            map,
+            uffd,
+            stop,
+            handler: Some(handler),
+            next: 0,
+        })
+    }
+
+    fn run(&mut self, n: usize, h: &mut Histogram<u64>) {
+        for _ in 0..n {
+            let _ = h.record(touch(self.map.addr + self.next * PAGE_SIZE).max(1));
+            self.next += 1;
         }
     }
-    let _ = c.free_slab(slab);
-    Ok(p(&h, 0.5))
+}
+
+impl Drop for FloorRig {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.handler.take() {
+            let _ = t.join();
+        }
+        let _ = self.uffd.unregister(self.map.addr, self.map.len);
+    }
+}
+
+/// The round trip: one 4 KiB page read over the transport.
+struct RttRig {
+    client: DonorClient,
+    addr: PageAddr,
+    out: Vec<u8>,
+    donor: String,
+}
+
+impl RttRig {
+    fn new(donor: &str) -> Result<RttRig, RuntimeError> {
+        let err = |step: &'static str| {
+            move |source| RuntimeError::Donor {
+                addr: donor.to_string(),
+                step,
+                source,
+            }
+        };
+        let client =
+            DonorClient::connect(donor, ClientConfig::default()).map_err(err("connecting"))?;
+        let slab = client.alloc_slab().map_err(err("allocating a slab"))?;
+        let addr = PageAddr { slab, page: 0 };
+        let data = vec![7u8; PAGE_SIZE];
+        client
+            .write_pages(&[PageWrite { addr, data: &data }])
+            .map_err(err("writing a page"))?;
+        let mut rig = RttRig {
+            client,
+            addr,
+            out: vec![0u8; PAGE_SIZE],
+            donor: donor.to_string(),
+        };
+        let mut warm = hist();
+        rig.run(200, &mut warm)?;
+        Ok(rig)
+    }
+
+    fn run(&mut self, n: usize, h: &mut Histogram<u64>) -> Result<(), RuntimeError> {
+        for _ in 0..n {
+            let t0 = Instant::now();
+            self.client
+                .read_pages(&[self.addr], &mut self.out)
+                .map_err(|source| RuntimeError::Donor {
+                    addr: self.donor.clone(),
+                    step: "reading a page",
+                    source,
+                })?;
+            let _ = h.record((t0.elapsed().as_nanos() as u64).max(1));
+        }
+        Ok(())
+    }
 }
 
 /// Waits until the sender has nothing left to send (the sent count stops moving).
@@ -186,74 +243,88 @@ fn quiesce(rt: &Runtime) -> Stats {
     }
 }
 
-fn miss(donor: &str, samples: usize) -> Result<(f64, f64, f64), RuntimeError> {
-    let budget_pages = 1024;
-    let rt = Runtime::start(RuntimeConfig {
-        budget_bytes: (budget_pages * PAGE_SIZE) as u64,
-        donors: vec![donor.to_string()],
-        pool_bytes: Some(16 * PAGE_SIZE as u64),
-        ..RuntimeConfig::default()
-    })?;
-    let pages = samples + 2 * budget_pages;
-    let region = rt.map(pages * PAGE_SIZE)?;
-    let base = region.as_ptr() as usize;
-    for i in 0..pages {
-        stamp(base + i * PAGE_SIZE, i as u64);
-    }
-    let before = quiesce(&rt);
-    let mut h = hist();
-    for i in 0..samples {
-        let _ = h.record(touch(base + i * PAGE_SIZE).max(1));
-    }
-    let after = rt.stats();
-    let remote = (after.faults_remote - before.faults_remote) as f64 / samples as f64;
-    Ok((p(&h, 0.5), p(&h, 0.99), remote))
+/// A runtime whose first `samples` region pages are evicted (to the donor only, or to the
+/// write-back pool, depending on the pool size); each measured fault touches the next one.
+struct FaultRig {
+    rt: Arc<Runtime>,
+    region: crate::Region,
+    next: usize,
+    before: Stats,
 }
 
-fn pool_hit(donor: &str, samples: usize) -> Result<(f64, f64), RuntimeError> {
-    let budget_pages = 1024;
-    let pool_pages = samples + budget_pages + 64;
-    let rt = Runtime::start(RuntimeConfig {
-        budget_bytes: (budget_pages * PAGE_SIZE) as u64,
-        donors: vec![donor.to_string()],
-        pool_bytes: Some((pool_pages * PAGE_SIZE) as u64),
-        ..RuntimeConfig::default()
-    })?;
-    let pages = samples + budget_pages;
-    let region = rt.map(pages * PAGE_SIZE)?;
-    let base = region.as_ptr() as usize;
-    for i in 0..pages {
-        stamp(base + i * PAGE_SIZE, i as u64);
+impl FaultRig {
+    fn new(donor: &str, samples: usize, pool_pages: usize) -> Result<FaultRig, RuntimeError> {
+        let budget_pages = 1024;
+        let rt = Runtime::start(RuntimeConfig {
+            budget_bytes: (budget_pages * PAGE_SIZE) as u64,
+            donors: vec![donor.to_string()],
+            pool_bytes: Some((pool_pages * PAGE_SIZE) as u64),
+            prefetch: "none".into(),
+            ..RuntimeConfig::default()
+        })?;
+        let pages = samples + budget_pages + budget_pages.min(pool_pages);
+        let region = rt.map(pages * PAGE_SIZE)?;
+        let base = region.as_ptr() as usize;
+        for i in 0..pages {
+            stamp(base + i * PAGE_SIZE, i as u64);
+        }
+        let before = quiesce(&rt);
+        Ok(FaultRig {
+            rt,
+            region,
+            next: 0,
+            before,
+        })
     }
-    let before = quiesce(&rt);
-    let mut h = hist();
-    for i in 0..samples {
-        let _ = h.record(touch(base + i * PAGE_SIZE).max(1));
+
+    fn run(&mut self, n: usize, h: &mut Histogram<u64>) {
+        let base = self.region.as_ptr() as usize;
+        for _ in 0..n {
+            let _ = h.record(touch(base + self.next * PAGE_SIZE).max(1));
+            self.next += 1;
+        }
     }
-    let after = rt.stats();
-    let hits = (after.faults_pool_hit - before.faults_pool_hit) as f64 / samples as f64;
-    Ok((p(&h, 0.5), hits))
 }
 
-/// Runs the whole benchmark.
+/// Runs the whole benchmark: the four figures interleaved in [`ROUNDS`] rounds.
 pub fn fault_bench(cfg: &FaultBenchConfig) -> Result<FaultBenchReport, RuntimeError> {
-    if cfg.samples < 10 {
+    if cfg.samples < ROUNDS * 10 {
         return Err(RuntimeError::Config(format!(
-            "fault benchmark samples {} is too few: give at least 10",
-            cfg.samples
+            "fault benchmark samples {} is too few: give at least {}",
+            cfg.samples,
+            ROUNDS * 10
         )));
     }
-    let floor_p50_us = floor(cfg.samples)?;
-    let rtt_p50_us = rtt(&cfg.donor, cfg.samples)?;
-    let (miss_p50_us, miss_p99_us, miss_remote_fraction) = miss(&cfg.donor, cfg.samples)?;
-    let (pool_hit_p50_us, pool_hit_fraction) = pool_hit(&cfg.donor, cfg.samples)?;
+    let samples = cfg.samples / ROUNDS * ROUNDS;
+    let per = samples / ROUNDS;
+    let mut floor = FloorRig::new(samples)?;
+    let mut rtt = RttRig::new(&cfg.donor)?;
+    // Misses: a 16-page pool, so evicted pages are on the donor only.
+    let mut miss = FaultRig::new(&cfg.donor, samples, 16)?;
+    // Pool hits: a pool large enough to keep every evicted page.
+    let mut pool = FaultRig::new(&cfg.donor, samples, samples + 1024 + 64)?;
+    let (mut hf, mut hr, mut hm, mut hp) = (hist(), hist(), hist(), hist());
+    for _ in 0..ROUNDS {
+        floor.run(per, &mut hf);
+        rtt.run(per, &mut hr)?;
+        miss.run(per, &mut hm);
+        pool.run(per, &mut hp);
+        // Let each runtime's background work (evictions, write-back) finish before the next
+        // round, so it does not land on another figure.
+        quiesce(&miss.rt);
+        quiesce(&pool.rt);
+    }
+    let miss_after = miss.rt.stats();
+    let pool_after = pool.rt.stats();
     Ok(FaultBenchReport {
-        floor_p50_us,
-        rtt_p50_us,
-        miss_p50_us,
-        miss_p99_us,
-        pool_hit_p50_us,
-        miss_remote_fraction,
-        pool_hit_fraction,
+        floor_p50_us: p(&hf, 0.5),
+        rtt_p50_us: p(&hr, 0.5),
+        miss_p50_us: p(&hm, 0.5),
+        miss_p99_us: p(&hm, 0.99),
+        pool_hit_p50_us: p(&hp, 0.5),
+        miss_remote_fraction: (miss_after.faults_remote - miss.before.faults_remote) as f64
+            / samples as f64,
+        pool_hit_fraction: (pool_after.faults_pool_hit - pool.before.faults_pool_hit) as f64
+            / samples as f64,
     })
 }
