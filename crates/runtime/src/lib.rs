@@ -17,10 +17,12 @@
 //! - Far side ([`far`]): far page numbers, slabs placed on donors when first written (power of
 //!   two choices among several donors), the embedded donor child when none is configured.
 //! - Counters ([`stats`]): faults by kind, evictions by kind, bytes, residency, latencies.
-//! - Budget: resident region pages are kept at or below the budget minus a headroom (1/16 of
-//!   it, at most 256 pages) in the background; a fault never waits for an eviction, so under a
-//!   burst resident pages can briefly exceed the low watermark (peak in [`Stats`]). The
-//!   write-back pool is local memory in addition to the budget (`pool_bytes`).
+//! - Budget: the evictor keeps resident region pages between a low and a high watermark below
+//!   the budget (headroom 1/16 of it, at most 256 pages) in the background, so a fault
+//!   normally finds room at once; only a fault that would exceed the budget itself waits for
+//!   the evictor (not while write-back is failing: then the budget is exceeded and the error
+//!   is in [`Stats::last_error`]). The write-back pool is local memory in addition to the
+//!   budget (`pool_bytes`).
 //! - Fork ([`Runtime::before_fork`]): the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a
 //!   child's copy of a region is unregistered plain memory. Every evicted page is therefore
 //!   brought back before fork (eviction paused), the child gets all the data as ordinary
