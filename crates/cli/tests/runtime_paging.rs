@@ -35,7 +35,7 @@ impl Donor {
                 slab,
             ])
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawning farmem donor");
         let mut line = String::new();
@@ -372,4 +372,42 @@ fn donor_with_too_little_capacity_gives_a_clear_error() {
     assert!(e.contains("donors are full"), "{e}");
     // SAFETY: done with the mapping.
     unsafe { libc::munmap(a as *mut _, len) };
+}
+
+#[test]
+fn concurrent_faults_on_one_page_are_served_once() {
+    let budget = MIB;
+    let donor = Donor::start("64MiB", "1MiB");
+    let rt = runtime(budget, vec![donor.addr.clone()], "fifo");
+    let region = rt.map(4 * budget).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = region.len() / PAGE;
+    for p in 0..pages {
+        write_page(base, p, 13);
+    }
+    // The first pages are long evicted. Four threads touch each of them at the same moment.
+    let k = 64;
+    let before = rt.stats();
+    let barrier = Arc::new(std::sync::Barrier::new(4));
+    let hs: Vec<_> = (0..4)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                for p in 0..k {
+                    barrier.wait();
+                    check_page(base, p, 13);
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let after = rt.stats();
+    let brought_in = (after.faults_remote + after.faults_pool_hit)
+        - (before.faults_remote + before.faults_pool_hit);
+    assert_eq!(
+        brought_in, k as u64,
+        "each page must be brought in once however many threads fault on it: {after:?}"
+    );
 }
