@@ -177,7 +177,13 @@ static void check_fork(void) {
         /* the child: every byte as at the moment of the fork */
         size_t bad = check(buf, words, 3);
         if (bad != SIZE_MAX) {
-            fprintf(stderr, "FAIL fork: child saw word %zu wrong\n", bad);
+            size_t n_bad = 0;
+            for (size_t i = bad; i < words; i++) n_bad += buf[i] != pattern(3, i);
+            fprintf(stderr,
+                    "FAIL fork: child saw word %zu wrong (%#llx, expected %#llx; pattern(4) is "
+                    "%#llx); %zu wrong words in all\n",
+                    bad, (unsigned long long)buf[bad], (unsigned long long)pattern(3, bad),
+                    (unsigned long long)pattern(4, bad), n_bad);
             _exit(1);
         }
         /* and the child can allocate and write memory of its own */
