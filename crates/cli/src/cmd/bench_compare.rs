@@ -245,6 +245,32 @@ pub fn farmem_remote_bytes(stats: &serde_json::Value) -> Option<u64> {
     })
 }
 
+/// Where a farmem run's time went, from its `--stats` JSON: remote faults and their handler
+/// latency, write-back pool hits, prefetch accuracy (absent fields are left out).
+pub fn farmem_fault_note(stats: &serde_json::Value) -> Option<String> {
+    let rt = stats.get("runtime")?;
+    let count = |k: &str| rt.get(k).and_then(serde_json::Value::as_u64);
+    let mut parts = Vec::new();
+    if let Some(n) = count("faults_remote") {
+        let p50 = rt
+            .pointer("/latency/remote/p50_us")
+            .and_then(serde_json::Value::as_f64)
+            .map(|v| format!(" (handler p50 {v:.0} µs)"))
+            .unwrap_or_default();
+        parts.push(format!("{n} remote faults{p50}"));
+    }
+    if let Some(n) = count("faults_pool_hit") {
+        parts.push(format!("{n} pool hits"));
+    }
+    let accuracy = stats
+        .pointer("/summary/prefetch_accuracy")
+        .and_then(serde_json::Value::as_f64);
+    if let Some(a) = accuracy {
+        parts.push(format!("prefetch accuracy {:.0}%", a * 100.0));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 struct Ctx<'a> {
     args: &'a CompareArgs,
     sizes: Sizes,
@@ -393,11 +419,14 @@ fn run_limited(
                 stats: stats.clone(),
                 extra: ctx.args.farmem_args.clone(),
             };
-            workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|m| {
-                let moved = std::fs::read_to_string(&stats)
+            workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|mut m| {
+                let stats = std::fs::read_to_string(&stats)
                     .ok()
-                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                    .and_then(|v| farmem_remote_bytes(&v));
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+                let moved = stats.as_ref().and_then(farmem_remote_bytes);
+                if let Some(note) = stats.as_ref().and_then(farmem_fault_note) {
+                    m.detail = format!("{}; {note}", m.detail);
+                }
                 (m, moved)
             })
         }
@@ -759,6 +788,20 @@ mod tests {
         assert!(e.contains("bad size unit"), "{e}");
         let e = parse(&["-w", "seq", "--passes", "0"]).unwrap_err();
         assert!(e.contains("--passes"), "{e}");
+    }
+
+    #[test]
+    fn farmem_fault_note_summarises_the_stats() {
+        let v = serde_json::json!({
+            "runtime": {"faults_remote": 120, "faults_pool_hit": 7,
+                        "latency": {"remote": {"p50_us": 23.0}}},
+            "summary": {"prefetch_accuracy": 0.5}
+        });
+        assert_eq!(
+            farmem_fault_note(&v).unwrap(),
+            "120 remote faults (handler p50 23 µs), 7 pool hits, prefetch accuracy 50%"
+        );
+        assert_eq!(farmem_fault_note(&serde_json::json!({"runtime": {}})), None);
     }
 
     #[test]
