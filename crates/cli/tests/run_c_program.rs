@@ -67,3 +67,58 @@ fn same_program_passes_without_farmem() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+#[test]
+fn mmap_threshold_decides_which_mappings_become_regions() {
+    // The mremap check maps 32 MiB: a region under the default 1 MiB threshold, plain memory
+    // under a 64 MiB one (and correct either way).
+    let dir = Scratch::new("c-threshold");
+    let prog = dir.path("run_checks");
+    compile_c("run_checks.c", &prog, &[]);
+    let regions = |threshold: &str| {
+        let stats = dir.path(&format!("stats-{threshold}.json"));
+        let o = farmem_run(
+            &[
+                "--local-mem",
+                "64MiB",
+                "--mmap-threshold",
+                threshold,
+                "--stats",
+                stats.to_str().unwrap(),
+            ],
+            &[prog.to_str().unwrap(), "64", "mremap-grow"],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        read_stats(&stats)["preload"]["mmap_regions"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(regions("1MiB") >= 1);
+    assert_eq!(regions("64MiB"), 0);
+}
+
+#[test]
+fn stats_file_is_rewritten_while_running_and_final_at_exit() {
+    let dir = Scratch::new("c-stats");
+    let stats = dir.path("stats.json");
+    let mut r = farmem_spawn(
+        &["--local-mem", "64MiB", "--stats", stats.to_str().unwrap()],
+        // a program that ends through exit(3) (dash ends with _exit, which runs no exit hooks:
+        // such a program leaves the last one-second snapshot)
+        &["/usr/bin/python3", "-c", "import time; time.sleep(3)"],
+        &dir.path("log"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let during = read_stats(&stats);
+    assert_eq!(during["final"], false, "{during}");
+    let st = r.wait(std::time::Duration::from_secs(30));
+    assert!(st.success(), "{}", r.log_text());
+    let after = read_stats(&stats);
+    assert_eq!(after["final"], true, "{after}");
+    assert_eq!(after["pid"], during["pid"]);
+    assert!(
+        after["summary"]["budget_bytes"].as_u64().unwrap() == 64 << 20,
+        "{after}"
+    );
+    assert!(r.log_text().contains("peak resident"), "{}", r.log_text());
+}
