@@ -328,3 +328,57 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> Result<FaultBenchReport, RuntimeEr
             / samples as f64,
     })
 }
+
+/// One timed scan for `farmem bench prefetch`: what it took and the counters around it.
+#[derive(Clone, Debug)]
+pub struct ScanRun {
+    /// Time of the scan (the loads only).
+    pub took: Duration,
+    /// Counters just before the scan.
+    pub before: Stats,
+    /// Counters just after the scan.
+    pub after: Stats,
+}
+
+/// Starts a runtime with `cfg`, maps a region of `pages` pages, writes a non-zero byte into
+/// every page (so what exceeds the budget goes to the donors), waits for write-back to settle,
+/// then times one load from each page in `order` (page indexes) and checks every value read.
+pub fn scan_once(
+    cfg: RuntimeConfig,
+    pages: usize,
+    order: &[usize],
+) -> Result<ScanRun, RuntimeError> {
+    if let Some(bad) = order.iter().find(|p| **p >= pages) {
+        return Err(RuntimeError::Config(format!(
+            "scan order names page {bad} of a {pages}-page region"
+        )));
+    }
+    let rt = Runtime::start(cfg)?;
+    let region = rt.map(pages * PAGE_SIZE)?;
+    let base = region.as_ptr() as usize;
+    let value = |p: usize| (p % 251 + 1) as u8;
+    for p in 0..pages {
+        // SAFETY: a store into a page of the live region created above.
+        unsafe { std::ptr::write_volatile((base + p * PAGE_SIZE) as *mut u8, value(p)) };
+    }
+    let before = quiesce(&rt);
+    let t0 = Instant::now();
+    let mut wrong = 0usize;
+    for &p in order {
+        // SAFETY: a load from a page of the live region created above.
+        let v = unsafe { std::ptr::read_volatile((base + p * PAGE_SIZE) as *const u8) };
+        wrong += usize::from(v != value(p));
+    }
+    let took = t0.elapsed();
+    let after = rt.stats();
+    if wrong > 0 {
+        return Err(RuntimeError::Internal(
+            "the prefetch scan read wrong data (a farmem bug)",
+        ));
+    }
+    Ok(ScanRun {
+        took,
+        before,
+        after,
+    })
+}

@@ -129,6 +129,8 @@ pub(crate) struct Shared {
     /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
     /// pool slots, so faults must not wait for it.
     pub(crate) send_failing: AtomicBool,
+    /// Prefetching and the access trace ([`crate::prefetch`]).
+    pub(crate) pf: crate::prefetch::Prefetch,
 }
 
 fn pid_of(addr: usize) -> u64 {
@@ -183,6 +185,7 @@ impl Shared {
                 st.slot_owner[e.slot as usize] = NO_OWNER;
                 self.discard_slot_memory(e.slot);
                 st.pool_free.push(e.slot);
+                self.pf.left(addr);
             }
             _ => {}
         }
@@ -239,6 +242,8 @@ struct FaultMsg {
     addr: usize,
     write: bool,
     wp: bool,
+    /// The faulting thread's id (for the prefetcher's per-thread streams).
+    thread: u32,
     t0: Instant,
 }
 
@@ -277,14 +282,19 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
         for ev in events.drain(..) {
             match ev {
                 Event::Pagefault {
-                    addr, write, wp, ..
+                    addr,
+                    write,
+                    wp,
+                    thread_id,
                 } => {
                     let msg = FaultMsg {
                         addr: addr & !(PAGE_SIZE - 1),
                         write,
                         wp,
+                        thread: thread_id,
                         t0: Instant::now(),
                     };
+                    sh.pf.record(msg.addr, thread_id, write);
                     serve(&sh, msg, &mut retry, &mut fetches);
                 }
                 Event::Remove { start, end } | Event::Unmap { start, end } => {
@@ -450,7 +460,9 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
                         (true, _) => PageState::ResidentSending,
                     };
                     st.resident += 1;
-                    st.policy.insert(pid_of(msg.addr), Origin::Demand);
+                    // Inserts the page into the eviction policy (as a prefetch hit or not) and
+                    // feeds the prefetcher.
+                    crate::prefetch::on_pool_fault(sh, &mut st, msg.addr, msg.thread);
                     sh.update_peak(&st);
                     sh.kick_evictor(&st);
                     drop(st);
@@ -478,15 +490,17 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
             m.state = PageState::Fetching;
             let far = m.far;
             drop(st);
-            // Prefetch hook (issue 4): a prefetcher would be fed this access here and the
-            // pages it predicts submitted alongside this read, installed after it.
             let pending = sh.far.submit_read(far).ok();
+            let (addr, thread) = (msg.addr, msg.thread);
             fetches.push(Fetch {
                 msg,
                 far,
                 pending,
                 attempts: 1,
             });
+            // The demand read is on the wire: now feed the prefetcher, whose pages go out on
+            // the prefetch thread's own connection.
+            crate::prefetch::on_remote_fault(sh, addr, thread);
         }
         PageState::Evicting => unreachable!("waited above"),
     }
@@ -679,7 +693,7 @@ fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
 
 /// Takes a free pool slot, reclaiming the oldest cached page if needed. Called with the
 /// state lock held.
-fn take_slot(sh: &Shared, st: &mut State) -> Option<u32> {
+pub(crate) fn take_slot(sh: &Shared, st: &mut State) -> Option<u32> {
     if let Some(s) = st.pool_free.pop() {
         return Some(s);
     }
@@ -697,6 +711,7 @@ fn take_slot(sh: &Shared, st: &mut State) -> Option<u32> {
         m.state = PageState::Remote;
         st.slot_owner[s as usize] = NO_OWNER;
         sh.discard_slot_memory(s);
+        sh.pf.left(owner);
         return Some(s);
     }
     None
@@ -748,6 +763,7 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
                 skipped.push(p);
                 break;
             };
+            sh.pf.left(addr);
             let m = st.table.get_mut(addr).expect("checked above");
             m.state = PageState::Evicting;
             st.evicting += 1;

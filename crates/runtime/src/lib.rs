@@ -17,6 +17,10 @@
 //! - Far side ([`far`]): far page numbers, slabs placed on donors when first written (power of
 //!   two choices among several donors), the embedded donor child when none is configured.
 //! - Counters ([`stats`]): faults by kind, evictions by kind, bytes, residency, latencies.
+//! - Prefetching ([`prefetch`]): the fault loop feeds the prefetcher (default `leap`, one
+//!   stream per thread); a prefetch thread fetches its predictions on connections of its own
+//!   and keeps them in the write-back pool, where the first touch finds them; counters for
+//!   accuracy and coverage; the optional page-access trace (`record_trace`).
 //! - Budget: the evictor keeps resident region pages between a low and a high watermark below
 //!   the budget (headroom 1/16 of it, at most 256 pages) in the background, so a fault
 //!   normally finds room at once; only a fault that would exceed the budget itself waits for
@@ -36,7 +40,6 @@
 //!
 //! # Limitations
 //!
-//! - Prefetching is not wired in yet (`prefetch` must be "none"); the fault loop has the hook.
 //! - Far slabs are not returned to donors while the runtime lives (freed far pages are reused).
 //! - Pages present in an adopted mapping are found with mincore at [`Runtime::register`];
 //!   pages populated between that scan and the registration are never evicted.
@@ -46,6 +49,7 @@ pub mod bench;
 pub mod capi;
 mod engine;
 mod far;
+mod prefetch;
 mod stats;
 mod table;
 
@@ -59,6 +63,7 @@ use std::time::Duration;
 use farmem_uffd::{Features, RegisterMode, Uffd, UffdError};
 use parking_lot::{Condvar, Mutex};
 
+pub use prefetch::PrefetchInstall;
 pub use stats::{FaultLatency, LatencySummary, Stats};
 
 use engine::{Shared, State};
@@ -81,13 +86,18 @@ pub struct RuntimeConfig {
     pub token: Option<Vec<u8>>,
     /// Eviction policy name (`farmem_policy::evict::NAMES`), default "fifo".
     pub evict: String,
-    /// Prefetcher name; only "none" is accepted until the runtime's prefetch hook is wired.
+    /// Prefetcher name (`farmem_policy::prefetch::NAMES`), default "leap" (one stream per
+    /// thread); "none" disables prefetching.
     pub prefetch: String,
+    /// How prefetched pages are made local: kept in the write-back pool until their first
+    /// touch (default) or installed at once except one marker page per window.
+    pub prefetch_install: PrefetchInstall,
     /// Run first in every runtime and transport thread.
     pub thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
     /// The `farmem` binary used to start the embedded donor (else $FARMEM_BIN, else PATH).
     pub farmem_bin: Option<PathBuf>,
-    /// Record a page-access trace (not supported yet: setting it is an error).
+    /// Record every fault (time, page, thread, read/write) to this file in farmem-sim's trace
+    /// format; complete once [`Runtime::finish_trace`] returns or the runtime is dropped.
     pub record_trace: Option<PathBuf>,
     /// Size of the write-back pool; default budget/4, within 1 MiB..64 MiB.
     pub pool_bytes: Option<u64>,
@@ -110,7 +120,8 @@ impl Default for RuntimeConfig {
             donors: Vec::new(),
             token: None,
             evict: "fifo".into(),
-            prefetch: "none".into(),
+            prefetch: "leap".into(),
+            prefetch_install: PrefetchInstall::Buffer,
             thread_hook: None,
             farmem_bin: None,
             record_trace: None,
@@ -131,6 +142,8 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("donors", &self.donors)
             .field("evict", &self.evict)
             .field("prefetch", &self.prefetch)
+            .field("prefetch_install", &self.prefetch_install)
+            .field("record_trace", &self.record_trace)
             .field("pool_bytes", &self.pool_bytes)
             .finish_non_exhaustive()
     }
@@ -267,17 +280,8 @@ impl Runtime {
                 cfg.budget_bytes
             )));
         }
-        if cfg.prefetch != "none" {
-            return Err(RuntimeError::Config(format!(
-                "prefetcher {:?} is not available in the runtime yet: use \"none\"",
-                cfg.prefetch
-            )));
-        }
-        if cfg.record_trace.is_some() {
-            return Err(RuntimeError::Config(
-                "record_trace is not supported by the runtime yet".into(),
-            ));
-        }
+        farmem_policy::prefetch::by_name(&cfg.prefetch)
+            .map_err(|e| RuntimeError::Config(e.to_string()))?;
         if cfg.fetch_attempts == 0 {
             return Err(RuntimeError::Config(
                 "fetch_attempts must be at least 1".into(),
@@ -323,6 +327,7 @@ impl Runtime {
             source,
         })?;
         let far = Arc::new(far::Far::connect(&cfg)?);
+        let pf = prefetch::Prefetch::new(&cfg, &far)?;
         let headroom = (budget_pages / 16).clamp(2, 256);
         let sh = Arc::new(Shared {
             uffd,
@@ -359,6 +364,7 @@ impl Runtime {
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
             loop_seq: std::sync::atomic::AtomicU64::new(0),
             send_failing: AtomicBool::new(false),
+            pf,
         });
         let mut threads = Vec::new();
         let spawn = |name: &str, f: fn(Arc<Shared>), sh: Arc<Shared>| {
@@ -373,6 +379,13 @@ impl Runtime {
         threads.push(spawn("farmem-fault", engine::fault_loop, sh.clone())?);
         threads.push(spawn("farmem-evict", engine::evict_loop, sh.clone())?);
         threads.push(spawn("farmem-send", engine::send_loop, sh.clone())?);
+        if sh.pf.enabled() {
+            threads.push(spawn(
+                "farmem-prefetch",
+                prefetch::prefetch_loop,
+                sh.clone(),
+            )?);
+        }
         tracing::debug!(
             "farmem runtime started: budget {} pages, pool {} pages, {} donor(s), slab {} pages",
             budget_pages,
@@ -562,7 +575,28 @@ impl Runtime {
         s.budget_pages = sh.budget_pages;
         s.pool_capacity_pages = u64::from(sh.pool_slots);
         s.slabs_placed = sh.far.slabs_placed();
+        let c = sh.pf.counters();
+        s.prefetched_pages = c.summary.prefetched;
+        s.prefetch_hits = c.summary.prefetch_hits;
+        s.prefetch_hits_waited = c.hits_waited;
+        s.prefetch_hits_inferred = c.inferred_hits;
+        s.prefetch_demand_faults = c.summary.demand_faults;
+        s.prefetch_dropped = c.dropped;
+        s.prefetch_pollution = c.summary.pollution;
+        s.prefetch_batches = c.batches;
+        s.prefetch_accuracy = c.summary.accuracy;
+        s.prefetch_coverage = c.summary.coverage;
+        s.prefetch_timeliness_p50_us = c.summary.timeliness_p50_ns.map(|v| v as f64 / 1000.0);
+        s.prefetch_timeliness_p95_us = c.summary.timeliness_p95_ns.map(|v| v as f64 / 1000.0);
         s
+    }
+
+    /// Finishes the page-access trace (`RuntimeConfig::record_trace`): flushes it and writes
+    /// its record count, so farmem-sim's reader accepts it; faults after this are not
+    /// recorded. Returns the number of records (0 when no trace is recorded). Dropping the
+    /// runtime does the same; a process that never drops its runtime calls this at exit.
+    pub fn finish_trace(&self) -> Result<u64, RuntimeError> {
+        self.sh.pf.finish_trace()
     }
 
     /// Slabs this runtime placed on each donor, in configuration order.
@@ -642,6 +676,7 @@ impl Drop for Runtime {
         self.sh.evict_cv.notify_all();
         self.sh.stage_cv.notify_all();
         self.sh.slots_cv.notify_all();
+        self.sh.pf.wake();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }

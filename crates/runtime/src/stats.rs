@@ -76,6 +76,33 @@ pub struct Stats {
     pub fetch_errors: u64,
     /// Failed sends (retried; pages stay in the pool meanwhile).
     pub send_errors: u64,
+    /// Pages brought in by prefetching (landed, or faulted while in flight).
+    pub prefetched_pages: u64,
+    /// First touches of prefetched pages (prefetch hits), including those that waited and
+    /// those inferred (marker mode).
+    pub prefetch_hits: u64,
+    /// Prefetch hits on pages still in flight when touched (served by their demand read).
+    pub prefetch_hits_waited: u64,
+    /// Prefetch hits inferred from a window's marker (marker install mode only).
+    pub prefetch_hits_inferred: u64,
+    /// Faults served from a donor that were not prefetch hits (the misses prefetching did not
+    /// cover; the denominator of coverage with the hits).
+    pub prefetch_demand_faults: u64,
+    /// Prefetched pages dropped on arrival (already faulted in, released, remapped, or no pool
+    /// slot).
+    pub prefetch_dropped: u64,
+    /// Prefetched pages evicted (or released) before their first touch.
+    pub prefetch_pollution: u64,
+    /// Prefetch batches received from donors.
+    pub prefetch_batches: u64,
+    /// prefetch_hits / prefetched_pages (0 when nothing was prefetched).
+    pub prefetch_accuracy: f64,
+    /// prefetch_hits / (prefetch_hits + prefetch_demand_faults) (0 when both are 0).
+    pub prefetch_coverage: f64,
+    /// Median time from a page's arrival to its first touch, µs.
+    pub prefetch_timeliness_p50_us: Option<f64>,
+    /// 95th percentile of the time from a page's arrival to its first touch, µs.
+    pub prefetch_timeliness_p95_us: Option<f64>,
     /// The last error the runtime reported, if any.
     pub last_error: Option<String>,
     /// Fault latency by kind.

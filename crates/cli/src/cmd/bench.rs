@@ -23,6 +23,8 @@ pub enum BenchCommand {
     Donor(crate::cmd::bench_donor::BenchDonorArgs),
     /// Page-fault latency: userfaultfd floor, donor round trip, remote miss, pool hit.
     Fault(crate::cmd::bench_fault::BenchFaultArgs),
+    /// Prefetching on seq and stride-10 scans: none vs buffer vs marker install, ratios to none.
+    Prefetch(crate::cmd::bench_prefetch::BenchPrefetchArgs),
 }
 
 /// Runs the chosen benchmark.
@@ -31,5 +33,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Compare(a) => crate::cmd::bench_compare::run(a),
         BenchCommand::Donor(a) => crate::cmd::bench_donor::run(a),
         BenchCommand::Fault(a) => crate::cmd::bench_fault::run(a),
+        BenchCommand::Prefetch(a) => crate::cmd::bench_prefetch::run(a),
     }
 }
