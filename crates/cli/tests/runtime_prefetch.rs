@@ -258,7 +258,13 @@ fn prefetch_none_prefetches_nothing() {
         (0, 0, 0, 0),
         "{s:?}"
     );
-    assert_eq!(s.prefetch_demand_faults, s.faults_remote, "{s:?}");
+    // Every remote fault is a demand fault. The demand count is taken when the read is
+    // issued, `faults_remote` after the faulting thread is woken, so the last fault's may lag.
+    assert!(
+        s.prefetch_demand_faults >= s.faults_remote
+            && s.prefetch_demand_faults <= s.faults_remote + 1,
+        "{s:?}"
+    );
 }
 
 fn gettid() -> u32 {
