@@ -145,8 +145,12 @@ fn stride_scan_coverage(install: PrefetchInstall) {
          prefetched {}, dropped {}",
         after.budget_pages, after.prefetch_accuracy, after.prefetched_pages, after.prefetch_dropped
     );
+    // At least the half of the region beyond the budget came from the donor, by demand reads
+    // or prefetches (in marker mode eagerly installed pages whose hit was not inferred are
+    // prefetched but neither hits nor demand faults).
+    let prefetched = after.prefetched_pages - before.prefetched_pages;
     assert!(
-        demand + hits >= (pages / 2) as u64,
+        demand + prefetched >= (pages / 2) as u64,
         "most scanned pages must have come from far memory: {after:?}"
     );
     assert!(coverage >= 0.8, "coverage {coverage:.3} < 0.8: {after:?}");
