@@ -575,6 +575,9 @@ impl Runtime {
         s.budget_pages = sh.budget_pages;
         s.pool_capacity_pages = u64::from(sh.pool_slots);
         s.slabs_placed = sh.far.slabs_placed();
+        if sh.in_child.load(Ordering::Relaxed) {
+            return s; // the prefetch thread does not exist here; its lock may be held
+        }
         let c = sh.pf.counters();
         s.prefetched_pages = c.summary.prefetched;
         s.prefetch_hits = c.summary.prefetch_hits;
@@ -595,7 +598,11 @@ impl Runtime {
     /// its record count, so farmem-sim's reader accepts it; faults after this are not
     /// recorded. Returns the number of records (0 when no trace is recorded). Dropping the
     /// runtime does the same; a process that never drops its runtime calls this at exit.
+    /// In a forked child it does nothing (the trace belongs to the parent).
     pub fn finish_trace(&self) -> Result<u64, RuntimeError> {
+        if self.sh.in_child.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
         self.sh.pf.finish_trace()
     }
 
