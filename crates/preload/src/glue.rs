@@ -116,6 +116,13 @@ extern "C" fn at_exit() {
         return;
     }
     crate::internal(|| {
+        // The runtime is never dropped in the program: finish the trace here so its record
+        // count is written and farmem-sim accepts the file.
+        if let Some(rt) = RUNTIME.get() {
+            if let Err(e) = rt.finish_trace() {
+                eprintln!("farmem: the page-access trace could not be finished: {e}");
+            }
+        }
         if let Some(cfg) = crate::active_config() {
             if let Some(path) = &cfg.stats_file {
                 let _ = write_stats(path, true);
@@ -147,9 +154,12 @@ fn summary_of(s: &farmem_runtime::Stats) -> serde_json::Value {
         "faults_write_protect": s.faults_write_protect,
         "remote_bytes_in": s.bytes_received,
         "remote_bytes_out": s.bytes_sent,
-        // The runtime has no prefetcher wired yet: accuracy and coverage are undefined.
-        "prefetch_accuracy": serde_json::Value::Null,
-        "prefetch_coverage": serde_json::Value::Null,
+        // Undefined (null, "n/a" in the summary line) when nothing was prefetched: with
+        // `--prefetch none`, or a program that never faulted on a far page.
+        "prefetch_accuracy": (s.prefetched_pages > 0).then_some(s.prefetch_accuracy),
+        "prefetch_coverage": (s.prefetched_pages > 0).then_some(s.prefetch_coverage),
+        "prefetched_pages": s.prefetched_pages,
+        "prefetch_hits": s.prefetch_hits,
         "peak_resident_bytes": s.peak_resident_pages * page,
         "budget_bytes": s.budget_pages * page,
         "fetch_errors": s.fetch_errors,
