@@ -1,0 +1,252 @@
+//! The paging runtime after a fork whose child stays alive: the pages brought back before the
+//! fork are shared copy-on-write with the child, UFFDIO_MOVE refuses them (EBUSY), and the
+//! parent still has to page past its budget without hanging and without changing what the
+//! child sees. Real userfaultfd, a real `farmem donor` on loopback, a real forked child.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_runtime::{Runtime, RuntimeConfig};
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+/// Far beyond what the work below needs on a loaded 2-core machine; only a hang reaches it.
+const HANG_LIMIT: Duration = Duration::from_secs(120);
+
+fn farmem() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_farmem"))
+}
+
+struct Donor {
+    child: Child,
+    addr: String,
+}
+
+impl Donor {
+    fn start() -> Donor {
+        let mut child = Command::new(farmem())
+            .args(["donor", "--listen", "127.0.0.1:0", "--capacity", "64MiB"])
+            .args(["--slab-size", "1MiB"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning farmem donor");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("farmem donor listening on ")
+            .unwrap_or_else(|| panic!("unexpected donor output {line:?}"))
+            .to_string();
+        Donor { child, addr }
+    }
+}
+
+impl Drop for Donor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn word(p: usize, r: u64) -> u64 {
+    ((p as u64) << 20) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+}
+
+fn write_u64(addr: usize, v: u64) {
+    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
+    unsafe { (addr as *mut u64).write_volatile(v) }
+}
+
+fn read_u64(addr: usize) -> u64 {
+    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
+    unsafe { (addr as *const u64).read_volatile() }
+}
+
+fn fill(base: usize, pages: usize, r: u64) {
+    for p in 0..pages {
+        write_u64(base + p * PAGE, word(p, r));
+        write_u64(base + p * PAGE + PAGE - 8, word(p, r) ^ 0xff);
+    }
+}
+
+/// Pages whose two stamped words are not round `r`'s (allocation-free: used in the child).
+fn mismatches(base: usize, pages: usize, r: u64) -> usize {
+    (0..pages)
+        .filter(|p| {
+            read_u64(base + p * PAGE) != word(*p, r)
+                || read_u64(base + p * PAGE + PAGE - 8) != word(*p, r) ^ 0xff
+        })
+        .count()
+}
+
+/// Waits until resident pages are back within the budget, or `HANG_LIMIT`.
+fn wait_within_budget(rt: &Runtime) -> farmem_runtime::Stats {
+    let deadline = Instant::now() + HANG_LIMIT;
+    loop {
+        let s = rt.stats();
+        if s.resident_pages <= s.budget_pages || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the parent's side of the scenario reports to the watching test thread.
+enum Step {
+    Forked(libc::pid_t),
+    Done(Result<(), String>),
+}
+
+/// The parent: evicted data, before_fork, fork a child that checks the data, stays alive
+/// until told, and checks it again; meanwhile the parent writes a second region past its
+/// budget (faults need the evictor, whose only victims are pages shared with the child),
+/// reads everything back, and returns within the budget.
+fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
+    let budget = MIB;
+    let rt: Arc<Runtime> = Runtime::start(RuntimeConfig {
+        budget_bytes: budget as u64,
+        donors: vec![donor],
+        farmem_bin: Some(farmem()),
+        prefetch: "none".into(),
+        ..RuntimeConfig::default()
+    })
+    .map_err(|e| format!("runtime start: {e}"))?;
+    let a = rt.map(4 * budget).map_err(|e| format!("map: {e}"))?;
+    let (a_base, a_pages) = (a.as_ptr() as usize, a.len() / PAGE);
+    fill(a_base, a_pages, 1);
+    let s = rt.stats();
+    if s.resident_pages >= a_pages as u64 {
+        return Err(format!("no page was evicted before the fork: {s:?}"));
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two fds into the array.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err("pipe failed".into());
+    }
+    rt.before_fork();
+    // SAFETY: the child only reads memory, calls the allocation-free `after_fork_child`, reads
+    // from a pipe and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        rt.after_fork_child();
+        // SAFETY: closing the child's copy of the pipe's write end.
+        unsafe { libc::close(fds[1]) };
+        let before = mismatches(a_base, a_pages, 1);
+        let mut b = [0u8; 1];
+        // SAFETY: reading into a local byte; returns 0 when the parent closes its end.
+        unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+        let after = mismatches(a_base, a_pages, 1);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe {
+            libc::_exit(if before != 0 {
+                1
+            } else if after != 0 {
+                2
+            } else {
+                0
+            })
+        };
+    }
+    rt.after_fork_parent();
+    if pid < 0 {
+        return Err("fork failed".into());
+    }
+    let _ = tx.send(Step::Forked(pid));
+    // SAFETY: closing the parent's copy of the pipe's read end.
+    unsafe { libc::close(fds[0]) };
+    let brought_back = rt.stats();
+    // Every page of A is resident and shared with the child now. Page a second region past
+    // the budget: each new page needs room, and the only victims are shared pages.
+    let b = rt.map(2 * budget).map_err(|e| format!("map: {e}"))?;
+    let (b_base, b_pages) = (b.as_ptr() as usize, b.len() / PAGE);
+    fill(b_base, b_pages, 2);
+    let s = wait_within_budget(&rt);
+    if s.resident_pages > s.budget_pages {
+        return Err(format!(
+            "resident memory did not return within the budget while the child shares the \
+             pages (resident {} after fork, now {s:?})",
+            brought_back.resident_pages
+        ));
+    }
+    // Read everything back (from the pool and the donor) while the child is alive.
+    let bad_a = mismatches(a_base, a_pages, 1);
+    let bad_b = mismatches(b_base, b_pages, 2);
+    if bad_a != 0 || bad_b != 0 {
+        return Err(format!(
+            "the parent's data is wrong with the child alive: {bad_a} pages of A, {bad_b} of B"
+        ));
+    }
+    // Let the child check its copy again and exit.
+    // SAFETY: closing the write end wakes the child's read with end-of-file.
+    unsafe { libc::close(fds[1]) };
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        return Err("waitpid failed".into());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(format!(
+            "the child saw wrong data (status {status:#x}: exit 1 = wrong at once, 2 = wrong \
+             after the parent paged)"
+        ));
+    }
+    // The child is gone, but pages it shared stay non-exclusive until written: the parent
+    // reads A (faulting its evicted pages back while B's pages and the still-shared ones must
+    // make room) and pages B again.
+    if mismatches(a_base, a_pages, 1) != 0 {
+        return Err("A changed after the child exited".into());
+    }
+    fill(b_base, b_pages, 3);
+    if mismatches(b_base, b_pages, 3) != 0 || mismatches(a_base, a_pages, 1) != 0 {
+        return Err("data wrong when paging after the child exited".into());
+    }
+    let s = wait_within_budget(&rt);
+    if s.resident_pages > s.budget_pages {
+        return Err(format!("resident memory stays above the budget: {s:?}"));
+    }
+    if s.fetch_errors != 0 || s.send_errors != 0 {
+        return Err(format!("the runtime recorded errors: {s:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn parent_pages_past_its_budget_while_a_forked_child_shares_its_pages() {
+    let donor = Donor::start();
+    let (tx, rx) = mpsc::channel();
+    let addr = donor.addr.clone();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        let r = scenario(addr, tx2.clone());
+        let _ = tx2.send(Step::Done(r));
+    });
+    drop(tx);
+    let deadline = Instant::now() + HANG_LIMIT * 2;
+    let mut child = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Step::Forked(pid)) => child = Some(pid),
+            Ok(Step::Done(Ok(()))) => return,
+            Ok(Step::Done(Err(e))) => panic!("{e}"),
+            Err(_) => {
+                if let Some(pid) = child {
+                    // SAFETY: killing our own forked child so it does not outlive the test.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                panic!(
+                    "HANG: the parent did not finish paging within {:?} while its forked child \
+                     shares the pages brought back before the fork (faults waiting for an \
+                     evictor that cannot move shared pages?)",
+                    HANG_LIMIT * 2
+                );
+            }
+        }
+    }
+}
