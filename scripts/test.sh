@@ -10,4 +10,4 @@ bash scripts/setup.sh
 }
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
-cargo test --release --workspace --locked -- --test-threads=2
+cargo test --release --workspace --locked --no-fail-fast -- --test-threads=2
