@@ -502,7 +502,8 @@ impl Uffd {
     }
 
     /// UFFDIO_WRITEPROTECT: sets (`protect`) or clears write protection on the range. Clearing
-    /// it wakes the writers waiting there unless `dontwake`.
+    /// it wakes the writers waiting there unless `dontwake`. Setting it never wakes anyone, and
+    /// the kernel rejects WP together with DONTWAKE (EINVAL), so `dontwake` is ignored then.
     pub fn writeprotect(
         &self,
         addr: usize,
@@ -519,7 +520,7 @@ impl Uffd {
                 sys::UFFDIO_WRITEPROTECT_MODE_WP
             } else {
                 0
-            } | if dontwake {
+            } | if dontwake && !protect {
                 sys::UFFDIO_WRITEPROTECT_MODE_DONTWAKE
             } else {
                 0

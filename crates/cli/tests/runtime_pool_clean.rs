@@ -1,0 +1,112 @@
+//! Pages read back from the write-back pool stay clean: data written once, evicted, brought back
+//! by read faults that hit the pool, and evicted again must not be sent to the donor a second
+//! time (a pool hit on a read fault installs the page write-protected, so the runtime still sees
+//! a later write). Also checks that such a later write is seen: the new data survives the next
+//! eviction.
+
+mod donor_support;
+
+use std::sync::Arc;
+
+use donor_support::Donor;
+use farmem_runtime::{Runtime, RuntimeConfig};
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+/// The 8-byte word stored at word `w` of page `p` in round `r`.
+fn word(p: usize, w: usize, r: u64) -> u64 {
+    ((p as u64) << 32) ^ ((w as u64) << 8) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x3333
+}
+
+fn write_page(base: usize, p: usize, r: u64) {
+    let ptr = (base + p * PAGE) as *mut u64;
+    for w in (0..PAGE / 8).step_by(61) {
+        // SAFETY: inside a live region owned by the test.
+        unsafe { ptr.add(w).write_volatile(word(p, w, r)) };
+    }
+}
+
+fn check_page(base: usize, p: usize, r: u64) {
+    let ptr = (base + p * PAGE) as *const u64;
+    for w in (0..PAGE / 8).step_by(61) {
+        // SAFETY: inside a live region owned by the test.
+        let v = unsafe { ptr.add(w).read_volatile() };
+        assert_eq!(v, word(p, w, r), "page {p} word {w} round {r}");
+    }
+}
+
+/// A 1 MiB budget with a 4 MiB pool: a 2 MiB region evicted once fits in the pool whole, so
+/// the read passes are served from it.
+fn runtime(donor: &Donor) -> Arc<Runtime> {
+    Runtime::start(RuntimeConfig {
+        budget_bytes: MIB as u64,
+        pool_bytes: Some(4 * MIB as u64),
+        donors: vec![donor.addr.to_string()],
+        evict: "fifo".into(),
+        prefetch: "none".into(),
+        farmem_bin: Some(env!("CARGO_BIN_EXE_farmem").into()),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime starts")
+}
+
+#[test]
+fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
+    let donor = Donor::spawn(&["--capacity", "64MiB", "--slab-size", "1MiB"]);
+    let rt = runtime(&donor);
+    let region = rt.map(2 * MIB).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = region.len() / PAGE;
+    for p in 0..pages {
+        write_page(base, p, 1);
+    }
+    // Read-only passes: every pass evicts what the previous one brought back.
+    for _ in 0..4 {
+        for p in 0..pages {
+            check_page(base, p, 1);
+        }
+    }
+    let s = rt.stats();
+    assert!(
+        s.faults_pool_hit >= pages as u64,
+        "the read passes must be served from the pool for this test to mean anything: {s:?}"
+    );
+    assert_eq!(s.fetch_errors + s.send_errors, 0, "{s:?}");
+    assert!(
+        s.evicted_sent_dirty <= pages as u64,
+        "sent {} pages but only {pages} were ever written: pages read back from the pool were \
+         sent again ({s:?})",
+        s.evicted_sent_dirty
+    );
+    assert!(
+        s.evicted_dropped_clean >= pages as u64,
+        "pages read back from the pool were not evicted as clean: {s:?}"
+    );
+    // A write to a page that came back clean is still seen: it is sent when evicted and the
+    // new data comes back. Backwards, so the resident pages (the last ones read, all brought
+    // back from the pool) are written before FIFO evicts them.
+    for p in (0..pages).rev() {
+        write_page(base, p, 2);
+    }
+    for _ in 0..2 {
+        for p in 0..pages {
+            check_page(base, p, 2);
+        }
+    }
+    let after = rt.stats();
+    assert!(
+        after.faults_write_protect > 0,
+        "writes to clean pages raised no write-protect fault: {after:?}"
+    );
+    assert!(
+        after.evicted_sent_dirty > s.evicted_sent_dirty,
+        "rewritten pages were not sent: {after:?}"
+    );
+    assert!(
+        after.evicted_sent_dirty <= 2 * pages as u64,
+        "{} pages sent for {pages} pages written twice: {after:?}",
+        after.evicted_sent_dirty
+    );
+    assert_eq!(after.fetch_errors + after.send_errors, 0, "{after:?}");
+}
