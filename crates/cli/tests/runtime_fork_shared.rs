@@ -1,10 +1,13 @@
 //! The paging runtime after a fork whose child stays alive: the pages brought back before the
 //! fork are shared copy-on-write with the child, UFFDIO_MOVE refuses them (EBUSY), and the
 //! parent still has to page past its budget without hanging and without changing what the
-//! child sees. Real userfaultfd, a real `farmem donor` on loopback, a real forked child.
+//! child sees; and a fork while other threads' faults are being served from the donor (the
+//! child must get those pages too). Real userfaultfd, a real `farmem donor` on loopback, real
+//! forked children.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -249,4 +252,80 @@ fn parent_pages_past_its_budget_while_a_forked_child_shares_its_pages() {
             }
         }
     }
+}
+
+/// Forks while two other threads keep faulting evicted pages in from a donor with an emulated
+/// 2 ms link (so a fault is often in flight, its page `Fetching`, when `before_fork` runs). The
+/// child checks every page: a page skipped by the bring-back because its fetch was in flight
+/// would be missing at fork and read as zeros there.
+#[test]
+fn fork_while_other_threads_fetch_pages_gives_the_child_every_page() {
+    let donor = Donor::start();
+    let budget = MIB;
+    let rt: Arc<Runtime> = Runtime::start(RuntimeConfig {
+        budget_bytes: budget as u64,
+        donors: vec![donor.addr.clone()],
+        farmem_bin: Some(farmem()),
+        prefetch: "none".into(),
+        pool_bytes: Some(16 * PAGE as u64),
+        link_delay_us: 2000,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime starts");
+    let region = rt.map(2 * budget).unwrap();
+    let (base, pages) = (region.as_ptr() as usize, region.len() / PAGE);
+    fill(base, pages, 5);
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                // Walk the pages downwards (the bring-back goes upwards, so these meet the
+                // pages it reaches last), each reader from its own offset; count wrong pages.
+                let mut bad = 0usize;
+                let mut p = pages - 1 - t * 7;
+                while !stop.load(Ordering::Relaxed) {
+                    if read_u64(base + p * PAGE) != word(p, 5) {
+                        bad += 1;
+                    }
+                    p = if p == 0 { pages - 1 } else { p - 1 };
+                }
+                bad
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for round in 0..6 {
+        std::thread::sleep(Duration::from_millis(30));
+        rt.before_fork();
+        // SAFETY: the child only reads memory, calls the allocation-free `after_fork_child`
+        // and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            rt.after_fork_child();
+            let bad = mismatches(base, pages, 5);
+            // SAFETY: leaving the child without running the parent's destructors.
+            unsafe { libc::_exit(bad.min(255) as i32) };
+        }
+        rt.after_fork_parent();
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+            failures.push(format!(
+                "round {round}: the child saw {} wrong pages (status {status:#x})",
+                libc::WEXITSTATUS(status)
+            ));
+        }
+        // Let the parent evict again (the pages the readers touch next are evicted ones).
+        fill(base, pages, 5);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let bad_reads: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let s = rt.stats();
+    assert!(failures.is_empty(), "{failures:?}; {s:?}");
+    assert_eq!(bad_reads, 0, "the reader threads saw wrong data");
+    assert_eq!(s.fetch_errors, 0, "the runtime recorded errors: {s:?}");
+    assert_eq!(mismatches(base, pages, 5), 0);
 }
