@@ -129,6 +129,10 @@ pub(crate) struct Shared {
     /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
     /// pool slots, so faults must not wait for it.
     pub(crate) send_failing: AtomicBool,
+    /// The evictor cannot make progress right now (its last round moved no victim: pages
+    /// shared with a forked child that could not be unshared) or is unsharing pages, which
+    /// needs the fault thread: faults must not wait for it (the budget is exceeded meanwhile).
+    pub(crate) evictor_blocked: AtomicBool,
     /// Prefetching and the access trace ([`crate::prefetch`]).
     pub(crate) pf: crate::prefetch::Prefetch,
 }
@@ -217,12 +221,14 @@ impl Shared {
     /// Before a page is installed: if resident pages are at the budget, wake the evictor and
     /// wait for it (the headroom normally makes this rare). Not when write-back is failing
     /// (the evictor cannot free pool slots), where waiting would only stall the program: the
-    /// budget is then exceeded and the error is in the stats.
+    /// budget is then exceeded and the error is in the stats. Nor when the evictor cannot
+    /// make progress or is unsharing pages (`evictor_blocked`): unsharing needs this thread.
     fn make_room(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
         let deadline = Instant::now() + Duration::from_secs(2);
         while st.resident >= self.budget_pages
             && !st.paused
             && !self.send_failing.load(Ordering::Relaxed)
+            && !self.evictor_blocked.load(Ordering::Relaxed)
             && Instant::now() < deadline
         {
             self.evict_cv.notify_one();
@@ -437,19 +443,29 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
         }
         PageState::PoolSent | PageState::PoolUnsent => {
             let src = sh.slot_addr(e.slot);
-            // SAFETY: `src` is a pool slot the runtime owns holding this page; nothing
-            // references it; MOVE hands the page to the region without copying.
-            let r = unsafe { sh.uffd.move_pages(msg.addr, src, PAGE_SIZE, true, false) };
+            // Read faults keep tracking writes: a sent page comes back clean, an unsent one
+            // as "sending" (clean once its send is acked). Such a page is installed
+            // write-protected by COPY|WP, atomically: MOVE then WRITEPROTECT would map it
+            // writable for a moment (another thread's write there would be lost), and the
+            // kernel rejects WRITEPROTECT with WP|DONTWAKE (EINVAL), which left every pool
+            // hit dirty. Other faults take the page back with MOVE (no copy).
+            let protect = !msg.write && (e.state == PageState::PoolUnsent || e.far != NO_FAR);
+            let r = if protect {
+                // SAFETY: `src` is a populated pool slot the runtime owns holding this page;
+                // nothing writes it while the state lock is held; the kernel only reads it.
+                let data = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
+                let r = sh.uffd.copy(msg.addr, data, false, true);
+                if r.is_ok() {
+                    sh.discard_slot_memory(e.slot);
+                }
+                r.map(|()| PAGE_SIZE)
+            } else {
+                // SAFETY: `src` is a pool slot the runtime owns holding this page; nothing
+                // references it; MOVE hands the page to the region without copying.
+                unsafe { sh.uffd.move_pages(msg.addr, src, PAGE_SIZE, true, false) }
+            };
             match r {
                 Ok(_) => {
-                    // Read faults keep tracking writes: a sent page comes back clean, an
-                    // unsent one comes back as "sending" (clean once its send is acked).
-                    let protect = !msg.write
-                        && (e.state == PageState::PoolUnsent || e.far != NO_FAR)
-                        && sh
-                            .uffd
-                            .writeprotect(msg.addr, PAGE_SIZE, true, true)
-                            .is_ok();
                     let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
                     st.slot_owner[e.slot as usize] = NO_OWNER;
                     st.pool_free.push(e.slot);
@@ -736,6 +752,11 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
     let mut outcomes: Vec<Outcome> = Vec::new();
     let mut buf = vec![0u8; PAGE_SIZE];
     let mut draining = false;
+    // Victims MOVE refused with EBUSY (shared with a forked child), to unshare after commit.
+    let mut shared: Vec<usize> = Vec::new();
+    let mut stall_backoff = Duration::from_millis(10);
+    let mut stalled_rounds = 0u32;
+    let mut last_stall_log: Option<Instant> = None;
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
         if st.resident >= sh.high_water {
@@ -805,6 +826,8 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         let mut st = sh.state.lock();
         let mut counts = (0u64, 0u64); // (clean dropped, zero)
         let mut new_staged = 0;
+        let round = outcomes.len();
+        let mut failed = 0usize;
         for (v, r, zero, data) in outcomes.drain(..) {
             st.evicting -= 1;
             let cur = st.table.get(v.addr);
@@ -830,8 +853,16 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
                     };
                     st.slot_owner[v.slot as usize] = NO_OWNER;
                     st.pool_free.push(v.slot);
-                    st.policy.insert(pid_of(v.addr), Origin::Demand);
-                    tracing::debug!("evicting {:#x} failed: {err}", v.addr);
+                    failed += 1;
+                    if err.errno() == Some(libc::EBUSY) {
+                        // Shared copy-on-write with a forked child (MOVE takes exclusive
+                        // pages only, and the page stays shared until the parent writes it,
+                        // even after the child exits): unshared below, then a victim again.
+                        shared.push(v.addr);
+                    } else {
+                        st.policy.insert(pid_of(v.addr), Origin::Demand);
+                        tracing::debug!("evicting {:#x} failed: {err}", v.addr);
+                    }
                 }
                 Ok(()) if v.was_clean => {
                     m.state = PageState::PoolSent;
@@ -891,7 +922,93 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
             s.s.evicted_dropped_clean += counts.0;
             s.s.evicted_zero += counts.1;
         }
+        let unshared = if shared.is_empty() {
+            0
+        } else {
+            unshare(&sh, &mut shared)
+        };
+        stalled_rounds = if failed == round && unshared == 0 {
+            stalled_rounds + 1
+        } else {
+            0
+        };
+        if stalled_rounds >= 3 {
+            // Nothing could be moved three rounds in a row (one such round happens when the
+            // victims were released or faulted meanwhile): let faults go over the budget
+            // instead of waiting for this thread, and try again later, backing off.
+            sh.evictor_blocked.store(true, Ordering::Relaxed);
+            if last_stall_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                last_stall_log = Some(Instant::now());
+                tracing::warn!(
+                    "the evictor cannot move any of {round} victims (pages shared with a forked \
+                     child that cannot be unshared?): resident memory exceeds the budget until \
+                     they can be evicted; retrying"
+                );
+            }
+            let mut st = sh.state.lock();
+            sh.evict_cv.wait_for(&mut st, stall_backoff);
+            stall_backoff = (stall_backoff * 2).min(Duration::from_secs(1));
+        } else {
+            sh.evictor_blocked.store(false, Ordering::Relaxed);
+            stall_backoff = Duration::from_millis(10);
+        }
     }
+}
+
+/// Makes pages that UFFDIO_MOVE refused because they are shared copy-on-write with a forked
+/// child exclusive again, the way a write by the program would, but without changing their
+/// contents: `MADV_POPULATE_WRITE` takes a write fault on each (a write-protect fault, served
+/// by the fault thread, marks a clean page dirty first; the copy-on-write then gives this
+/// process its own copy). The pages are then handed back to the eviction policy. Faults do not
+/// wait for the evictor meanwhile (`evictor_blocked`): the fault thread must be free to serve
+/// these write faults. Returns how many pages were unshared; empties `pages`.
+fn unshare(sh: &Shared, pages: &mut Vec<usize>) -> usize {
+    sh.evictor_blocked.store(true, Ordering::Relaxed);
+    sh.commit_cv.notify_all();
+    let mut done = 0;
+    let mut gone = 0;
+    for &addr in pages.iter() {
+        if sh.shutdown.load(Ordering::Relaxed) || sh.state.lock().paused {
+            break; // a fork is starting: the rest waits for the next round
+        }
+        // SAFETY: `addr` is one page of a region the runtime manages; POPULATE_WRITE only
+        // faults it in writable (breaking copy-on-write sharing) and never changes its
+        // contents, and no Rust reference points into regions. If the program unmapped the
+        // page meanwhile the call fails harmlessly; if it released it, a zero page is
+        // installed through the fault thread, which is what the program reads there anyway.
+        let r = unsafe {
+            libc::madvise(
+                addr as *mut libc::c_void,
+                PAGE_SIZE,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r == 0 {
+            done += 1;
+        } else {
+            gone += 1;
+            tracing::debug!(
+                "unsharing page {addr:#x} failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    let mut st = sh.state.lock();
+    for addr in pages.drain(..) {
+        if let Some(e) = st.table.get(addr) {
+            if matches!(
+                e.state,
+                PageState::ResidentClean | PageState::ResidentDirty | PageState::ResidentSending
+            ) {
+                st.policy.insert(pid_of(addr), Origin::Demand);
+            }
+        }
+    }
+    drop(st);
+    if done > 0 || gone > 0 {
+        tracing::debug!("unshared {done} pages shared with a forked child ({gone} failed)");
+    }
+    done
 }
 
 /// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
@@ -1014,6 +1131,43 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
     }
 }
 
+/// Checks, with the state lock held right before `fork()`, that every page with contents is
+/// resident (the child gets exactly the pages mapped at fork). Returns a description of the
+/// pages that are not, for the error report: the child would read zeros there. Whether the
+/// first such page is present in the page tables (`mincore`) is part of the description; it is
+/// not itself checked, since a resident page may be swapped out by the kernel or released by
+/// another thread whose REMOVE event is not processed yet, and the child is right either way.
+pub(crate) fn check_all_back(st: &mut State) -> Option<String> {
+    let mut bad = 0usize;
+    let mut first: Option<(usize, PageState, bool)> = None;
+    for (s, e) in st.table.ranges() {
+        let mut present = vec![0u8; (e - s) / PAGE_SIZE];
+        // SAFETY: mincore writes one byte per page of `s..e` into `present`, which has exactly
+        // that many; it only inspects the page tables and never faults.
+        let r = unsafe { libc::mincore(s as *mut libc::c_void, e - s, present.as_mut_ptr()) };
+        if r != 0 {
+            continue; // not (entirely) mapped: an UNMAP event is on its way
+        }
+        st.table.for_each_in(s, e, |a, en| {
+            let resident = matches!(
+                en.state,
+                PageState::ResidentClean | PageState::ResidentDirty | PageState::ResidentSending
+            );
+            let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
+            if en.state != PageState::Empty && !resident {
+                bad += 1;
+                first.get_or_insert((a, en.state, here));
+            }
+        });
+    }
+    first.map(|(a, state, here)| {
+        format!(
+            "{bad} page(s) are not in local memory at fork (first {a:#x}: {state:?}, {}present)",
+            if here { "" } else { "not " }
+        )
+    })
+}
+
 /// Brings every evicted page of every region back (before fork): called from a program thread
 /// with eviction paused and no eviction half-done.
 pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
@@ -1023,13 +1177,17 @@ pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
         st.table.for_each_in(s, e, |a, e| {
             if matches!(
                 e.state,
-                PageState::PoolSent | PageState::PoolUnsent | PageState::Remote
+                PageState::PoolSent
+                    | PageState::PoolUnsent
+                    | PageState::Remote
+                    | PageState::Fetching
             ) {
                 todo.push((a, *e));
             }
         });
     }
     drop(st);
+    let mut first_err: Option<RuntimeError> = None;
     for (addr, _) in todo {
         loop {
             let mut st = sh.state.lock();
@@ -1038,6 +1196,14 @@ pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
             let Some(e) = st.table.get(addr) else {
                 break;
             };
+            if e.state == PageState::Fetching {
+                // Another thread's fault is being served from the donor right now: the fault
+                // thread installs it (or, if the fetch fails, leaves it Remote). Skipping it
+                // would fork with the page missing, and the child would read zeros there.
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
             if !matches!(
                 e.state,
                 PageState::PoolSent | PageState::PoolUnsent | PageState::Remote
@@ -1054,18 +1220,19 @@ pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
                 _ => {
                     drop(st);
                     let mut data = vec![0u8; PAGE_SIZE];
-                    let (d, a) = sh
-                        .far
-                        .locate(e.far)
-                        .ok_or(RuntimeError::Internal("remote page without placement"))?;
-                    sh.far.donors[d]
-                        .read
-                        .read_pages(&[a], &mut data)
-                        .map_err(|source| RuntimeError::Donor {
+                    let Some((d, a)) = sh.far.locate(e.far) else {
+                        first_err
+                            .get_or_insert(RuntimeError::Internal("remote page without placement"));
+                        break;
+                    };
+                    if let Err(source) = sh.far.donors[d].read.read_pages(&[a], &mut data) {
+                        first_err.get_or_insert(RuntimeError::Donor {
                             addr: sh.far.donors[d].read.addr().to_string(),
                             step: "bringing pages back before fork",
                             source,
-                        })?;
+                        });
+                        break;
+                    }
                     st = sh.state.lock();
                     if st.table.get(addr) != Some(e) {
                         continue; // changed meanwhile: look again
@@ -1091,13 +1258,16 @@ pub(crate) fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 Err(source) => {
-                    return Err(RuntimeError::Uffd {
+                    // Go on with the other pages: one failure must not cost the child the
+                    // rest (the first error is reported).
+                    first_err.get_or_insert(RuntimeError::Uffd {
                         step: "bringing pages back before fork",
                         source,
-                    })
+                    });
+                    break;
                 }
             }
         }
     }
-    Ok(())
+    first_err.map_or(Ok(()), Err)
 }

@@ -310,6 +310,18 @@ impl Runtime {
         let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
         let pool_len = pool_slots as usize * PAGE_SIZE;
         let pool_base = mmap_anon(pool_len, "mapping the write-back pool")?;
+        // A forked child never needs the pool (it has no runtime), and a pool page shared
+        // copy-on-write with a child could not be MOVEd back (EBUSY) until written: a fork
+        // that runs no fork handlers (raw clone) or another runtime's fork would leave such
+        // pages behind. Not inherited, the pool's pages stay exclusive to this process.
+        // SAFETY: advice on the pool mapping just created and owned by the runtime.
+        unsafe {
+            libc::madvise(
+                pool_base as *mut libc::c_void,
+                pool_len,
+                libc::MADV_DONTFORK,
+            )
+        };
         // SAFETY: the pool mapping was just created and is owned by the runtime; no Rust
         // reference points into it.
         unsafe {
@@ -364,6 +376,7 @@ impl Runtime {
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
             loop_seq: std::sync::atomic::AtomicU64::new(0),
             send_failing: AtomicBool::new(false),
+            evictor_blocked: AtomicBool::new(false),
             pf,
         });
         let mut threads = Vec::new();
@@ -637,7 +650,14 @@ impl Runtime {
             );
         }
         // Hold the state lock across fork so the child's copy is consistent.
-        std::mem::forget(sh.state.lock());
+        let mut st = sh.state.lock();
+        if let Some(what) = engine::check_all_back(&mut st) {
+            sh.report(
+                format!("before fork: {what}; the child will read zeros there"),
+                true,
+            );
+        }
+        std::mem::forget(st);
         self.fork_locked.store(true, Ordering::SeqCst);
     }
 
