@@ -37,6 +37,17 @@ impl Drop for Map {
     }
 }
 
+/// The tests of this file run one at a time: they fork, register and move pages in one process,
+/// and a fork or MOVE in one test while another test's thread faults on its own region has
+/// crashed the test process (SIGSEGV) on this kernel. Serialising keeps each test's checks
+/// exactly as they are.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn all() -> Features {
     Features::PAGEFAULT_FLAG_WP
         | Features::EVENT_REMOVE
@@ -73,6 +84,7 @@ fn read_u64(addr: usize) -> u64 {
 
 #[test]
 fn probe_reports_the_features_farmem_needs() {
+    let _serial = serial();
     let f = Uffd::probe().expect("userfaultfd must be usable (root or /dev/userfaultfd access)");
     for need in [
         Features::MOVE,
@@ -87,6 +99,7 @@ fn probe_reports_the_features_farmem_needs() {
 
 #[test]
 fn missing_fault_served_by_copy_and_zeropage_with_thread_id() {
+    let _serial = serial();
     let m = Map::new(2 * PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
     // nobody would read.
@@ -132,6 +145,7 @@ fn missing_fault_served_by_copy_and_zeropage_with_thread_id() {
 
 #[test]
 fn fault_inside_read_syscall_is_served() {
+    let _serial = serial();
     let m = Map::new(PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
     // nobody would read.
@@ -171,6 +185,7 @@ fn fault_inside_read_syscall_is_served() {
 
 #[test]
 fn write_protect_fault_then_unprotect_wakes_writer() {
+    let _serial = serial();
     let m = Map::new(PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
     // nobody would read.
@@ -199,6 +214,7 @@ fn write_protect_fault_then_unprotect_wakes_writer() {
 
 #[test]
 fn move_takes_a_page_out_and_back_without_copy() {
+    let _serial = serial();
     let region = Map::new(PAGE_SIZE);
     let pool = Map::new(PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
@@ -241,6 +257,7 @@ fn move_takes_a_page_out_and_back_without_copy() {
 
 #[test]
 fn release_events_remove_unmap_remap() {
+    let _serial = serial();
     let m = Map::new(4 * PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
     // nobody would read.
@@ -310,6 +327,7 @@ fn release_events_remove_unmap_remap() {
 
 #[test]
 fn poisoned_page_raises_sigbus() {
+    let _serial = serial();
     let m = Map::new(PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
     // nobody would read.
@@ -336,6 +354,7 @@ fn poisoned_page_raises_sigbus() {
 
 #[test]
 fn unregister_wakes_and_stops_reporting() {
+    let _serial = serial();
     let m = Map::new(PAGE_SIZE);
     // Declared after the mappings: dropped first, so munmap raises no UNMAP event that
     // nobody would read.
@@ -358,6 +377,7 @@ fn unregister_wakes_and_stops_reporting() {
 /// pages written since (copy-on-write made them exclusive again).
 #[test]
 fn move_refuses_pages_shared_since_fork_until_written() {
+    let _serial = serial();
     let region = Map::new(2 * PAGE_SIZE);
     let pool = Map::new(2 * PAGE_SIZE);
     let u = Uffd::open(all(), Features::empty()).unwrap();
