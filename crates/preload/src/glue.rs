@@ -170,6 +170,10 @@ fn summary_of(s: &farmem_runtime::Stats) -> serde_json::Value {
 
 /// Writes the stats file atomically (temporary file + rename).
 fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
+    // The periodic writer and the exit hook share one temporary path: one writer at a time,
+    // or their bytes interleave into a corrupt file.
+    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_writer = WRITING.lock().unwrap_or_else(|p| p.into_inner());
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
