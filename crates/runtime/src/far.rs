@@ -14,7 +14,9 @@
 //! - With no donor configured, [`EmbeddedDonor`] starts `farmem donor --listen 127.0.0.1:0` as
 //!   a child process, reads its `farmem donor listening on ADDR` line, and kills it when the
 //!   runtime is dropped. The child is spawned from a keeper thread that lives as long as the
-//!   runtime and is marked `PR_SET_PDEATHSIG(SIGKILL)`, so it also dies with the process.
+//!   runtime, and the child (`--exit-with-parent`) sets `PR_SET_PDEATHSIG(SIGKILL)` itself, so it
+//!   also dies with the process. No `pre_exec` hook: std would fork instead of posix_spawn, and
+//!   a fork marks every region page shared copy-on-write, which UFFDIO_MOVE refuses to evict.
 //!
 //! # Limitations
 //!
@@ -263,19 +265,11 @@ impl EmbeddedDonor {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        // SAFETY: the closure runs in the child between fork and exec and only calls the
-        // async-signal-safe prctl(2), getppid(2) and kill(2); it allocates nothing.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            let parent = libc::getpid();
-            cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                if libc::getppid() != parent {
-                    libc::kill(libc::getpid(), libc::SIGKILL);
-                }
-                Ok(())
-            });
-        }
+        // Not a `pre_exec` hook: that makes std fork this process instead of using
+        // posix_spawn, and a fork leaves every region page shared copy-on-write, which
+        // UFFDIO_MOVE refuses to evict. The donor arranges to die with us itself.
+        cmd.arg("--exit-with-parent")
+            .arg(std::process::id().to_string());
         let (addr_tx, addr_rx) = std::sync::mpsc::channel::<Result<String, String>>();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let hook = cfg.thread_hook.clone();

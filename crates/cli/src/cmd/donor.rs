@@ -66,6 +66,26 @@ pub struct DonorArgs {
     /// Allow listening on a non-loopback address without a token.
     #[arg(long)]
     pub insecure: bool,
+    /// Die with process PID (for embedded donors: the runtime names its own pid, and the
+    /// donor dies when the thread that started it does).
+    #[arg(long, value_name = "PID", hide = true)]
+    pub exit_with_parent: Option<i32>,
+}
+
+/// Arranges to be killed when the parent goes away. Done here rather than between fork and
+/// exec in the parent: a `pre_exec` hook makes std fork the whole process instead of
+/// `posix_spawn`, and a fork marks every page of the parent's far-memory regions shared
+/// copy-on-write, which UFFDIO_MOVE then refuses to evict.
+fn exit_with_parent(pid: i32) -> anyhow::Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .context("asking to die with the parent (PR_SET_PDEATHSIG)")?;
+    // The parent may have died before the request above: then we were re-parented already.
+    if nix::unistd::getppid().as_raw() != pid {
+        bail!(
+            "--exit-with-parent {pid}: that process is not our parent (gone already?); not starting"
+        );
+    }
+    Ok(())
 }
 
 /// Reads an auth token file: the token is the file's bytes, exactly (1 to 256 bytes).
@@ -92,6 +112,9 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
 
 /// Runs the donor until SIGINT/SIGTERM.
 pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
+    if let Some(pid) = args.exit_with_parent {
+        exit_with_parent(pid)?;
+    }
     let token = args
         .token_file
         .as_deref()
