@@ -1,108 +1,22 @@
 //! The paging runtime across fork, with a stalled or dead donor, and with several donors
 //! (placement). Real userfaultfd, real `farmem donor` processes on loopback.
 
+mod donor_support;
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use donor_support::Donor;
 use farmem_runtime::{Runtime, RuntimeConfig};
-
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-
-fn farmem() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_farmem"))
-}
-
-struct Donor {
-    child: Child,
-    addr: String,
-}
-
-impl Donor {
-    fn start(capacity: &str, slab: &str) -> Donor {
-        let mut child = Command::new(farmem())
-            .args(["donor", "--listen", "127.0.0.1:0", "--capacity", capacity])
-            .args(["--slab-size", slab])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning farmem donor");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("farmem donor listening on ")
-            .unwrap_or_else(|| panic!("unexpected donor output {line:?}"))
-            .to_string();
-        Donor { child, addr }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-}
-
-impl Drop for Donor {
-    fn drop(&mut self) {
-        self.signal(libc::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn word(p: usize, r: u64) -> u64 {
-    ((p as u64) << 20) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
-}
-
-fn write_u64(addr: usize, v: u64) {
-    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
-    unsafe { (addr as *mut u64).write_volatile(v) }
-}
-
-fn read_u64(addr: usize) -> u64 {
-    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
-    unsafe { (addr as *const u64).read_volatile() }
-}
-
-fn fill(base: usize, pages: usize, r: u64) {
-    for p in 0..pages {
-        write_u64(base + p * PAGE, word(p, r));
-        write_u64(base + p * PAGE + PAGE - 8, word(p, r) ^ 0xff);
-    }
-}
-
-/// Number of pages whose two stamped words are not round `r`'s (allocation-free: used in a
-/// forked child).
-fn mismatches(base: usize, pages: usize, r: u64) -> usize {
-    (0..pages)
-        .filter(|p| {
-            read_u64(base + p * PAGE) != word(*p, r)
-                || read_u64(base + p * PAGE + PAGE - 8) != word(*p, r) ^ 0xff
-        })
-        .count()
-}
-
-fn runtime(budget: usize, donors: Vec<String>) -> Arc<Runtime> {
-    Runtime::start(RuntimeConfig {
-        budget_bytes: budget as u64,
-        donors,
-        farmem_bin: Some(farmem()),
-        prefetch: "none".into(),
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime starts")
-}
+use support::{config, fill, mismatches, read_u64, start, wait_for_stats, MIB, PAGE};
 
 #[test]
 fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
     let budget = MIB;
     let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()]);
+    let rt = start(config(budget, vec![donor.addr.to_string()]));
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
@@ -147,14 +61,12 @@ fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
     // so they can be evicted), read back, and resident memory returns within the budget.
     fill(base, pages, 2);
     assert_eq!(mismatches(base, pages, 2), 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let s = loop {
-        let s = rt.stats();
-        if s.resident_pages <= s.budget_pages || std::time::Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        |s| s.resident_pages <= s.budget_pages,
+    );
     assert!(s.resident_pages <= s.budget_pages, "{s:?}");
     assert_eq!(mismatches(base, pages, 2), 0);
 }
@@ -163,7 +75,10 @@ fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
 fn several_donors_share_the_slabs() {
     let budget = 2 * MIB;
     let donors: Vec<Donor> = (0..3).map(|_| Donor::start("64MiB", "1MiB")).collect();
-    let rt = runtime(budget, donors.iter().map(|d| d.addr.clone()).collect());
+    let rt = start(config(
+        budget,
+        donors.iter().map(|d| d.addr.to_string()).collect(),
+    ));
     let region = rt.map(16 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
@@ -221,7 +136,8 @@ fn donor_failure_scenario() {
     std::process::exit(0);
 }
 
-fn donor_failure(sig: i32) {
+/// `sig` as kill(1) spells it, e.g. `-STOP`.
+fn donor_failure(sig: &str) {
     let donor = Donor::start("64MiB", "1MiB");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -230,7 +146,7 @@ fn donor_failure(sig: i32) {
             "--ignored",
             "--nocapture",
         ])
-        .env("FARMEM_TEST_DONOR", &donor.addr)
+        .env("FARMEM_TEST_DONOR", donor.addr.to_string())
         .env("FARMEM_LOG", "error")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -275,10 +191,10 @@ fn donor_failure(sig: i32) {
 
 #[test]
 fn stalled_donor_gives_sigbus_not_a_hang() {
-    donor_failure(libc::SIGSTOP);
+    donor_failure("-STOP");
 }
 
 #[test]
 fn dead_donor_gives_sigbus_not_a_hang() {
-    donor_failure(libc::SIGKILL);
+    donor_failure("-KILL");
 }

@@ -5,99 +5,26 @@
 //! child must get those pages too). Real userfaultfd, a real `farmem donor` on loopback, real
 //! forked children.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod donor_support;
+mod support;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use donor_support::Donor;
 use farmem_runtime::{Runtime, RuntimeConfig};
+use support::{config, fill, mismatches, read_u64, start, wait_for_stats, word, MIB, PAGE};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
 /// Far beyond what the work below needs on a loaded 2-core machine; only a hang reaches it.
 const HANG_LIMIT: Duration = Duration::from_secs(120);
 
-fn farmem() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_farmem"))
-}
-
-struct Donor {
-    child: Child,
-    addr: String,
-}
-
-impl Donor {
-    fn start() -> Donor {
-        let mut child = Command::new(farmem())
-            .args(["donor", "--listen", "127.0.0.1:0", "--capacity", "64MiB"])
-            .args(["--slab-size", "1MiB"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning farmem donor");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("farmem donor listening on ")
-            .unwrap_or_else(|| panic!("unexpected donor output {line:?}"))
-            .to_string();
-        Donor { child, addr }
-    }
-}
-
-impl Drop for Donor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn word(p: usize, r: u64) -> u64 {
-    ((p as u64) << 20) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
-}
-
-fn write_u64(addr: usize, v: u64) {
-    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
-    unsafe { (addr as *mut u64).write_volatile(v) }
-}
-
-fn read_u64(addr: usize) -> u64 {
-    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
-    unsafe { (addr as *const u64).read_volatile() }
-}
-
-fn fill(base: usize, pages: usize, r: u64) {
-    for p in 0..pages {
-        write_u64(base + p * PAGE, word(p, r));
-        write_u64(base + p * PAGE + PAGE - 8, word(p, r) ^ 0xff);
-    }
-}
-
-/// Pages whose two stamped words are not round `r`'s (allocation-free: used in the child).
-fn mismatches(base: usize, pages: usize, r: u64) -> usize {
-    (0..pages)
-        .filter(|p| {
-            read_u64(base + p * PAGE) != word(*p, r)
-                || read_u64(base + p * PAGE + PAGE - 8) != word(*p, r) ^ 0xff
-        })
-        .count()
-}
-
 /// Waits until resident pages are back within the budget, or `HANG_LIMIT`.
 fn wait_within_budget(rt: &Runtime) -> farmem_runtime::Stats {
-    let deadline = Instant::now() + HANG_LIMIT;
-    loop {
-        let s = rt.stats();
-        if s.resident_pages <= s.budget_pages || Instant::now() > deadline {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_stats(rt, HANG_LIMIT, Duration::from_millis(20), |s| {
+        s.resident_pages <= s.budget_pages
+    })
 }
 
 /// What the parent's side of the scenario reports to the watching test thread.
@@ -112,14 +39,8 @@ enum Step {
 /// reads everything back, and returns within the budget.
 fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
     let budget = MIB;
-    let rt: Arc<Runtime> = Runtime::start(RuntimeConfig {
-        budget_bytes: budget as u64,
-        donors: vec![donor],
-        farmem_bin: Some(farmem()),
-        prefetch: "none".into(),
-        ..RuntimeConfig::default()
-    })
-    .map_err(|e| format!("runtime start: {e}"))?;
+    let rt: Arc<Runtime> =
+        Runtime::start(config(budget, vec![donor])).map_err(|e| format!("runtime start: {e}"))?;
     let a = rt.map(4 * budget).map_err(|e| format!("map: {e}"))?;
     let (a_base, a_pages) = (a.as_ptr() as usize, a.len() / PAGE);
     fill(a_base, a_pages, 1);
@@ -221,9 +142,9 @@ fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
 
 #[test]
 fn parent_pages_past_its_budget_while_a_forked_child_shares_its_pages() {
-    let donor = Donor::start();
+    let donor = Donor::start("64MiB", "1MiB");
     let (tx, rx) = mpsc::channel();
-    let addr = donor.addr.clone();
+    let addr = donor.addr.to_string();
     let tx2 = tx.clone();
     std::thread::spawn(move || {
         let r = scenario(addr, tx2.clone());
@@ -260,18 +181,13 @@ fn parent_pages_past_its_budget_while_a_forked_child_shares_its_pages() {
 /// would be missing at fork and read as zeros there.
 #[test]
 fn fork_while_other_threads_fetch_pages_gives_the_child_every_page() {
-    let donor = Donor::start();
+    let donor = Donor::start("64MiB", "1MiB");
     let budget = MIB;
-    let rt: Arc<Runtime> = Runtime::start(RuntimeConfig {
-        budget_bytes: budget as u64,
-        donors: vec![donor.addr.clone()],
-        farmem_bin: Some(farmem()),
-        prefetch: "none".into(),
+    let rt: Arc<Runtime> = start(RuntimeConfig {
         pool_bytes: Some(16 * PAGE as u64),
         link_delay_us: 2000,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime starts");
+        ..config(budget, vec![donor.addr.to_string()])
+    });
     let region = rt.map(2 * budget).unwrap();
     let (base, pages) = (region.as_ptr() as usize, region.len() / PAGE);
     fill(base, pages, 5);

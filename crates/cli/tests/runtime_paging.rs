@@ -3,105 +3,33 @@
 //! evicted buffers, release (MADV_DONTNEED, munmap + new mapping), clean/zero page accounting,
 //! a donor too small, and the C API.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod donor_support;
+mod support;
+
 use std::sync::Arc;
+use std::time::Duration;
 
+use donor_support::Donor;
 use farmem_runtime::{Runtime, RuntimeConfig, RuntimeError};
+use support::{config, read_u64, start, wait_for_stats, Stamp, MIB, PAGE};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-
-fn farmem() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_farmem"))
-}
-
-/// A `farmem donor` child on a loopback port, killed on drop.
-struct Donor {
-    child: Child,
-    addr: String,
-}
-
-impl Donor {
-    fn start(capacity: &str, slab: &str) -> Donor {
-        let mut child = Command::new(farmem())
-            .args([
-                "donor",
-                "--listen",
-                "127.0.0.1:0",
-                "--capacity",
-                capacity,
-                "--slab-size",
-                slab,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning farmem donor");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("farmem donor listening on ")
-            .unwrap_or_else(|| panic!("unexpected donor output {line:?}"))
-            .to_string();
-        Donor { child, addr }
-    }
-}
-
-impl Drop for Donor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// What this file stamps pages with.
+const STAMP: Stamp = Stamp {
+    step: 37,
+    salt: 0x5555,
+};
 
 fn runtime(budget: usize, donors: Vec<String>, evict: &str) -> Arc<Runtime> {
-    Runtime::start(RuntimeConfig {
-        budget_bytes: budget as u64,
-        donors,
+    start(RuntimeConfig {
         evict: evict.into(),
-        farmem_bin: Some(farmem()),
-        prefetch: "none".into(),
-        ..RuntimeConfig::default()
+        ..config(budget, donors)
     })
-    .expect("runtime starts")
-}
-
-/// The 8-byte word stored at word `w` of page `p` in round `r`.
-fn word(p: usize, w: usize, r: u64) -> u64 {
-    ((p as u64) << 32) ^ ((w as u64) << 8) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555
-}
-
-/// Reads the word at `addr` (inside a live region or mapping of the test).
-fn read_u64(addr: usize) -> u64 {
-    // SAFETY: callers pass addresses inside mappings the test owns and keeps alive.
-    unsafe { (addr as *const u64).read_volatile() }
-}
-
-fn write_page(base: usize, p: usize, r: u64) {
-    let ptr = (base + p * PAGE) as *mut u64;
-    for w in (0..PAGE / 8).step_by(37) {
-        // SAFETY: inside a live region owned by the test.
-        unsafe { ptr.add(w).write_volatile(word(p, w, r)) };
-    }
-}
-
-fn check_page(base: usize, p: usize, r: u64) {
-    let ptr = (base + p * PAGE) as *const u64;
-    for w in (0..PAGE / 8).step_by(37) {
-        // SAFETY: inside a live region owned by the test.
-        let v = unsafe { ptr.add(w).read_volatile() };
-        assert_eq!(v, word(p, w, r), "page {p} word {w} round {r}");
-    }
 }
 
 fn four_threads_4x_budget(evict: &str) {
     let budget = 4 * MIB;
     let donor = Donor::start("256MiB", "4MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()], evict);
+    let rt = runtime(budget, vec![donor.addr.to_string()], evict);
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
@@ -114,10 +42,10 @@ fn four_threads_4x_budget(evict: &str) {
                 let mine = t * per..(t + 1) * per;
                 for r in 1..=2u64 {
                     for p in mine.clone() {
-                        write_page(base, p, r);
+                        STAMP.write_page(base, p, r);
                     }
                     for p in mine.clone() {
-                        check_page(base, p, r);
+                        STAMP.check_page(base, p, r);
                     }
                 }
             })
@@ -131,7 +59,7 @@ fn four_threads_4x_budget(evict: &str) {
         .map(|_| {
             std::thread::spawn(move || {
                 for p in 0..pages {
-                    check_page(base, p, 2);
+                    STAMP.check_page(base, p, 2);
                 }
             })
         })
@@ -172,7 +100,7 @@ fn embedded_donor_serves_and_read_syscall_fills_evicted_buffer() {
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     for p in 0..pages {
-        write_page(base, p, 7);
+        STAMP.write_page(base, p, 7);
     }
     // Page 0 is long evicted. read(2) from a file into it: the fault happens inside the
     // system call and must be served.
@@ -189,7 +117,7 @@ fn embedded_donor_serves_and_read_syscall_fills_evicted_buffer() {
     let got = unsafe { std::slice::from_raw_parts(base as *const u8, 2 * PAGE) };
     assert_eq!(got, &content[..]);
     for p in 2..pages {
-        check_page(base, p, 7);
+        STAMP.check_page(base, p, 7);
     }
     let s = rt.stats();
     assert!(s.faults_remote + s.faults_pool_hit > 0, "{s:?}");
@@ -199,12 +127,12 @@ fn embedded_donor_serves_and_read_syscall_fills_evicted_buffer() {
 fn madvise_dontneed_then_reads_are_zero() {
     let budget = MIB;
     let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()], "fifo");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     for p in 0..pages {
-        write_page(base, p, 3);
+        STAMP.write_page(base, p, 3);
     }
     // Release the first half (evicted: in the pool or on the donor) and the last 8 pages
     // (resident).
@@ -222,12 +150,12 @@ fn madvise_dontneed_then_reads_are_zero() {
     }
     for p in (0..pages / 2).chain(pages - 8..pages) {
         let ptr = (base + p * PAGE) as *const u64;
-        for w in (0..PAGE / 8).step_by(37) {
+        for w in (0..PAGE / 8).step_by(STAMP.step) {
             assert_eq!(read_u64(ptr as usize + w * 8), 0, "page {p} after release");
         }
     }
     for p in pages / 2..pages - 8 {
-        check_page(base, p, 3);
+        STAMP.check_page(base, p, 3);
     }
 }
 
@@ -235,7 +163,7 @@ fn madvise_dontneed_then_reads_are_zero() {
 fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
     let budget = MIB;
     let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()], "fifo");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
     let len = 4 * budget;
     let map = |hint: usize, fixed: bool| -> usize {
         // SAFETY: a fresh private anonymous mapping (at `hint`, which the test just unmapped,
@@ -258,7 +186,7 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
     let a = map(0, false);
     rt.register(a as *mut u8, len).unwrap();
     for p in 0..len / PAGE {
-        write_page(a, p, 9);
+        STAMP.write_page(a, p, 9);
     }
     // SAFETY: unmapping the test's own mapping; the runtime sees an UNMAP event.
     assert_eq!(unsafe { libc::munmap(a as *mut _, len) }, 0);
@@ -267,7 +195,7 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
     rt.register(b as *mut u8, len).unwrap();
     for p in 0..len / PAGE {
         let ptr = (b + p * PAGE) as *const u64;
-        for w in (0..PAGE / 8).step_by(37) {
+        for w in (0..PAGE / 8).step_by(STAMP.step) {
             assert_eq!(read_u64(ptr as usize + w * 8), 0, "old data in page {p}");
         }
     }
@@ -279,14 +207,14 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
 fn clean_pages_not_resent_and_zero_pages_never_sent() {
     let budget = MIB;
     let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()], "fifo");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     // Even pages hold data; odd pages are written with zeros (touched, but all zero).
     for p in 0..pages {
         if p % 2 == 0 {
-            write_page(base, p, 5);
+            STAMP.write_page(base, p, 5);
         } else {
             // SAFETY: inside the live region.
             unsafe { ((base + p * PAGE) as *mut u64).write_volatile(0) };
@@ -295,12 +223,12 @@ fn clean_pages_not_resent_and_zero_pages_never_sent() {
     // Two read-only passes: pages come back clean and leave without being sent again.
     for _ in 0..2 {
         for p in (0..pages).step_by(2) {
-            check_page(base, p, 5);
+            STAMP.check_page(base, p, 5);
         }
     }
     let before = rt.stats();
     for p in (0..pages).step_by(2) {
-        check_page(base, p, 5);
+        STAMP.check_page(base, p, 5);
     }
     let after = rt.stats();
     let data_pages = pages.div_ceil(2) as u64;
@@ -330,7 +258,7 @@ fn clean_pages_not_resent_and_zero_pages_never_sent() {
 fn donor_with_too_little_capacity_gives_a_clear_error() {
     let budget = MIB;
     let donor = Donor::start("1MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()], "fifo");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
     // A region that cannot fit: refused at once, with the numbers and what to do.
     let err = rt.map(8 * budget).err().expect("must be refused");
     assert!(
@@ -355,19 +283,17 @@ fn donor_with_too_little_capacity_gives_a_clear_error() {
     } as usize;
     rt.register(a as *mut u8, len).unwrap();
     for p in 0..len / PAGE {
-        write_page(a, p, 11);
+        STAMP.write_page(a, p, 11);
     }
     for p in 0..len / PAGE {
-        check_page(a, p, 11);
+        STAMP.check_page(a, p, 11);
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let s = loop {
-        let s = rt.stats();
-        if s.last_error.is_some() || std::time::Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        |s| s.last_error.is_some(),
+    );
     let e = s.last_error.clone().expect("the full donor is reported");
     assert!(e.contains("donors are full"), "{e}");
     // SAFETY: done with the mapping.
@@ -378,12 +304,12 @@ fn donor_with_too_little_capacity_gives_a_clear_error() {
 fn concurrent_faults_on_one_page_are_served_once() {
     let budget = MIB;
     let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.clone()], "fifo");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     for p in 0..pages {
-        write_page(base, p, 13);
+        STAMP.write_page(base, p, 13);
     }
     // The first pages are long evicted. Four threads touch each of them at the same moment.
     let k = 64;
@@ -395,7 +321,7 @@ fn concurrent_faults_on_one_page_are_served_once() {
             std::thread::spawn(move || {
                 for p in 0..k {
                     barrier.wait();
-                    check_page(base, p, 13);
+                    STAMP.check_page(base, p, 13);
                 }
             })
         })

@@ -5,66 +5,44 @@
 //! eviction.
 
 mod donor_support;
+mod support;
 
 use std::sync::Arc;
 
 use donor_support::Donor;
 use farmem_runtime::{Runtime, RuntimeConfig};
+use support::{config, start, Stamp, MIB, PAGE};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-
-/// The 8-byte word stored at word `w` of page `p` in round `r`.
-fn word(p: usize, w: usize, r: u64) -> u64 {
-    ((p as u64) << 32) ^ ((w as u64) << 8) ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x3333
-}
-
-fn write_page(base: usize, p: usize, r: u64) {
-    let ptr = (base + p * PAGE) as *mut u64;
-    for w in (0..PAGE / 8).step_by(61) {
-        // SAFETY: inside a live region owned by the test.
-        unsafe { ptr.add(w).write_volatile(word(p, w, r)) };
-    }
-}
-
-fn check_page(base: usize, p: usize, r: u64) {
-    let ptr = (base + p * PAGE) as *const u64;
-    for w in (0..PAGE / 8).step_by(61) {
-        // SAFETY: inside a live region owned by the test.
-        let v = unsafe { ptr.add(w).read_volatile() };
-        assert_eq!(v, word(p, w, r), "page {p} word {w} round {r}");
-    }
-}
+/// What this file stamps pages with.
+const STAMP: Stamp = Stamp {
+    step: 61,
+    salt: 0x3333,
+};
 
 /// A 1 MiB budget with a 4 MiB pool: a 2 MiB region evicted once fits in the pool whole, so
 /// the read passes are served from it.
 fn runtime(donor: &Donor) -> Arc<Runtime> {
-    Runtime::start(RuntimeConfig {
-        budget_bytes: MIB as u64,
+    start(RuntimeConfig {
         pool_bytes: Some(4 * MIB as u64),
-        donors: vec![donor.addr.to_string()],
         evict: "fifo".into(),
-        prefetch: "none".into(),
-        farmem_bin: Some(env!("CARGO_BIN_EXE_farmem").into()),
-        ..RuntimeConfig::default()
+        ..config(MIB, vec![donor.addr.to_string()])
     })
-    .expect("runtime starts")
 }
 
 #[test]
 fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
-    let donor = Donor::spawn(&["--capacity", "64MiB", "--slab-size", "1MiB"]);
+    let donor = Donor::start("64MiB", "1MiB");
     let rt = runtime(&donor);
     let region = rt.map(2 * MIB).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     for p in 0..pages {
-        write_page(base, p, 1);
+        STAMP.write_page(base, p, 1);
     }
     // Read-only passes: every pass evicts what the previous one brought back.
     for _ in 0..4 {
         for p in 0..pages {
-            check_page(base, p, 1);
+            STAMP.check_page(base, p, 1);
         }
     }
     let s = rt.stats();
@@ -87,11 +65,11 @@ fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
     // new data comes back. Backwards, so the resident pages (the last ones read, all brought
     // back from the pool) are written before FIFO evicts them.
     for p in (0..pages).rev() {
-        write_page(base, p, 2);
+        STAMP.write_page(base, p, 2);
     }
     for _ in 0..2 {
         for p in 0..pages {
-            check_page(base, p, 2);
+            STAMP.check_page(base, p, 2);
         }
     }
     let after = rt.stats();

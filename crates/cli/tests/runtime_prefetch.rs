@@ -4,73 +4,28 @@
 //! prefetch "none" prefetching nothing, the recorded trace read back by farmem-sim's reader,
 //! and clear errors for a bad prefetcher name and an unwritable trace path.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod donor_support;
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use donor_support::Donor;
 use farmem_runtime::{PrefetchInstall, Runtime, RuntimeConfig, Stats};
 use farmem_sim::trace::{read_trace, AccessKind};
+use support::{config, start, MIB, PAGE};
 
-const PAGE: usize = 4096;
-const MIB: usize = 1 << 20;
-
-fn farmem() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_farmem"))
-}
-
-/// A `farmem donor` child on a loopback port, killed on drop.
-struct Donor {
-    child: Child,
-    addr: String,
-}
-
-impl Donor {
-    fn start() -> Donor {
-        let mut child = Command::new(farmem())
-            .args([
-                "donor",
-                "--listen",
-                "127.0.0.1:0",
-                "--capacity",
-                "256MiB",
-                "--slab-size",
-                "4MiB",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawning farmem donor");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("farmem donor listening on ")
-            .unwrap_or_else(|| panic!("unexpected donor output {line:?}"))
-            .to_string();
-        Donor { child, addr }
-    }
-}
-
-impl Drop for Donor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The donor of these tests: 256 MiB in 4 MiB slabs.
+fn start_donor() -> Donor {
+    Donor::start("256MiB", "4MiB")
 }
 
 fn runtime(budget: usize, donor: &Donor, prefetch: &str, install: PrefetchInstall) -> Arc<Runtime> {
-    Runtime::start(RuntimeConfig {
-        budget_bytes: budget as u64,
-        donors: vec![donor.addr.clone()],
+    start(RuntimeConfig {
         prefetch: prefetch.into(),
         prefetch_install: install,
-        farmem_bin: Some(farmem()),
-        ..RuntimeConfig::default()
+        ..config(budget, vec![donor.addr.to_string()])
     })
-    .expect("runtime starts")
 }
 
 /// Byte `i` of page `p` in round `r`: every byte of every page differs from its neighbours'.
@@ -115,7 +70,7 @@ fn quiesce(rt: &Runtime) -> Stats {
 
 fn stride_scan_coverage(install: PrefetchInstall) {
     let budget = 4 * MIB;
-    let donor = Donor::start();
+    let donor = start_donor();
     let rt = runtime(budget, &donor, "leap", install);
     let region = rt.map(2 * budget).unwrap();
     let base = region.as_ptr() as usize;
@@ -169,7 +124,7 @@ fn stride10_scan_coverage_in_marker_mode() {
 
 fn two_threads_integrity(install: PrefetchInstall) {
     let budget = 2 * MIB;
-    let donor = Donor::start();
+    let donor = start_donor();
     let rt = runtime(budget, &donor, "leap", install);
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
@@ -238,7 +193,7 @@ fn data_is_byte_identical_with_marker_prefetching_under_two_threads() {
 #[test]
 fn prefetch_none_prefetches_nothing() {
     let budget = 2 * MIB;
-    let donor = Donor::start();
+    let donor = start_donor();
     let rt = runtime(budget, &donor, "none", PrefetchInstall::Buffer);
     let region = rt.map(2 * budget).unwrap();
     let base = region.as_ptr() as usize;
@@ -280,14 +235,10 @@ fn gettid() -> u32 {
 fn recorded_trace_reads_back_with_every_fault() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("faults.trace");
-    let donor = Donor::start();
+    let donor = start_donor();
     let rt = Runtime::start(RuntimeConfig {
-        budget_bytes: 8 * MIB as u64,
-        donors: vec![donor.addr.clone()],
-        prefetch: "none".into(),
         record_trace: Some(path.clone()),
-        farmem_bin: Some(farmem()),
-        ..RuntimeConfig::default()
+        ..config(8 * MIB, vec![donor.addr.to_string()])
     })
     .unwrap();
     // Within the budget nothing is evicted: each first touch of a fresh page is exactly one
@@ -333,10 +284,10 @@ fn recorded_trace_reads_back_with_every_fault() {
 
 #[test]
 fn bad_prefetcher_and_unwritable_trace_are_clear_errors() {
-    let donor = Donor::start();
+    let donor = start_donor();
     let err = Runtime::start(RuntimeConfig {
         budget_bytes: 4 * MIB as u64,
-        donors: vec![donor.addr.clone()],
+        donors: vec![donor.addr.to_string()],
         prefetch: "oracle".into(),
         ..RuntimeConfig::default()
     })
@@ -349,7 +300,7 @@ fn bad_prefetcher_and_unwritable_trace_are_clear_errors() {
     );
     let err = Runtime::start(RuntimeConfig {
         budget_bytes: 4 * MIB as u64,
-        donors: vec![donor.addr.clone()],
+        donors: vec![donor.addr.to_string()],
         record_trace: Some("/nonexistent-dir/x.trace".into()),
         ..RuntimeConfig::default()
     })

@@ -81,6 +81,11 @@ impl Donor {
         }
     }
 
+    /// A donor of `capacity` bytes in slabs of `slab` bytes (e.g. `"64MiB"`, `"1MiB"`).
+    pub fn start(capacity: &str, slab: &str) -> Donor {
+        Donor::spawn(&["--capacity", capacity, "--slab-size", slab])
+    }
+
     /// Sends `sig` (as kill(1) spells it, e.g. `-TERM`) to the donor.
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
