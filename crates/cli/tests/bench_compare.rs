@@ -121,7 +121,10 @@ fn bad_flags_are_rejected_with_clear_errors() {
             &["-w", "seq", "--systems", "zswap"],
             "unknown system `zswap`",
         ),
-        (&["-w", "seq", "--wss", "1 furlong"], "bad size unit"),
+        (
+            &["-w", "seq", "--wss", "1 furlong"],
+            "unknown unit `furlong`",
+        ),
         (&["-w", "redis", "--clients", "0"], "--clients"),
     ];
     for (args, needle) in cases {

@@ -40,6 +40,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::cmd::units;
 use report::RunRow;
 use systems::{Cgroup, CgroupMount, Cleanup, CleanupGuard, SystemKind};
 use workloads::{Sizes, Toolbox, Workload, WorkloadList, Wrap};
@@ -63,7 +64,7 @@ pub struct CompareArgs {
     pub systems: SystemList,
 
     /// Working set of the seq/stride/random microbenchmarks (e.g. 512MiB, 1GiB).
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    #[arg(long, default_value = "1GiB", value_parser = parse_wss)]
     pub wss: u64,
 
     /// Passes over the working set of the microbenchmarks (after the pass that fills it).
@@ -173,30 +174,10 @@ fn parse_system_list(text: &str) -> Result<SystemList, String> {
     systems::parse_systems(text).map(SystemList)
 }
 
-/// Parses a size: plain bytes or with a unit (KiB, MiB, GiB, TiB; K/M/G/T and KB/MB/GB mean the
-/// same binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("bad size `{text}`: expected e.g. 512MiB, 1GiB or a byte count"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "bad size unit `{other}` in `{text}`: use KiB, MiB, GiB or TiB"
-            ))
-        }
-    };
-    let bytes = (n * mult as f64) as u64;
+/// Parses the microbenchmarks' working set: a size as every subcommand takes it
+/// ([`units::parse_size`]), at least one page.
+pub fn parse_wss(text: &str) -> Result<u64, String> {
+    let bytes = units::parse_size(text)?;
     if bytes < 4096 {
         return Err(format!("size `{text}` is below one page (4 KiB)"));
     }
@@ -725,16 +706,16 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_units() {
-        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
-        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_size("8192").unwrap(), 8192);
-        assert!(parse_size("12 parsecs")
+        assert_eq!(parse_wss("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_wss("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_wss("64m").unwrap(), 64 << 20);
+        assert_eq!(parse_wss("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_wss("8192").unwrap(), 8192);
+        assert!(parse_wss("12 parsecs")
             .unwrap_err()
-            .contains("bad size unit"));
-        assert!(parse_size("GiB").unwrap_err().contains("bad size"));
-        assert!(parse_size("100").unwrap_err().contains("below one page"));
+            .contains("unknown unit `parsecs`"));
+        assert!(parse_wss("GiB").unwrap_err().contains("bad size"));
+        assert!(parse_wss("100").unwrap_err().contains("below one page"));
     }
 
     #[test]
@@ -785,7 +766,7 @@ mod tests {
         let e = parse(&["-w", "seq", "--systems", "zswap"]).unwrap_err();
         assert!(e.contains("unknown system `zswap`"), "{e}");
         let e = parse(&["-w", "seq", "--wss", "1 furlong"]).unwrap_err();
-        assert!(e.contains("bad size unit"), "{e}");
+        assert!(e.contains("unknown unit `furlong`"), "{e}");
         let e = parse(&["-w", "seq", "--passes", "0"]).unwrap_err();
         assert!(e.contains("--passes"), "{e}");
     }
