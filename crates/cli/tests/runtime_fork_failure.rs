@@ -130,8 +130,27 @@ fn donor_failure_scenario() {
     std::io::stdout().flush().unwrap();
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
-    // Page 0 was evicted first and is only on the (now unusable) donor.
-    let v = read_u64(base);
+    // The lowest page not in the region was evicted among the first (FIFO; the pool caches
+    // only the last 16), so it is only on the (now unusable) donor. Not simply page 0: an
+    // eviction the kernel refused for a moment (a MOVE that met a locked page) puts the page
+    // back at the end of the queue, and it may still be resident.
+    let mut present = vec![0u8; pages];
+    // SAFETY: mincore writes one byte per page of the mapped region into `present`, which
+    // has exactly that many; it does not touch the pages.
+    let r = unsafe {
+        libc::mincore(
+            base as *mut libc::c_void,
+            pages * PAGE,
+            present.as_mut_ptr(),
+        )
+    };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    let victim = present
+        .iter()
+        .position(|b| b & 1 == 0)
+        .expect("pages beyond the budget were evicted");
+    assert!(victim < pages / 2, "page {victim} is the first evicted one");
+    let v = read_u64(base + victim * PAGE);
     println!("READ {v:#x}");
     std::process::exit(0);
 }

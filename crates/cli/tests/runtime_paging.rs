@@ -337,3 +337,41 @@ fn concurrent_faults_on_one_page_are_served_once() {
         "each page must be brought in once however many threads fault on it: {after:?}"
     );
 }
+
+/// Starting a runtime with an embedded donor must not fork this process: a fork leaves every
+/// page of the other runtimes' regions shared copy-on-write, UFFDIO_MOVE refuses to evict
+/// such pages, and their budget was overshot (seen in CI when tests ran side by side).
+#[test]
+fn starting_an_embedded_donor_leaves_other_regions_evictable() {
+    let budget = 2 * MIB;
+    let donor = Donor::start("64MiB", "1MiB");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
+    let region = rt.map(4 * budget).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = region.len() / PAGE;
+    // Fill the budget, so every resident page would be shared by a fork now.
+    let resident = budget / PAGE - budget / PAGE / 16;
+    for p in 0..resident {
+        STAMP.write_page(base, p, 1);
+    }
+    // Another runtime in this process starts its embedded donor.
+    let other = runtime(budget, Vec::new(), "fifo");
+    let o = other.map(budget).unwrap();
+    STAMP.write_page(o.as_ptr() as usize, 0, 1);
+    // Now go well past the budget: the resident pages must be evictable as before.
+    for p in resident..pages {
+        STAMP.write_page(base, p, 1);
+    }
+    for p in 0..pages {
+        STAMP.check_page(base, p, 1);
+    }
+    let s = rt.stats();
+    assert!(s.evicted_sent_dirty > 0, "{s:?}");
+    assert_eq!(s.evictions_refused, 0, "pages were left shared: {s:?}");
+    assert!(
+        s.peak_resident_pages <= s.budget_pages,
+        "peak resident {} above budget {}: {s:?}",
+        s.peak_resident_pages,
+        s.budget_pages
+    );
+}

@@ -917,10 +917,11 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         if new_staged > 0 {
             sh.stage_cv.notify_one();
         }
-        if counts != (0, 0) {
+        if counts != (0, 0) || failed > 0 {
             let mut s = sh.stats.lock();
             s.s.evicted_dropped_clean += counts.0;
             s.s.evicted_zero += counts.1;
+            s.s.evictions_refused += failed as u64;
         }
         let unshared = if shared.is_empty() {
             0

@@ -56,6 +56,9 @@ pub struct Stats {
     pub evicted_dropped_clean: u64,
     /// Evicted pages that were all zero: never sent, they come back as zero pages.
     pub evicted_zero: u64,
+    /// Victims UFFDIO_MOVE refused (shared copy-on-write with a forked child, or busy): they
+    /// stay resident and are tried again; pages shared after a fork are unshared first.
+    pub evictions_refused: u64,
     /// Page data bytes sent to donors.
     pub bytes_sent: u64,
     /// Page data bytes received from donors.
