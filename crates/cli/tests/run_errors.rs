@@ -27,6 +27,21 @@ fn bad_size_is_refused() {
 }
 
 #[test]
+fn unknown_prefetch_install_mode_is_refused() {
+    let o = farmem_run(
+        &["--local-mem", "256MiB", "--prefetch-install", "eager"],
+        &["true"],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("eager") && err.contains("buffer") && err.contains("marker"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn missing_command_is_named() {
     let o = farmem_run(&["--local-mem", "256MiB"], &["no-such-program-farmem-test"]);
     assert!(!o.status.success());

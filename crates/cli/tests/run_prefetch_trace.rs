@@ -73,3 +73,50 @@ fn prefetch_counters_reach_the_summary_and_the_trace_replays() {
         "the trace should hold every remote fault: {accesses} records, stats {s}"
     );
 }
+
+/// `--prefetch-install marker`: the scan's result is unchanged, prefetched pages are installed
+/// into the program's memory (their hits inferred from the window markers), and the faults
+/// that outran their prefetch waited for it rather than each sending a read.
+#[test]
+fn marker_install_mode_reaches_the_runtime() {
+    let dir = Scratch::new("prefetch-marker");
+    let prog = dir.path("seq_scan");
+    compile_c("seq_scan.c", &prog, &[]);
+    let stats = dir.path("stats.json");
+    let run = |mode: &str| {
+        let o = farmem_run(
+            &[
+                "--local-mem",
+                "32MiB",
+                "--prefetch-install",
+                mode,
+                "--stats",
+                stats.to_str().unwrap(),
+            ],
+            &[prog.to_str().unwrap(), "96"],
+        );
+        let out = text(&o);
+        assert!(o.status.success(), "{out}");
+        let sum = out
+            .lines()
+            .find_map(|l| l.strip_prefix("checksum "))
+            .unwrap_or_else(|| panic!("no checksum: {out}"))
+            .trim()
+            .to_string();
+        (sum, read_stats(&stats))
+    };
+    let runtime = |s: &serde_json::Value, key: &str| {
+        s["runtime"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stats have no runtime figure {key}: {s}"))
+    };
+    let (buffer_sum, buffer) = run("buffer");
+    let (marker_sum, marker) = run("marker");
+    assert_eq!(marker_sum, buffer_sum, "the scan must read the same data");
+    assert_eq!(runtime(&buffer, "prefetch_hits_inferred"), 0, "{buffer}");
+    assert!(
+        runtime(&marker, "prefetch_hits_inferred") > 0,
+        "marker mode installs pages whose hits are inferred: {marker}"
+    );
+    assert_eq!(runtime(&marker, "fetch_errors"), 0, "{marker}");
+}

@@ -8,10 +8,11 @@ mod donor_support;
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use donor_support::Donor;
 use farmem_runtime::{Runtime, RuntimeConfig};
-use support::{config, start, Stamp, MIB, PAGE};
+use support::{config, start, wait_for_stats, Stamp, MIB, PAGE};
 
 /// What this file stamps pages with.
 const STAMP: Stamp = Stamp {
@@ -39,6 +40,18 @@ fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
     for p in 0..pages {
         STAMP.write_page(base, p, 1);
     }
+    // Let the sender finish: a page read back while its first send is still in flight comes
+    // back "sending" and is rightly sent again if evicted before the ack (a loaded machine).
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        |s| s.evicted_sent_dirty + s.resident_pages >= pages as u64,
+    );
+    assert!(
+        s.evicted_sent_dirty + s.resident_pages >= pages as u64,
+        "the evicted pages were not all sent within 20 s: {s:?}"
+    );
     // Read-only passes: every pass evicts what the previous one brought back.
     for _ in 0..4 {
         for p in 0..pages {

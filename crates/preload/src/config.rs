@@ -21,6 +21,8 @@ pub const TOKEN_FILE: &str = "FARMEM_RUN_TOKEN_FILE";
 pub const EVICT: &str = "FARMEM_RUN_EVICT";
 /// Prefetcher name.
 pub const PREFETCH: &str = "FARMEM_RUN_PREFETCH";
+/// How prefetched pages are made local: `buffer` or `marker`.
+pub const PREFETCH_INSTALL: &str = "FARMEM_RUN_PREFETCH_INSTALL";
 /// JSON stats file, rewritten every second and at exit.
 pub const STATS_FILE: &str = "FARMEM_RUN_STATS_FILE";
 /// Trace file the runtime records accesses into.
@@ -50,6 +52,7 @@ pub struct Config {
     pub token_file: Option<PathBuf>,
     pub evict: Option<String>,
     pub prefetch: Option<String>,
+    pub prefetch_install: Option<String>,
     pub stats_file: Option<PathBuf>,
     pub record_trace: Option<PathBuf>,
     pub mmap_threshold_bytes: u64,
@@ -134,6 +137,7 @@ impl Config {
             token_file: non_empty(TOKEN_FILE).map(PathBuf::from),
             evict: non_empty(EVICT),
             prefetch: non_empty(PREFETCH),
+            prefetch_install: non_empty(PREFETCH_INSTALL),
             stats_file: non_empty(STATS_FILE).map(PathBuf::from),
             record_trace: non_empty(RECORD_TRACE).map(PathBuf::from),
             mmap_threshold_bytes: bytes(MMAP_THRESHOLD_BYTES, DEFAULT_MMAP_THRESHOLD_BYTES)?,
@@ -168,6 +172,7 @@ mod tests {
             (DONORS, "127.0.0.1:7000, 127.0.0.1:7001"),
             (EVICT, "clock"),
             (PREFETCH, ""),
+            (PREFETCH_INSTALL, "marker"),
             (MMAP_THRESHOLD_BYTES, "4096"),
             (ALLOCATOR_ONLY, "1"),
             (ORIG_LD_PRELOAD, ""),
@@ -178,6 +183,7 @@ mod tests {
         assert_eq!(c.donors, vec!["127.0.0.1:7000", "127.0.0.1:7001"]);
         assert_eq!(c.evict.as_deref(), Some("clock"));
         assert_eq!(c.prefetch, None);
+        assert_eq!(c.prefetch_install.as_deref(), Some("marker"));
         assert_eq!(c.mmap_threshold_bytes, 4096);
         assert_eq!(c.heap_reserve_bytes, DEFAULT_HEAP_RESERVE_BYTES);
         assert!(c.allocator_only);

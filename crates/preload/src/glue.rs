@@ -47,6 +47,11 @@ pub(crate) fn start(cfg: &Config) -> Result<(), String> {
     if let Some(p) = &cfg.prefetch {
         rc.prefetch = p.clone();
     }
+    if let Some(m) = &cfg.prefetch_install {
+        rc.prefetch_install = m
+            .parse()
+            .map_err(|e| error_chain("FARMEM_RUN_PREFETCH_INSTALL", &e))?;
+    }
     let rt = Runtime::start(rc).map_err(|e| error_chain("starting the farmem runtime", &e))?;
     let _ = RUNTIME.set(rt);
     Ok(())

@@ -211,7 +211,7 @@ impl Shared {
         st
     }
 
-    fn update_peak(&self, st: &State) {
+    pub(crate) fn update_peak(&self, st: &State) {
         let mut s = self.stats.lock();
         if st.resident > s.s.peak_resident_pages {
             s.s.peak_resident_pages = st.resident;
@@ -223,7 +223,7 @@ impl Shared {
     /// (the evictor cannot free pool slots), where waiting would only stall the program: the
     /// budget is then exceeded and the error is in the stats. Nor when the evictor cannot
     /// make progress or is unsharing pages (`evictor_blocked`): unsharing needs this thread.
-    fn make_room(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
+    pub(crate) fn make_room(&self, st: &mut parking_lot::MutexGuard<'_, State>) {
         let deadline = Instant::now() + Duration::from_secs(2);
         while st.resident >= self.budget_pages
             && !st.paused
@@ -236,7 +236,7 @@ impl Shared {
         }
     }
 
-    fn kick_evictor(&self, st: &State) {
+    pub(crate) fn kick_evictor(&self, st: &State) {
         if st.resident >= self.high_water {
             self.evict_cv.notify_one();
         }
@@ -505,6 +505,12 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
             let m = st.table.get_mut(msg.addr).expect("found above");
             m.state = PageState::Fetching;
             let far = m.far;
+            if crate::prefetch::wait_for_prefetch(sh, &mut st, msg.addr, far, msg.thread, msg.t0) {
+                // Its prefetch is on the wire: the prefetch thread installs it on arrival
+                // (waking this fault), sooner than a demand read sent now would.
+                drop(st);
+                return;
+            }
             drop(st);
             let pending = sh.far.submit_read(far).ok();
             let (addr, thread) = (msg.addr, msg.thread);

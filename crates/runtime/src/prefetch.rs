@@ -41,9 +41,12 @@
 //!   (Leap's coverage counts the accesses that would have gone to far memory: a fault served
 //!   from the write-back pool on a page that was not prefetched is a local cache hit, neither). A fault on a page whose prefetch is still in flight counts as a prefetch hit that
 //!   waited (`prefetch_hits_waited`, also in `prefetch_hits`): the prediction was right and in
-//!   time to be issued, only the transfer was late; the fault is then served by its own demand
-//!   read (never waiting for the batch) and the prefetched copy is dropped. This keeps coverage
-//!   a property of the predictions, not of the machine's load.
+//!   time to be issued, only the transfer was late. The fault waits for that transfer
+//!   ([`wait_for_prefetch`]): the page is `Fetching` and its arrival installs it and wakes the
+//!   thread; a failed batch hands the page back to the demand path (the thread faults again).
+//!   A demand read of its own would queue behind the batch anyway, and a scan that outruns its
+//!   prefetches would send one per page. This keeps coverage a property of the predictions,
+//!   not of the machine's load.
 //! - **Trace.** Every fault message read (demand, write-protect, zero) is appended to the
 //!   trace (time since the runtime started, page number, thread id, read/write) by the fault
 //!   loop through a buffered [`TraceWriter`]; [`crate::Runtime::finish_trace`] or dropping the
@@ -75,6 +78,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::engine::{Shared, State};
 use crate::far::Far;
+use crate::stats::FaultKind;
 use crate::table::{PageState, NO_FAR};
 use crate::{RuntimeConfig, RuntimeError, PAGE_SIZE};
 
@@ -120,8 +124,12 @@ struct Req {
 /// A prefetch in flight.
 struct InFlight {
     far: u64,
-    /// A demand fault reached the page first (counted as a waited hit): drop the copy.
+    /// A demand fault reached the page first and was served by its own read (counted as a
+    /// waited hit): drop the copy.
     consumed: bool,
+    /// A fault reached the page first and waits for this copy (counted as a waited hit): the
+    /// page is `Fetching`, and its arrival installs it and wakes the fault (when it raised).
+    waiter: Option<Instant>,
 }
 
 /// State shared by the fault loop and the prefetch thread.
@@ -359,6 +367,88 @@ pub(crate) fn on_remote_fault(sh: &Shared, addr: usize, thread: u32) {
     feed(sh, &mut st, addr, thread, hit, now);
 }
 
+/// A fault on `addr` (far page `far`, just marked `Fetching`), with the state lock held: if
+/// the page's prefetch is in flight, the fault waits for it instead of sending a demand read
+/// of its own (the batch is on its way; a new read would only queue behind it on a loaded
+/// link, and a sequential scan that outruns its prefetches would send one read per page).
+/// Counts a waited hit, feeds the prefetcher and returns true; false when nothing is in
+/// flight for it.
+pub(crate) fn wait_for_prefetch(
+    sh: &Shared,
+    st: &mut State,
+    addr: usize,
+    far: u64,
+    thread: u32,
+    t0: Instant,
+) -> bool {
+    let pf = &sh.pf;
+    let now = pf.now_ns();
+    {
+        let mut i = pf.inner.lock();
+        match i.in_flight.get_mut(&addr) {
+            Some(f) if !f.consumed && f.waiter.is_none() && f.far == far => f.waiter = Some(t0),
+            _ => return false,
+        }
+        i.hits_waited += 1;
+        i.measures.prefetched(page_of(addr), now);
+        i.measures.prefetch_hit(page_of(addr), now);
+    }
+    feed(sh, st, addr, thread, true, now);
+    true
+}
+
+/// A prefetched page a fault waits for arrived (`data`) or could not be fetched (`None`):
+/// installs it and wakes the fault, or hands the page back to the demand path (state
+/// `Remote`, fault woken: it faults again and sends its own read). State lock held.
+fn arrive_awaited(
+    sh: &Shared,
+    st: &mut parking_lot::MutexGuard<'_, State>,
+    addr: usize,
+    far: u64,
+    t0: Instant,
+    data: Option<&[u8]>,
+) {
+    let ours = |st: &State| {
+        st.table
+            .get(addr)
+            .is_some_and(|e| e.state == PageState::Fetching && e.far == far)
+    };
+    if !ours(st) {
+        // Released or remapped meanwhile: the fault is retried on what the page is now.
+        let _ = sh.uffd.wake(addr, PAGE_SIZE);
+        return;
+    }
+    if let Some(d) = data.filter(|_| !st.paused) {
+        sh.make_room(st);
+        if ours(st) {
+            // Write-protected and clean: it equals its donor copy; a write faults once more
+            // and marks it dirty.
+            match sh.uffd.copy(addr, d, false, true) {
+                Ok(()) | Err(UffdError::Exists { .. }) => {
+                    let m = st.table.get_mut(addr).expect("checked above");
+                    m.state = PageState::ResidentClean;
+                    st.resident += 1;
+                    st.policy.insert(page_of(addr), Origin::Prefetch);
+                    st.policy.touched(page_of(addr));
+                    sh.update_peak(st);
+                    sh.kick_evictor(st);
+                    sh.stats
+                        .lock()
+                        .fault(FaultKind::Remote, t0.elapsed().as_micros() as u64);
+                    return;
+                }
+                Err(e) => tracing::debug!("installing awaited prefetched page {addr:#x}: {e}"),
+            }
+        }
+    }
+    if let Some(m) = st.table.get_mut(addr) {
+        if m.state == PageState::Fetching && m.far == far {
+            m.state = PageState::Remote;
+        }
+    }
+    let _ = sh.uffd.wake(addr, PAGE_SIZE);
+}
+
 /// Feeds one access to the prefetcher and queues the pages worth fetching.
 fn feed(sh: &Shared, st: &mut State, addr: usize, thread: u32, hit: bool, now: u64) {
     let pf = &sh.pf;
@@ -412,6 +502,7 @@ fn feed(sh: &Shared, st: &mut State, addr: usize, thread: u32, hit: bool, now: u
                 InFlight {
                     far: e.far,
                     consumed: false,
+                    waiter: None,
                 },
             );
             reqs.push(Req {
@@ -570,7 +661,12 @@ fn arrive(sh: &Shared, reqs: Vec<Req>, data: Option<&[u8]>) {
             }
             f
         };
-        let Some(page_data) = data.map(|d| &d[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]) else {
+        let page = data.map(|d| &d[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
+        if let Some(t0) = flight.as_ref().and_then(|f| f.waiter) {
+            arrive_awaited(sh, &mut st, r.addr, r.far, t0, page);
+            continue;
+        }
+        let Some(page_data) = page else {
             continue; // failed: nothing counted (never prefetched)
         };
         let wanted = match &flight {

@@ -41,6 +41,7 @@ mod env {
     pub const TOKEN_FILE: &str = "FARMEM_RUN_TOKEN_FILE";
     pub const EVICT: &str = "FARMEM_RUN_EVICT";
     pub const PREFETCH: &str = "FARMEM_RUN_PREFETCH";
+    pub const PREFETCH_INSTALL: &str = "FARMEM_RUN_PREFETCH_INSTALL";
     pub const STATS_FILE: &str = "FARMEM_RUN_STATS_FILE";
     pub const RECORD_TRACE: &str = "FARMEM_RUN_RECORD_TRACE";
     pub const MMAP_THRESHOLD_BYTES: &str = "FARMEM_RUN_MMAP_THRESHOLD_BYTES";
@@ -71,6 +72,12 @@ pub struct RunArgs {
     /// Prefetcher (see `farmem sim --help` for the names).
     #[arg(long, value_name = "NAME")]
     pub prefetch: Option<String>,
+    /// How prefetched pages are made local: `buffer` keeps them in the write-back pool (the
+    /// first touch is a cheap local fault that measures every hit exactly); `marker`
+    /// installs each window into the program's memory at once but for its first page, so
+    /// most prefetched pages are touched without any fault (hits are then inferred).
+    #[arg(long, value_name = "MODE", value_parser = ["buffer", "marker"])]
+    pub prefetch_install: Option<String>,
     /// Eviction policy.
     #[arg(long, value_name = "NAME")]
     pub evict: Option<String>,
@@ -479,6 +486,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(p) = &args.prefetch {
         command.env(env::PREFETCH, p);
+    }
+    if let Some(m) = &args.prefetch_install {
+        command.env(env::PREFETCH_INSTALL, m);
     }
     if let Some(e) = &args.evict {
         command.env(env::EVICT, e);

@@ -36,7 +36,7 @@ pub fn start(config: RuntimeConfig) -> Arc<Runtime> {
 
 /// Polls the runtime's counters every `poll` until `done` holds for them or `limit` has passed,
 /// and returns the last ones read (the caller checks them).
-#[allow(dead_code)] // not used by runtime_prefetch, runtime_pool_clean
+#[allow(dead_code)] // not used by runtime_prefetch
 pub fn wait_for_stats(
     rt: &Runtime,
     limit: Duration,
