@@ -32,8 +32,18 @@ pub(crate) fn start(cfg: &Config) -> Result<(), String> {
         ),
         None => None,
     };
+    // --local-mem covers the region pages and the write-back pool together.
+    let (budget_bytes, pool_bytes) = farmem_runtime::split_local_memory(cfg.budget_bytes)
+        .ok_or_else(|| {
+            format!(
+                "--local-mem of {} bytes is below the minimum of {} bytes",
+                cfg.budget_bytes,
+                farmem_runtime::MIN_LOCAL_BYTES
+            )
+        })?;
     let mut rc = RuntimeConfig {
-        budget_bytes: cfg.budget_bytes,
+        budget_bytes,
+        pool_bytes: Some(pool_bytes),
         donors: cfg.donors.clone(),
         token,
         thread_hook: Some(Arc::new(crate::mark_runtime_thread)),
@@ -167,6 +177,7 @@ fn summary_of(s: &farmem_runtime::Stats) -> serde_json::Value {
         "prefetch_hits": s.prefetch_hits,
         "peak_resident_bytes": s.peak_resident_pages * page,
         "budget_bytes": s.budget_pages * page,
+        "pool_bytes": s.pool_capacity_pages * page,
         "fetch_errors": s.fetch_errors,
         "send_errors": s.send_errors,
         "last_error": s.last_error,

@@ -75,6 +75,27 @@ pub const PAGE_SIZE: usize = 4096;
 /// The smallest budget [`Runtime::start`] accepts (16 pages).
 pub const MIN_BUDGET_BYTES: u64 = 16 * PAGE_SIZE as u64;
 
+/// The smallest write-back pool (16 slots).
+const MIN_POOL_BYTES: u64 = 16 * PAGE_SIZE as u64;
+
+/// The smallest local memory [`split_local_memory`] accepts: the minimum budget and pool.
+pub const MIN_LOCAL_BYTES: u64 = MIN_BUDGET_BYTES + MIN_POOL_BYTES;
+
+/// Splits one limit on local memory into the region budget and the write-back pool
+/// (`(budget_bytes, pool_bytes)`), so that resident region pages and pool pages together stay
+/// within it: the pool gets a fifth, 64 KiB to 64 MiB, in whole pages. `farmem run
+/// --local-mem` means this total, so a program under farmem uses no more local page memory
+/// than the limit a swap-based comparison gives its cgroup. `None` below [`MIN_LOCAL_BYTES`].
+pub fn split_local_memory(local_bytes: u64) -> Option<(u64, u64)> {
+    if local_bytes < MIN_LOCAL_BYTES {
+        return None;
+    }
+    let page = PAGE_SIZE as u64;
+    let pool = ((local_bytes / 5).clamp(MIN_POOL_BYTES, 64 << 20) / page) * page;
+    let budget = ((local_bytes - pool) / page) * page;
+    Some((budget, pool))
+}
+
 /// How a [`Runtime`] runs.
 #[derive(Clone)]
 pub struct RuntimeConfig {
@@ -744,5 +765,32 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         self.rt.drop_region(self.addr, self.len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_memory_split_stays_within_the_limit() {
+        assert_eq!(split_local_memory(MIN_LOCAL_BYTES - 1), None);
+        assert_eq!(
+            split_local_memory(MIN_LOCAL_BYTES),
+            Some((MIN_BUDGET_BYTES, MIN_POOL_BYTES))
+        );
+        let mib = 1u64 << 20;
+        assert_eq!(split_local_memory(100 * mib), Some((80 * mib, 20 * mib)));
+        // The pool is capped at 64 MiB.
+        assert_eq!(split_local_memory(1000 * mib), Some((936 * mib, 64 * mib)));
+        for local in [MIN_LOCAL_BYTES, 200_001, 3 * mib + 17, 513 * mib + 4095] {
+            let (budget, pool) = split_local_memory(local).unwrap();
+            assert!(budget + pool <= local, "{local}");
+            assert!(
+                budget >= MIN_BUDGET_BYTES && pool >= MIN_POOL_BYTES,
+                "{local}"
+            );
+            assert_eq!((budget % PAGE_SIZE as u64, pool % PAGE_SIZE as u64), (0, 0));
+        }
     }
 }

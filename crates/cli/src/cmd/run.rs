@@ -60,7 +60,8 @@ pub const PRELOAD_LIB: &str = "libfarmem_preload.so";
 /// Arguments of `farmem run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Local memory budget for the program's far-memory regions (e.g. 256MiB, 1GiB).
+    /// Local memory for the program's far-memory regions (e.g. 256MiB, 1GiB): resident pages
+    /// and the write-back pool (a fifth, at most 64 MiB) together stay within it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub local_mem: u64,
     /// Donor to page to (`host:port`); repeat for several. Default: an embedded local donor.
@@ -387,7 +388,7 @@ pub fn summary_line(stats: &serde_json::Value) -> String {
     };
     format!(
         "farmem: {} faults ({} remote), remote in {} out {}, prefetch accuracy {} coverage {}, \
-         peak resident {} of {} budget",
+         peak resident {} of {} budget (+ {} write-back pool)",
         num("faults"),
         num("faults_remote"),
         fmt_bytes(num("remote_bytes_in")),
@@ -395,7 +396,8 @@ pub fn summary_line(stats: &serde_json::Value) -> String {
         pct("prefetch_accuracy"),
         pct("prefetch_coverage"),
         fmt_bytes(num("peak_resident_bytes")),
-        fmt_bytes(num("budget_bytes"))
+        fmt_bytes(num("budget_bytes")),
+        fmt_bytes(num("pool_bytes"))
     )
 }
 
@@ -582,11 +584,9 @@ impl Drop for TempFile {
 mod preflight {
     use super::*;
 
-    /// The smallest budget the runtime accepts (16 pages; `Runtime::start` checks the same).
-    pub const MIN_BUDGET_BYTES: u64 = 64 << 10;
-
     pub fn check_budget(budget_bytes: u64) -> anyhow::Result<()> {
-        let min = MIN_BUDGET_BYTES;
+        // The smallest region budget plus the smallest write-back pool.
+        let min = farmem_runtime::MIN_LOCAL_BYTES;
         if budget_bytes < min {
             bail!(
                 "--local-mem {} is below the minimum the runtime needs ({}): give at least {}",
@@ -688,13 +688,14 @@ mod tests {
     fn summary_line_reports_the_counters() {
         let v = serde_json::json!({"summary": {"faults": 12, "faults_remote": 3,
             "remote_bytes_in": 2048, "remote_bytes_out": 1048576,
-            "peak_resident_bytes": 268435456, "budget_bytes": 268435456,
+            "peak_resident_bytes": 268435456, "budget_bytes": 268435456, "pool_bytes": 65536,
             "prefetch_accuracy": 0.5, "prefetch_coverage": 0.25}});
         let s = summary_line(&v);
         assert!(s.contains("12 faults (3 remote)"), "{s}");
         assert!(s.contains("in 2.0 KiB out 1.0 MiB"), "{s}");
         assert!(s.contains("accuracy 50.0% coverage 25.0%"), "{s}");
         assert!(s.contains("peak resident 256.0 MiB"), "{s}");
+        assert!(s.contains("(+ 64.0 KiB write-back pool)"), "{s}");
         let none = summary_line(&serde_json::json!({"summary": {"prefetch_accuracy": null}}));
         assert!(none.contains("accuracy n/a"), "{none}");
     }
