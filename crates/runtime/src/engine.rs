@@ -270,21 +270,27 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
     let mut retry: VecDeque<FaultMsg> = VecDeque::new();
     let mut installs: VecDeque<(FaultMsg, Box<[u8]>)> = VecDeque::new();
     let mut fetches: Vec<Fetch> = Vec::new();
+    let mut busy = false;
     while !sh.shutdown.load(Ordering::Relaxed) {
-        let timeout = if retry.is_empty() && installs.is_empty() {
-            100
-        } else {
-            1
-        };
-        if let Err(e) = sh.uffd.wait_readable(timeout) {
-            sh.report(format!("fault loop: {e}"), true);
-            std::thread::sleep(Duration::from_millis(10));
-        }
         events.clear();
-        if let Err(e) = sh.uffd.read_events(&mut events) {
-            sh.report(format!("fault loop: {e}"), true);
-            continue;
+        if busy && spin_for_events(&sh, &mut events) {
+            // Got events without sleeping.
+        } else {
+            let timeout = if retry.is_empty() && installs.is_empty() {
+                100
+            } else {
+                1
+            };
+            if let Err(e) = sh.uffd.wait_readable(timeout) {
+                sh.report(format!("fault loop: {e}"), true);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if let Err(e) = sh.uffd.read_events(&mut events) {
+                sh.report(format!("fault loop: {e}"), true);
+                continue;
+            }
         }
+        busy = !events.is_empty();
         for ev in events.drain(..) {
             match ev {
                 Event::Pagefault {
@@ -330,6 +336,25 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
         }
         sh.loop_seq.fetch_add(1, Ordering::Release);
     }
+}
+
+/// How long the fault thread keeps polling for the next event after serving some, before it
+/// sleeps in poll(2). A faulting program usually faults again within microseconds; a sleeping
+/// fault thread costs a wake-up on every fault, which on a virtual machine with idle vCPUs
+/// (halted, woken by an IPI through the hypervisor) is tens of microseconds.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Reads events without sleeping for up to [`SPIN`]; true when some arrived.
+fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < SPIN {
+        match sh.uffd.read_events(events) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) => std::hint::spin_loop(),
+            Err(_) => return false, // reported by the blocking path
+        }
+    }
+    false
 }
 
 /// Serves one fault message from local state, or starts its remote read.
@@ -466,7 +491,10 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
             };
             match r {
                 Ok(_) => {
-                    let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                    if !protect {
+                        // MOVE was issued with DONTWAKE; COPY woke the waiters itself.
+                        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                    }
                     st.slot_owner[e.slot as usize] = NO_OWNER;
                     st.pool_free.push(e.slot);
                     let m = st.table.get_mut(msg.addr).expect("found above");
