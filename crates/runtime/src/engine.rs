@@ -83,7 +83,11 @@ pub(crate) struct State {
     pub(crate) evicting: u64,
     /// Address of the page each pool slot holds.
     pub(crate) slot_owner: Vec<usize>,
+    /// Free slots whose memory is already discarded.
     pub(crate) pool_free: Vec<u32>,
+    /// Free slots that still hold a page: discarded all at once when a slot is needed
+    /// ([`take_slot`]; one TLB flush for all, see `pool.rs`).
+    pub(crate) pool_stale: Vec<u32>,
     /// Slots holding reclaimable pages (sent or clean), oldest first; may hold stale slots.
     pub(crate) pool_cached: VecDeque<u32>,
     pub(crate) far_free: Vec<u64>,
@@ -100,6 +104,8 @@ pub(crate) struct Shared {
     pub(crate) pool_uffd: Uffd,
     pub(crate) pool_base: usize,
     pub(crate) pool_slots: u32,
+    /// This process's pidfd, for batched discards of pool slots (process_madvise).
+    pub(crate) self_pidfd: Option<std::os::fd::OwnedFd>,
     pub(crate) state: Mutex<State>,
     /// The evictor waits here for work.
     pub(crate) evict_cv: Condvar,
@@ -158,19 +164,6 @@ impl Shared {
         s.s.last_error = Some(msg);
     }
 
-    /// Frees a pool slot's memory (the pool's userfaultfd has no REMOVE event: never blocks).
-    fn discard_slot_memory(&self, slot: u32) {
-        // SAFETY: the slot lies inside the pool mapping the runtime owns; no reference points
-        // into it, and dropping its page is exactly the intent.
-        unsafe {
-            libc::madvise(
-                self.slot_addr(slot) as *mut libc::c_void,
-                PAGE_SIZE,
-                libc::MADV_DONTNEED,
-            );
-        }
-    }
-
     /// Forgets everything stored for a page leaving the program (released, unmapped): frees
     /// its pool slot and far page, updates residency and the policy. The entry becomes empty.
     pub(crate) fn forget(&self, st: &mut State, addr: usize, e: &mut Entry) {
@@ -187,8 +180,7 @@ impl Shared {
             }
             PageState::PoolSent | PageState::PoolUnsent => {
                 st.slot_owner[e.slot as usize] = NO_OWNER;
-                self.discard_slot_memory(e.slot);
-                st.pool_free.push(e.slot);
+                st.pool_stale.push(e.slot);
                 self.pf.left(addr);
             }
             _ => {}
@@ -479,11 +471,9 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
                 // SAFETY: `src` is a populated pool slot the runtime owns holding this page;
                 // nothing writes it while the state lock is held; the kernel only reads it.
                 let data = unsafe { std::slice::from_raw_parts(src as *const u8, PAGE_SIZE) };
-                let r = sh.uffd.copy(msg.addr, data, false, true);
-                if r.is_ok() {
-                    sh.discard_slot_memory(e.slot);
-                }
-                r.map(|()| PAGE_SIZE)
+                sh.uffd
+                    .copy(msg.addr, data, false, true)
+                    .map(|()| PAGE_SIZE)
             } else {
                 // SAFETY: `src` is a pool slot the runtime owns holding this page; nothing
                 // references it; MOVE hands the page to the region without copying.
@@ -496,7 +486,11 @@ fn serve(sh: &Shared, msg: FaultMsg, retry: &mut VecDeque<FaultMsg>, fetches: &m
                         let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
                     }
                     st.slot_owner[e.slot as usize] = NO_OWNER;
-                    st.pool_free.push(e.slot);
+                    if protect {
+                        st.pool_stale.push(e.slot); // COPY left the page in the slot
+                    } else {
+                        st.pool_free.push(e.slot); // MOVE emptied it
+                    }
                     let m = st.table.get_mut(msg.addr).expect("found above");
                     m.state = match (protect, e.state) {
                         (false, _) => PageState::ResidentDirty,
@@ -747,25 +741,40 @@ pub(crate) fn take_slot(sh: &Shared, st: &mut State) -> Option<u32> {
     if let Some(s) = st.pool_free.pop() {
         return Some(s);
     }
-    while let Some(s) = st.pool_cached.pop_front() {
-        let owner = st.slot_owner[s as usize];
-        if owner == NO_OWNER {
-            continue;
+    if st.pool_stale.is_empty() {
+        // Reclaim a few of the oldest cached pages at once, so their discard is one batch.
+        let batch = (sh.pool_slots as usize / 8).clamp(1, RECLAIM_BATCH);
+        while st.pool_stale.len() < batch {
+            let Some(s) = st.pool_cached.pop_front() else {
+                break;
+            };
+            let owner = st.slot_owner[s as usize];
+            if owner == NO_OWNER {
+                continue;
+            }
+            let Some(m) = st.table.get_mut(owner) else {
+                continue;
+            };
+            if m.state != PageState::PoolSent || m.slot != s {
+                continue;
+            }
+            m.state = PageState::Remote;
+            st.slot_owner[s as usize] = NO_OWNER;
+            sh.pf.left(owner);
+            st.pool_stale.push(s);
         }
-        let Some(m) = st.table.get_mut(owner) else {
-            continue;
-        };
-        if m.state != PageState::PoolSent || m.slot != s {
-            continue;
-        }
-        m.state = PageState::Remote;
-        st.slot_owner[s as usize] = NO_OWNER;
-        sh.discard_slot_memory(s);
-        sh.pf.left(owner);
-        return Some(s);
     }
-    None
+    if st.pool_stale.is_empty() {
+        return None;
+    }
+    crate::pool::discard_slots(sh.pool_base, &mut st.pool_stale, sh.self_pidfd.as_ref());
+    let stale = std::mem::take(&mut st.pool_stale);
+    st.pool_free.extend(stale);
+    st.pool_free.pop()
 }
+
+/// Most cached pool pages [`take_slot`] reclaims at once (an eighth of the pool at most).
+const RECLAIM_BATCH: usize = 32;
 
 /// What happened to one victim: MOVE result, all-zero, copy of its data if dirty.
 type Outcome = (Victim, Result<(), UffdError>, bool, Option<Box<[u8]>>);
@@ -870,9 +879,10 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
                 // Released (or unmapped) while being evicted: whatever moved is garbage.
                 st.slot_owner[v.slot as usize] = NO_OWNER;
                 if r.is_ok() {
-                    sh.discard_slot_memory(v.slot);
+                    st.pool_stale.push(v.slot);
+                } else {
+                    st.pool_free.push(v.slot);
                 }
-                st.pool_free.push(v.slot);
                 st.resident -= 1;
                 continue;
             }
@@ -912,8 +922,7 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
                         st.far_free.push(far);
                     }
                     st.slot_owner[v.slot as usize] = NO_OWNER;
-                    sh.discard_slot_memory(v.slot);
-                    st.pool_free.push(v.slot);
+                    st.pool_stale.push(v.slot);
                     st.resident -= 1;
                     counts.1 += 1;
                 }

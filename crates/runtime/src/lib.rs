@@ -49,6 +49,7 @@ pub mod bench;
 pub mod capi;
 mod engine;
 mod far;
+mod pool;
 mod prefetch;
 mod stats;
 mod table;
@@ -367,6 +368,7 @@ impl Runtime {
             pool_uffd,
             pool_base,
             pool_slots,
+            self_pidfd: pool::self_pidfd(),
             state: Mutex::new(State {
                 table: Table::default(),
                 policy,
@@ -374,6 +376,7 @@ impl Runtime {
                 evicting: 0,
                 slot_owner: vec![0; pool_slots as usize],
                 pool_free: (0..pool_slots).rev().collect(),
+                pool_stale: Vec::new(),
                 pool_cached: VecDeque::new(),
                 far_free: Vec::new(),
                 far_next: 0,
