@@ -122,6 +122,8 @@ struct Reader {
     payload: Vec<u8>,
     /// The socket's current receive timeout.
     timeout: Duration,
+    /// `ClientConfig::spin`.
+    spin: Duration,
 }
 
 /// One live connection.
@@ -256,6 +258,7 @@ impl Conn {
                 stream: BufReader::with_capacity(READ_BUFFER_BYTES, reader_stream),
                 payload: Vec::new(),
                 timeout: cfg.request_timeout,
+                spin: cfg.spin,
             }),
             demux: Mutex::new(Demux::default()),
             changed: Condvar::new(),
@@ -379,6 +382,7 @@ impl Conn {
             stream,
             payload,
             timeout,
+            spin,
         } = &mut *reader;
         loop {
             let now = Instant::now();
@@ -398,6 +402,9 @@ impl Conn {
                     return;
                 }
                 *timeout = left;
+            }
+            if stream.buffer().is_empty() && !spin.is_zero() {
+                spin_until_readable(stream.get_ref(), (Instant::now() + *spin).min(deadline));
             }
             let (rid, result) = match read_one(stream, payload) {
                 Ok(frame) => frame,
@@ -569,6 +576,23 @@ fn lost_reading(e: &io::Error) -> ReadError {
 type Frame = (u64, Result<(Opcode, Reply), (Status, String)>);
 
 /// Reads one response frame.
+/// Polls `stream` without blocking until `until` (`ClientConfig::spin`), bytes are waiting or
+/// the socket reports anything else (closed, error): the blocking read that follows then
+/// returns at once or handles it.
+fn spin_until_readable(stream: &TcpStream, until: Instant) {
+    let mut probe = [0u8; 1];
+    while Instant::now() < until {
+        match rustix::net::recv(
+            stream,
+            &mut probe[..],
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Err(rustix::io::Errno::AGAIN) => std::hint::spin_loop(),
+            _ => return,
+        }
+    }
+}
+
 fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut filled = 0;

@@ -90,6 +90,12 @@ pub struct ClientConfig {
     /// Run first in every thread this crate spawns (the runtime marks its threads with it).
     /// The current design spawns none: responses are read by the waiting threads.
     pub thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// How long a waiting thread polls the socket before it blocks in a read. A sleeping
+    /// thread is woken through an idle CPU's halt, which on a virtual machine (an IPI through
+    /// the hypervisor) costs about as much as a loopback round trip: worth spinning for on a
+    /// latency-bound path (the runtime's fault-path reads), a waste of CPU on a
+    /// throughput-bound one (batches). Default zero: no spinning.
+    pub spin: Duration,
 }
 
 impl Default for ClientConfig {
@@ -104,6 +110,7 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(5),
             link_delay_us: 0,
             thread_hook: None,
+            spin: Duration::ZERO,
         }
     }
 }
