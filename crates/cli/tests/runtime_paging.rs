@@ -69,15 +69,9 @@ fn four_threads_4x_budget(evict: &str) {
     }
     let s = rt.stats();
     assert!(s.faults_remote > 0, "{s:?}");
-    assert!(s.evicted_sent_dirty > 0, "{s:?}");
     assert_eq!(s.fetch_errors, 0, "{s:?}");
     assert_eq!(s.send_errors, 0, "{s:?}");
-    assert!(
-        s.peak_resident_pages <= s.budget_pages,
-        "peak resident {} above budget {}",
-        s.peak_resident_pages,
-        s.budget_pages
-    );
+    assert_evicted_within_budget(&s);
     assert_eq!(s.bytes_sent, s.evicted_sent_dirty * PAGE as u64);
 }
 
@@ -366,8 +360,13 @@ fn starting_an_embedded_donor_leaves_other_regions_evictable() {
         STAMP.check_page(base, p, 1);
     }
     let s = rt.stats();
-    assert!(s.evicted_sent_dirty > 0, "{s:?}");
     assert_eq!(s.evictions_refused, 0, "pages were left shared: {s:?}");
+    assert_evicted_within_budget(&s);
+}
+
+/// Pages were written back, and residency never went over the budget.
+fn assert_evicted_within_budget(s: &farmem_runtime::Stats) {
+    assert!(s.evicted_sent_dirty > 0, "{s:?}");
     assert!(
         s.peak_resident_pages <= s.budget_pages,
         "peak resident {} above budget {}: {s:?}",
