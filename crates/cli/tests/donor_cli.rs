@@ -143,6 +143,19 @@ fn bad_flags_are_clear_errors() {
         ],
         "reading the token file /nonexistent/token",
     );
+    // An embedded donor is told its parent's pid; a donor whose parent is not that process
+    // (the runtime died before it started) does not start.
+    fails_with(
+        &[
+            "--capacity",
+            "1GiB",
+            "--listen",
+            "127.0.0.1:0",
+            "--exit-with-parent",
+            "1",
+        ],
+        "--exit-with-parent 1: that process is not our parent",
+    );
 }
 
 /// A request frame built by hand (header layout: crates/proto/src/lib.rs), so bad ones can be.
