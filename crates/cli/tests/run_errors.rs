@@ -188,3 +188,63 @@ fn exec_leaves_farmem_behind() {
         text(&o)
     );
 }
+
+/// The pids of `pid`'s children.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// `farmem run` killed outright (no chance to stop its embedded donor) still takes the donor
+/// with it: the donor asked the kernel to kill it when its parent dies (`--exit-with-parent`).
+#[test]
+fn the_embedded_donor_dies_with_a_killed_farmem_run() {
+    let dir = Scratch::new("donor-dies");
+    let r = farmem_spawn(
+        &["--local-mem", "64MiB"],
+        &["sleep", "30"],
+        &dir.path("log"),
+    );
+    let run_pid = r.child.id();
+    let is_donor = |p: &u32| {
+        std::fs::read(format!("/proc/{p}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == b"donor"))
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let donor = loop {
+        if let Some(d) = children_of(run_pid).into_iter().find(is_donor) {
+            break d;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no embedded donor under farmem run; log:\n{}",
+            r.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Only farmem run itself, not its process group.
+    let st = Command::new("kill")
+        .args(["-KILL", &run_pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Gone, or a zombie waiting for its new parent to reap it.
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{donor}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    };
+    while alive() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the embedded donor {donor} outlived farmem run"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(r); // kills what is left of the group (the program)
+}

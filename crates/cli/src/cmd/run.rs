@@ -310,7 +310,8 @@ pub fn find_preload_lib() -> anyhow::Result<PathBuf> {
 // ---------------------------------------------------------------------------------------------
 // the embedded donor
 
-/// A `farmem donor` child on 127.0.0.1, killed when dropped.
+/// A `farmem donor` child on 127.0.0.1, killed when dropped, and by the kernel when `farmem run`
+/// dies (`--exit-with-parent`).
 struct LocalDonor {
     child: Child,
     addr: String,
@@ -322,6 +323,10 @@ impl LocalDonor {
         let mut child = Command::new(&exe)
             .args(["donor", "--listen", "127.0.0.1:0", "--capacity"])
             .arg(capacity_bytes.to_string())
+            // Dies with `farmem run` even when it is killed (no Drop then): spawned from the
+            // main thread, which lives as long as the run.
+            .arg("--exit-with-parent")
+            .arg(std::process::id().to_string())
             // the donor's per-connection logs are not the user's business here
             .env(
                 "FARMEM_LOG",
