@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use donor_support::Donor;
-use farmem_runtime::{Runtime, RuntimeConfig, RuntimeError};
+use farmem_runtime::{Region, Runtime, RuntimeConfig, RuntimeError};
 use support::{config, read_u64, start, wait_for_stats, Stamp, MIB, PAGE};
 
 /// What this file stamps pages with.
@@ -24,6 +24,29 @@ fn runtime(budget: usize, donors: Vec<String>, evict: &str) -> Arc<Runtime> {
         evict: evict.into(),
         ..config(budget, donors)
     })
+}
+
+/// A region four times `budget` on a FIFO runtime paging to its own donor (1 MiB slabs).
+/// Fields drop in order: the region, then the runtime, then the donor.
+struct Setup {
+    _region: Region,
+    base: usize,
+    pages: usize,
+    rt: Arc<Runtime>,
+    _donor: Donor,
+}
+
+fn setup(budget: usize) -> Setup {
+    let donor = Donor::start("64MiB", "1MiB");
+    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
+    let region = rt.map(4 * budget).unwrap();
+    Setup {
+        base: region.as_ptr() as usize,
+        pages: region.len() / PAGE,
+        _region: region,
+        rt,
+        _donor: donor,
+    }
 }
 
 fn four_threads_4x_budget(evict: &str) {
@@ -120,11 +143,8 @@ fn embedded_donor_serves_and_read_syscall_fills_evicted_buffer() {
 #[test]
 fn madvise_dontneed_then_reads_are_zero() {
     let budget = MIB;
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
-    let region = rt.map(4 * budget).unwrap();
-    let base = region.as_ptr() as usize;
-    let pages = region.len() / PAGE;
+    let env = setup(budget);
+    let (base, pages) = (env.base, env.pages);
     for p in 0..pages {
         STAMP.write_page(base, p, 3);
     }
@@ -200,11 +220,8 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
 #[test]
 fn clean_pages_not_resent_and_zero_pages_never_sent() {
     let budget = MIB;
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
-    let region = rt.map(4 * budget).unwrap();
-    let base = region.as_ptr() as usize;
-    let pages = region.len() / PAGE;
+    let env = setup(budget);
+    let (rt, base, pages) = (&env.rt, env.base, env.pages);
     // Even pages hold data; odd pages are written with zeros (touched, but all zero).
     for p in 0..pages {
         if p % 2 == 0 {
@@ -297,11 +314,8 @@ fn donor_with_too_little_capacity_gives_a_clear_error() {
 #[test]
 fn concurrent_faults_on_one_page_are_served_once() {
     let budget = MIB;
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
-    let region = rt.map(4 * budget).unwrap();
-    let base = region.as_ptr() as usize;
-    let pages = region.len() / PAGE;
+    let env = setup(budget);
+    let (rt, base, pages) = (&env.rt, env.base, env.pages);
     for p in 0..pages {
         STAMP.write_page(base, p, 13);
     }
@@ -338,11 +352,8 @@ fn concurrent_faults_on_one_page_are_served_once() {
 #[test]
 fn starting_an_embedded_donor_leaves_other_regions_evictable() {
     let budget = 2 * MIB;
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
-    let region = rt.map(4 * budget).unwrap();
-    let base = region.as_ptr() as usize;
-    let pages = region.len() / PAGE;
+    let env = setup(budget);
+    let (rt, base, pages) = (&env.rt, env.base, env.pages);
     // Fill the budget, so every resident page would be shared by a fork now.
     let resident = budget / PAGE - budget / PAGE / 16;
     for p in 0..resident {
