@@ -265,9 +265,8 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
     let mut busy = false;
     while !sh.shutdown.load(Ordering::Relaxed) {
         events.clear();
-        if busy && spin_for_events(&sh, &mut events) {
-            // Got events without sleeping.
-        } else {
+        // Busy: look for the next events without sleeping first.
+        if !(busy && spin_for_events(&sh, &mut events)) {
             let timeout = if retry.is_empty() && installs.is_empty() {
                 100
             } else {

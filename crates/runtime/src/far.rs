@@ -78,8 +78,15 @@ impl Far {
         };
         let mut donors = Vec::new();
         for a in &addrs {
-            let connect = |purpose: &'static str| {
-                DonorClient::connect(a, ccfg.clone()).map_err(|source| RuntimeError::Donor {
+            let connect = |purpose: &'static str, spin: Duration| {
+                DonorClient::connect(
+                    a,
+                    ClientConfig {
+                        spin,
+                        ..ccfg.clone()
+                    },
+                )
+                .map_err(|source| RuntimeError::Donor {
                     addr: a.clone(),
                     step: purpose,
                     source,
@@ -88,19 +95,8 @@ impl Far {
             // Only the fault path's reads spin while waiting (see ClientConfig::spin):
             // spinning on write-back and prefetch batches slowed a sequential scan by 20-40%
             // on this 2-core machine, where it takes CPU from the pipeline.
-            let read = DonorClient::connect(
-                a,
-                ClientConfig {
-                    spin: FAULT_PATH_SPIN,
-                    ..ccfg.clone()
-                },
-            )
-            .map_err(|source| RuntimeError::Donor {
-                addr: a.clone(),
-                step: "connecting (fault path)",
-                source,
-            })?;
-            let write = connect("connecting (write-back)")?;
+            let read = connect("connecting (fault path)", FAULT_PATH_SPIN)?;
+            let write = connect("connecting (write-back)", Duration::ZERO)?;
             let info = read.info();
             donors.push(Donor {
                 read,
