@@ -20,8 +20,6 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
-    /// Benchmarks: `farmem bench compare` (farmem beside swap and zram), ….
-    Bench(cmd::bench::BenchArgs),
     /// Lend this machine's spare memory to farmem clients (a memory donor).
     Donor(cmd::donor::DonorArgs),
     /// Run an unmodified program with a local memory budget, its heap paged to donors.
@@ -36,7 +34,6 @@ fn main() -> std::process::ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
-        Command::Bench(args) => cmd::bench::run(args),
         Command::Donor(args) => cmd::donor::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Sim(args) => cmd::sim::run(args),
