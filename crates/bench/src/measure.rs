@@ -16,17 +16,16 @@
 //! target is `miss_p50 ≤ 1.3 × (floor_p50 + rtt_p50)`: the fault path adds almost nothing to
 //! what userfaultfd and the network cost.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, PAGE_SIZE};
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
-use farmem_uffd::{Event, Features, Uffd};
+use farmem_uffd::floor::FaultFloor;
 use hdrhistogram::Histogram;
 
-use crate::mem::{Pages, Scratch};
+use crate::mem::Pages;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -63,67 +62,25 @@ fn p(h: &Histogram<u64>, q: f64) -> f64 {
 /// samples, so a change of machine load in the middle of the run hits all figures alike.
 const ROUNDS: usize = 10;
 
-/// The floor: a mapping served by a handler thread answering each fault with UFFDIO_COPY.
-struct FloorRig {
-    map: Scratch,
-    uffd: Arc<Uffd>,
-    stop: Arc<AtomicBool>,
-    handler: Option<std::thread::JoinHandle<()>>,
-    next: usize,
-}
+/// The floor: a mapping served by a handler thread answering each fault with UFFDIO_COPY
+/// ([`FaultFloor`]).
+struct FloorRig(FaultFloor);
 
 impl FloorRig {
     fn new(samples: usize) -> anyhow::Result<FloorRig> {
-        let map = Scratch::new(samples).context("mapping the floor benchmark's memory")?;
-        let uffd = Arc::new(
-            Uffd::open(Features::empty(), Features::empty())
-                .context("opening the floor benchmark's userfaultfd")?,
-        );
-        map.register_missing(&uffd)
-            .context("registering the floor benchmark's mapping")?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let handler = {
-            let uffd = uffd.clone();
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let page = vec![0x5au8; PAGE_SIZE];
-                let mut evs = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = uffd.wait_readable(50);
-                    evs.clear();
-                    let _ = uffd.read_events(&mut evs);
-                    for e in evs.drain(..) {
-                        if let Event::Pagefault { addr, .. } = e {
-                            let _ = uffd.copy(addr & !(PAGE_SIZE - 1), &page, false, false);
-                        }
-                    }
-                }
-            })
-        };
-        Ok(FloorRig {
-            map,
-            uffd,
-            stop,
-            handler: Some(handler),
-            next: 0,
-        })
+        let floor = FaultFloor::new(samples).context("setting up the userfaultfd floor")?;
+        Ok(FloorRig(floor))
     }
 
-    fn run(&mut self, n: usize, h: &mut Histogram<u64>) {
+    fn run(&mut self, n: usize, h: &mut Histogram<u64>) -> anyhow::Result<()> {
         for _ in 0..n {
-            let _ = h.record(self.map.pages().timed_load(self.next).max(1));
-            self.next += 1;
+            let took = self
+                .0
+                .fault_next()
+                .context("the floor rig ran out of pages (a farmem-bench bug)")?;
+            let _ = h.record((took.as_nanos() as u64).max(1));
         }
-    }
-}
-
-impl Drop for FloorRig {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.handler.take() {
-            let _ = t.join();
-        }
-        let _ = self.map.unregister(&self.uffd);
+        Ok(())
     }
 }
 
@@ -252,7 +209,7 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     let mut pool = FaultRig::new(&cfg.donor, samples, samples + 1024 + 64)?;
     let (mut hf, mut hr, mut hm, mut hp) = (hist(), hist(), hist(), hist());
     for _ in 0..ROUNDS {
-        floor.run(per, &mut hf);
+        floor.run(per, &mut hf)?;
         rtt.run(per, &mut hr)?;
         miss.run(per, &mut hm);
         pool.run(per, &mut hp);

@@ -1,89 +1,15 @@
-//! The benchmarks' own memory accesses, the one module of farmem-bench with unsafe code: a
-//! private anonymous mapping ([`Scratch`]) and its userfaultfd registration, and loads and
-//! stores into the pages of a scratch mapping or a farmem region ([`Pages`]).
+//! The benchmarks' loads and stores into farmem regions ([`Pages`]), the one module of
+//! farmem-bench with unsafe code.
 //!
-//! [`Pages`] can only be made from a live [`Scratch`] or [`Region`] it borrows, and checks
-//! every page index against the mapping's length, so the loads and stores stay inside memory
-//! the benchmark owns.
+//! [`Pages`] can only be made from a live [`Region`] it borrows, and checks every page index
+//! against the region's length, so the loads and stores stay inside memory the benchmark owns.
 
 use std::marker::PhantomData;
 use std::time::Instant;
 
 use farmem_runtime::{Region, PAGE_SIZE};
-use farmem_uffd::{RegisterMode, Uffd, UffdError};
 
-/// A private anonymous mapping owned by the benchmark, unmapped on drop.
-pub struct Scratch {
-    addr: usize,
-    len: usize,
-}
-
-impl Scratch {
-    /// Maps `pages` pages (no huge pages: faults are taken per 4 KiB page).
-    pub fn new(pages: usize) -> std::io::Result<Scratch> {
-        let len = pages * PAGE_SIZE;
-        // SAFETY: a fresh private anonymous mapping; the kernel picks the address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: advice on the mapping just created.
-        unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
-        Ok(Scratch {
-            addr: p as usize,
-            len,
-        })
-    }
-
-    /// Registers the whole mapping with `uffd` for missing-page faults.
-    pub fn register_missing(&self, uffd: &Uffd) -> Result<(), UffdError> {
-        // SAFETY: the mapping is owned by this Scratch and only touched through `Pages`
-        // (volatile loads), never through Rust references that assume its pages stay put.
-        unsafe {
-            uffd.register(
-                self.addr,
-                self.len,
-                RegisterMode {
-                    missing: true,
-                    wp: false,
-                },
-            )
-        }
-        .map(|_ioctls| ())
-    }
-
-    /// Unregisters the mapping from `uffd`.
-    pub fn unregister(&self, uffd: &Uffd) -> Result<(), UffdError> {
-        uffd.unregister(self.addr, self.len)
-    }
-
-    /// The mapping's pages.
-    pub fn pages(&self) -> Pages<'_> {
-        Pages {
-            addr: self.addr,
-            len: self.len,
-            _owner: PhantomData,
-        }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: the benchmark's own mapping; `Pages` borrowing it are gone (borrow checker).
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
-/// The pages of a live mapping (a [`Scratch`] or a [`Region`]), for loads and stores.
+/// The pages of a live [`Region`], for loads and stores.
 #[derive(Clone, Copy)]
 pub struct Pages<'a> {
     addr: usize,
