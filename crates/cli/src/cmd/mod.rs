@@ -1,4 +1,5 @@
 //! One module per `farmem` subcommand.
+pub mod doctor;
 pub mod donor;
 pub mod run;
 pub mod sim;
