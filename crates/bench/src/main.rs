@@ -32,8 +32,9 @@ use clap::{Parser, Subcommand};
 /// `compare` needs root and changes the machine while it runs (host swap off, a swap file or a
 /// zram device, memory cgroups, dropped page cache); it undoes every change on exit, including
 /// on SIGINT/SIGTERM. The other benchmarks change nothing outside their own process.
+/// Programs run under farmem with the `farmem` binary beside this one.
 #[derive(Parser)]
-#[command(name = "farmem-bench", version, about, long_about = None)]
+#[command(name = "farmem-bench", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -21,6 +21,13 @@ struct Cli {
 enum Command {
     // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
     /// Check this machine for farmem (read-only): kernel, userfaultfd, fault floor, a donor.
+    ///
+    /// Read-only: changes nothing on the machine. Checks the kernel version, userfaultfd
+    /// access, each userfaultfd feature farmem needs, and takes two quick figures: the
+    /// userfaultfd fault floor (a fault answered from memory) and a donor round trip (one 4 KiB
+    /// page, from a donor started in this process on 127.0.0.1:0, or from --donor). One line
+    /// per check: ok, note (farmem runs, without what it names) or FAILED with what to do.
+    /// Exits with status 1 if any check failed.
     Doctor(cmd::doctor::DoctorArgs),
     /// Lend this machine's spare memory to farmem clients (a memory donor).
     Donor(cmd::donor::DonorArgs),

@@ -19,16 +19,8 @@ use farmem_uffd::floor::FaultFloor;
 use farmem_uffd::{Features, Uffd};
 use serde::Serialize;
 
-/// Check this machine for farmem (read-only): kernel, userfaultfd and its features, fault floor,
-/// donor round trip.
+/// Arguments of `farmem doctor` (its help text is on `Command::Doctor` in main.rs).
 #[derive(Args, Debug)]
-#[command(
-    long_about = "Check this machine for farmem. Read-only: changes nothing on the machine.\n\n\
-    Checks the kernel version, userfaultfd access, each userfaultfd feature farmem needs, and \
-    takes two quick figures: the userfaultfd fault floor (a fault answered from memory) and a \
-    donor round trip (one 4 KiB page, from a donor started in this process on 127.0.0.1:0, or \
-    from --donor). Exits with status 1 if any check failed."
-)]
 pub struct DoctorArgs {
     /// Print the checks as one JSON object: {"ok", "checks": [{"name", "status", "detail"}]}.
     #[arg(long)]
