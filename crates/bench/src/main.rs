@@ -15,8 +15,9 @@ mod measure;
 mod mem;
 mod prefetch;
 /// Sizes on the command line (`64MiB`, `1GiB`): the `farmem` binary's parser, compiled into this
-/// binary too so both accept sizes alike.
+/// binary too so both accept sizes alike (one source, not a copy).
 #[path = "../../cli/src/cmd/units.rs"]
+// Its duration parser is used by `farmem` only.
 #[allow(dead_code)]
 mod units;
 
