@@ -20,8 +20,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     // Each subcommand: one variant here, one arm in `main`, one file in cmd/.
-    /// Benchmarks: `farmem bench compare` (farmem beside swap and zram), ….
-    Bench(cmd::bench::BenchArgs),
+    /// Check this machine for farmem (read-only): kernel, userfaultfd, fault floor, a donor.
+    ///
+    /// Read-only: changes nothing on the machine. Checks the kernel version, userfaultfd
+    /// access, each userfaultfd feature farmem needs, and takes two quick figures: the
+    /// userfaultfd fault floor (a fault answered from memory) and a donor round trip (one 4 KiB
+    /// page, from a donor started in this process on 127.0.0.1:0, or from --donor). One line
+    /// per check: ok, note (farmem runs, without what it names) or FAILED with what to do.
+    /// Exits with status 1 if any check failed.
+    Doctor(cmd::doctor::DoctorArgs),
     /// Lend this machine's spare memory to farmem clients (a memory donor).
     Donor(cmd::donor::DonorArgs),
     /// Run an unmodified program with a local memory budget, its heap paged to donors.
@@ -33,10 +40,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    init_logging();
     let cli = Cli::parse();
+    // The doctor's report is its output: the in-process donor's info lines would clutter it.
+    let default_level = match cli.command {
+        Command::Doctor(_) => "warn",
+        _ => "info",
+    };
+    init_logging(default_level);
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
-        Command::Bench(args) => cmd::bench::run(args),
+        Command::Doctor(args) => cmd::doctor::run(args),
         Command::Donor(args) => cmd::donor::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Sim(args) => cmd::sim::run(args),
@@ -51,13 +63,13 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Logs go to stderr; `FARMEM_LOG` (or `RUST_LOG`) sets the filter, default `info`.
-fn init_logging() {
+/// Logs go to stderr; `FARMEM_LOG` (or `RUST_LOG`) sets the filter, default `default_level`.
+fn init_logging(default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("FARMEM_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
-        .unwrap_or_else(|| "info".to_string());
+        .unwrap_or_else(|| default_level.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::new(filter))
         .with_writer(std::io::stderr)

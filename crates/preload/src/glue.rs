@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use farmem_runtime::{Runtime, RuntimeConfig};
+use farmem_runtime::{Runtime, RuntimeConfig, StatsFile, StatsSummary};
 
 use crate::config::Config;
 
@@ -146,42 +146,16 @@ extern "C" fn at_exit() {
     });
 }
 
-/// The stats document: `{"pid", "final", "summary": {…}, "preload": {…}, "runtime": {…}}`.
-/// `summary` holds the figures of `farmem run`'s summary line under stable names.
-pub(crate) fn stats_json(final_: bool) -> serde_json::Value {
-    let rt = RUNTIME.get().map(|rt| rt.stats());
-    let summary = rt.as_ref().map(summary_of);
-    serde_json::json!({
-        "pid": std::process::id(),
-        "final": final_,
-        "summary": summary,
-        "preload": crate::shim_counters(),
-        "runtime": rt.map(|s| serde_json::to_value(s).unwrap_or_default()),
-    })
-}
-
-/// The summary figures, from the runtime's counters.
-fn summary_of(s: &farmem_runtime::Stats) -> serde_json::Value {
-    let page = farmem_runtime::PAGE_SIZE as u64;
-    serde_json::json!({
-        "faults": s.faults_zero + s.faults_pool_hit + s.faults_remote,
-        "faults_remote": s.faults_remote,
-        "faults_write_protect": s.faults_write_protect,
-        "remote_bytes_in": s.bytes_received,
-        "remote_bytes_out": s.bytes_sent,
-        // Undefined (null, "n/a" in the summary line) when nothing was prefetched: with
-        // `--prefetch none`, or a program that never faulted on a far page.
-        "prefetch_accuracy": (s.prefetched_pages > 0).then_some(s.prefetch_accuracy),
-        "prefetch_coverage": (s.prefetched_pages > 0).then_some(s.prefetch_coverage),
-        "prefetched_pages": s.prefetched_pages,
-        "prefetch_hits": s.prefetch_hits,
-        "peak_resident_bytes": s.peak_resident_pages * page,
-        "budget_bytes": s.budget_pages * page,
-        "pool_bytes": s.pool_capacity_pages * page,
-        "fetch_errors": s.fetch_errors,
-        "send_errors": s.send_errors,
-        "last_error": s.last_error,
-    })
+/// The stats file's content now (see [`StatsFile`]).
+fn stats_file(is_final: bool) -> StatsFile {
+    let runtime = RUNTIME.get().map(|rt| rt.stats());
+    StatsFile {
+        pid: std::process::id(),
+        is_final,
+        summary: runtime.as_ref().map(StatsSummary::from),
+        preload: crate::shim_counters().into(),
+        runtime,
+    }
 }
 
 /// Writes the stats file atomically (temporary file + rename).
@@ -193,7 +167,7 @@ fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
-        serde_json::to_writer(&mut f, &stats_json(final_))?;
+        serde_json::to_writer(&mut f, &stats_file(final_))?;
         f.write_all(b"\n")?;
     }
     std::fs::rename(&tmp, path)

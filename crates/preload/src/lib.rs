@@ -51,7 +51,7 @@ pub const EXIT_PRELOAD_FAILED: c_int = 125;
 
 /// Counters the shim keeps (mirrors `struct fmp_counters` in shim.c).
 #[repr(C)]
-#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy)]
 pub struct ShimCounters {
     /// Bytes of the heap span handed to the allocator (each chunk a region).
     pub heap_bytes: u64,
@@ -63,6 +63,18 @@ pub struct ShimCounters {
     pub register_failures: u64,
     /// `MADV_FREE` calls turned into `MADV_DONTNEED`.
     pub madv_free_converted: u64,
+}
+
+impl From<ShimCounters> for farmem_runtime::PreloadCounters {
+    fn from(c: ShimCounters) -> Self {
+        farmem_runtime::PreloadCounters {
+            heap_bytes: c.heap_bytes,
+            mmap_regions: c.mmap_regions,
+            mmap_region_bytes: c.mmap_region_bytes,
+            register_failures: c.register_failures,
+            madv_free_converted: c.madv_free_converted,
+        }
+    }
 }
 
 pub(crate) mod shim {

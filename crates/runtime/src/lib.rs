@@ -3,8 +3,8 @@
 //! A [`Runtime`] owns a process-wide budget of local memory. Memory in its regions
 //! ([`Runtime::map`] creates one, [`Runtime::register`] adopts an existing anonymous mapping)
 //! stays resident up to the budget; the rest lives on donors and comes back on access,
-//! transparently: the program just reads and writes memory. The C API (`include/farmem.h`,
-//! [`capi`]) exposes the same to programs that opt in explicitly.
+//! transparently: the program just reads and writes memory. The C API (crate farmem-capi,
+//! `crates/capi/include/farmem.h`) exposes the same to programs that opt in explicitly.
 //!
 //! # Design
 //!
@@ -45,8 +45,6 @@
 //!   pages populated between that scan and the registration are never evicted.
 //! - A forked child cannot use the runtime (no threads there): [`Runtime::map`] fails in it.
 
-pub mod bench;
-pub mod capi;
 mod engine;
 mod far;
 mod pool;
@@ -65,7 +63,7 @@ use farmem_uffd::{Features, RegisterMode, Uffd, UffdError};
 use parking_lot::{Condvar, Mutex};
 
 pub use prefetch::PrefetchInstall;
-pub use stats::{FaultLatency, LatencySummary, Stats};
+pub use stats::{FaultLatency, LatencySummary, PreloadCounters, Stats, StatsFile, StatsSummary};
 
 use engine::{Shared, State};
 use table::{PageState, Table};

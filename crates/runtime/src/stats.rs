@@ -1,12 +1,14 @@
 //! The runtime's counters and fault latency histograms, and their serializable snapshot
-//! [`Stats`] (what `fm_stats`, `Region::stats` and `farmem run --stats` show).
+//! [`Stats`] (what `fm_stats`, `Region::stats` and `farmem run --stats` show); and
+//! [`StatsFile`], the stats file itself, one type for its writer (the preload library) and its
+//! readers (`farmem run`'s summary line, `farmem-bench compare`).
 //!
 //! Counters are updated by the runtime threads under one small mutex (never on a path that
 //! waits for the network); latencies are recorded in microseconds with hdrhistogram, from the
 //! moment the fault message was read to the moment the faulting thread was woken.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The kinds of fault the runtime serves, for latency histograms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +20,7 @@ pub(crate) enum FaultKind {
 }
 
 /// Latency percentiles of one fault kind, microseconds.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencySummary {
     pub count: u64,
     pub p50_us: f64,
@@ -28,7 +30,7 @@ pub struct LatencySummary {
 }
 
 /// Fault latency by kind.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct FaultLatency {
     pub zero: LatencySummary,
     pub pool_hit: LatencySummary,
@@ -37,7 +39,7 @@ pub struct FaultLatency {
 }
 
 /// A snapshot of the runtime's counters (process-wide).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Stats {
     /// Faults on never-written (or released) pages, answered with a zero page.
     pub faults_zero: u64,
@@ -110,6 +112,105 @@ pub struct Stats {
     pub last_error: Option<String>,
     /// Fault latency by kind.
     pub latency: FaultLatency,
+}
+
+/// The stats file of `farmem run --stats FILE`, written by the preload library of the program
+/// (about once a second, and at exit with `is_final` set), read by `farmem run` for its summary
+/// line and by `farmem-bench compare`. In JSON:
+/// `{"pid", "final", "summary": {…}, "preload": {…}, "runtime": {…}}`.
+///
+/// Reading tolerates unknown keys, so a file from a newer library (one more counter) still
+/// reads; a missing key is an error, so a reader never takes a counter it needs for 0. The
+/// `Option` fields may be `null` (a program whose runtime never started).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StatsFile {
+    /// The process that wrote the file.
+    pub pid: u32,
+    /// Written at exit (the last write), not by the periodic writer.
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    /// The figures of `farmem run`'s summary line (None without a runtime).
+    pub summary: Option<StatsSummary>,
+    /// The preload library's own counters.
+    pub preload: PreloadCounters,
+    /// The runtime's counters (None without a runtime: allocator-only mode).
+    pub runtime: Option<Stats>,
+}
+
+/// The figures of `farmem run`'s summary line, under stable names, in bytes where the runtime
+/// counts pages.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StatsSummary {
+    /// Faults served (zero pages, write-back pool hits and donor fetches).
+    pub faults: u64,
+    /// Faults whose page came from a donor.
+    pub faults_remote: u64,
+    /// Write-protect faults (first writes to clean pages).
+    pub faults_write_protect: u64,
+    /// Page bytes received from donors.
+    pub remote_bytes_in: u64,
+    /// Page bytes sent to donors.
+    pub remote_bytes_out: u64,
+    /// Prefetch accuracy; None (null, "n/a" in the summary line) when nothing was prefetched:
+    /// with `--prefetch none`, or a program that never faulted on a far page.
+    pub prefetch_accuracy: Option<f64>,
+    /// Prefetch coverage; None when nothing was prefetched.
+    pub prefetch_coverage: Option<f64>,
+    /// Pages brought in by prefetching.
+    pub prefetched_pages: u64,
+    /// First touches of prefetched pages.
+    pub prefetch_hits: u64,
+    /// Most region bytes resident at once.
+    pub peak_resident_bytes: u64,
+    /// The budget.
+    pub budget_bytes: u64,
+    /// The write-back pool's size.
+    pub pool_bytes: u64,
+    /// Failed fetches.
+    pub fetch_errors: u64,
+    /// Failed sends.
+    pub send_errors: u64,
+    /// The last error the runtime reported, if any.
+    pub last_error: Option<String>,
+}
+
+impl From<&Stats> for StatsSummary {
+    fn from(s: &Stats) -> StatsSummary {
+        let page = crate::PAGE_SIZE as u64;
+        let prefetched = s.prefetched_pages > 0;
+        StatsSummary {
+            faults: s.faults_zero + s.faults_pool_hit + s.faults_remote,
+            faults_remote: s.faults_remote,
+            faults_write_protect: s.faults_write_protect,
+            remote_bytes_in: s.bytes_received,
+            remote_bytes_out: s.bytes_sent,
+            prefetch_accuracy: prefetched.then_some(s.prefetch_accuracy),
+            prefetch_coverage: prefetched.then_some(s.prefetch_coverage),
+            prefetched_pages: s.prefetched_pages,
+            prefetch_hits: s.prefetch_hits,
+            peak_resident_bytes: s.peak_resident_pages * page,
+            budget_bytes: s.budget_pages * page,
+            pool_bytes: s.pool_capacity_pages * page,
+            fetch_errors: s.fetch_errors,
+            send_errors: s.send_errors,
+            last_error: s.last_error.clone(),
+        }
+    }
+}
+
+/// The preload library's counters (its interposition of the program's heap and mappings).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PreloadCounters {
+    /// Bytes of the heap span handed to the allocator (each chunk a region).
+    pub heap_bytes: u64,
+    /// Program mappings made regions by the mmap interposition.
+    pub mmap_regions: u64,
+    /// Their total length.
+    pub mmap_region_bytes: u64,
+    /// Mappings the runtime refused to adopt (left as ordinary memory).
+    pub register_failures: u64,
+    /// `MADV_FREE` calls turned into `MADV_DONTNEED`.
+    pub madv_free_converted: u64,
 }
 
 /// Counters plus histograms, owned by the runtime.
@@ -210,5 +311,57 @@ mod tests {
         assert_eq!(s.latency.pool_hit, LatencySummary::default());
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("\"faults_remote\":100"), "{json}");
+    }
+
+    #[test]
+    fn the_stats_file_reads_back_what_was_written() {
+        let mut c = StatsCell::new();
+        c.fault(FaultKind::Remote, 40);
+        c.s.bytes_sent = 3 * 4096;
+        c.s.prefetched_pages = 4;
+        c.s.prefetch_accuracy = 0.5;
+        let rt = c.snapshot();
+        let file = StatsFile {
+            pid: 7,
+            is_final: true,
+            summary: Some(StatsSummary::from(&rt)),
+            preload: PreloadCounters {
+                heap_bytes: 1 << 20,
+                ..PreloadCounters::default()
+            },
+            runtime: Some(rt),
+        };
+        let json = serde_json::to_string(&file).unwrap();
+        assert!(
+            json.starts_with("{\"pid\":7,\"final\":true,\"summary\":{"),
+            "{json}"
+        );
+        assert!(json.contains("\"remote_bytes_out\":12288"), "{json}");
+        assert_eq!(serde_json::from_str::<StatsFile>(&json).unwrap(), file);
+        let summary = file.summary.unwrap();
+        assert_eq!((summary.faults, summary.faults_remote), (1, 1));
+        assert_eq!(summary.prefetch_accuracy, Some(0.5));
+    }
+
+    #[test]
+    fn nothing_prefetched_leaves_accuracy_undefined() {
+        let s = StatsSummary::from(&Stats::default());
+        assert_eq!((s.prefetch_accuracy, s.prefetch_coverage), (None, None));
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"prefetch_accuracy\":null"), "{json}");
+    }
+
+    #[test]
+    fn unknown_keys_are_tolerated_missing_ones_are_not() {
+        let mut v = serde_json::to_value(StatsFile::default()).unwrap();
+        v["a_newer_counter"] = 1.into();
+        v["preload"]["another"] = 2.into();
+        assert_eq!(
+            serde_json::from_value::<StatsFile>(v.clone()).unwrap(),
+            StatsFile::default()
+        );
+        v["preload"].as_object_mut().unwrap().remove("heap_bytes");
+        let e = serde_json::from_value::<StatsFile>(v).unwrap_err();
+        assert!(e.to_string().contains("missing field `heap_bytes`"), "{e}");
     }
 }

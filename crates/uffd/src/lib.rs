@@ -7,7 +7,8 @@
 //! one-to-one onto the ioctls: [`Uffd::register`], [`Uffd::unregister`], [`Uffd::copy`],
 //! [`Uffd::zeropage`], [`Uffd::wake`], [`Uffd::writeprotect`], [`Uffd::move_pages`],
 //! [`Uffd::poison`], and [`Uffd::read_events`] decodes the messages (page faults with the
-//! faulting thread id, fork, remap, remove, unmap).
+//! faulting thread id, fork, remap, remove, unmap). [`floor::FaultFloor`] measures the cost
+//! of one userfaultfd fault on this machine.
 //!
 //! # Design
 //!
@@ -30,6 +31,7 @@
 //! Anonymous private memory only (no hugetlbfs/shmem modes, no MINOR faults, no CONTINUE).
 //! x86-64/arm64 ioctl encoding.
 
+pub mod floor;
 pub mod sys;
 
 use std::io;
@@ -145,6 +147,12 @@ pub enum UffdError {
         #[source]
         source: io::Error,
     },
+    #[error("mapping {len_bytes} bytes of anonymous memory to register failed")]
+    Map {
+        len_bytes: usize,
+        #[source]
+        source: io::Error,
+    },
     #[error("creating a userfaultfd failed")]
     Open {
         #[source]
@@ -203,6 +211,7 @@ impl UffdError {
             UffdError::Exists { .. } => Some(libc::EEXIST),
             UffdError::Again { .. } => Some(libc::EAGAIN),
             UffdError::Ioctl { source, .. }
+            | UffdError::Map { source, .. }
             | UffdError::Open { source }
             | UffdError::Api { source }
             | UffdError::Read { source }

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use farmem_runtime::StatsFile;
 
 use crate::cmd::units::parse_size;
 
@@ -382,27 +383,26 @@ fn donor_addr_from_line(line: &str) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // the summary line
 
-/// The summary printed at exit, from the `summary` object of the stats file.
-pub fn summary_line(stats: &serde_json::Value) -> String {
-    let v = &stats["summary"];
-    let num = |k: &str| v[k].as_u64().unwrap_or(0);
-    let pct = |k: &str| {
-        v[k].as_f64()
-            .map(|x| format!("{:.1}%", x * 100.0))
+/// The summary printed at exit, from the `summary` of the stats file (zeros and "n/a" when the
+/// file has none: no runtime was started).
+pub fn summary_line(stats: &StatsFile) -> String {
+    let v = stats.summary.clone().unwrap_or_default();
+    let pct = |x: Option<f64>| {
+        x.map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "n/a".into())
     };
     format!(
         "farmem: {} faults ({} remote), remote in {} out {}, prefetch accuracy {} coverage {}, \
          peak resident {} of {} budget (+ {} write-back pool)",
-        num("faults"),
-        num("faults_remote"),
-        fmt_bytes(num("remote_bytes_in")),
-        fmt_bytes(num("remote_bytes_out")),
-        pct("prefetch_accuracy"),
-        pct("prefetch_coverage"),
-        fmt_bytes(num("peak_resident_bytes")),
-        fmt_bytes(num("budget_bytes")),
-        fmt_bytes(num("pool_bytes"))
+        v.faults,
+        v.faults_remote,
+        fmt_bytes(v.remote_bytes_in),
+        fmt_bytes(v.remote_bytes_out),
+        pct(v.prefetch_accuracy),
+        pct(v.prefetch_coverage),
+        fmt_bytes(v.peak_resident_bytes),
+        fmt_bytes(v.budget_bytes),
+        fmt_bytes(v.pool_bytes)
     )
 }
 
@@ -552,7 +552,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
-fn read_stats(path: &Path) -> Option<serde_json::Value> {
+fn read_stats(path: &Path) -> Option<StatsFile> {
     let mut s = String::new();
     std::fs::File::open(path)
         .ok()?
@@ -636,6 +636,7 @@ mod preflight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use farmem_runtime::StatsSummary;
 
     #[test]
     fn classifies_scripts_and_elf() {
@@ -691,17 +692,31 @@ mod tests {
 
     #[test]
     fn summary_line_reports_the_counters() {
-        let v = serde_json::json!({"summary": {"faults": 12, "faults_remote": 3,
-            "remote_bytes_in": 2048, "remote_bytes_out": 1048576,
-            "peak_resident_bytes": 268435456, "budget_bytes": 268435456, "pool_bytes": 65536,
-            "prefetch_accuracy": 0.5, "prefetch_coverage": 0.25}});
+        let v = StatsFile {
+            summary: Some(StatsSummary {
+                faults: 12,
+                faults_remote: 3,
+                remote_bytes_in: 2048,
+                remote_bytes_out: 1048576,
+                peak_resident_bytes: 268435456,
+                budget_bytes: 268435456,
+                pool_bytes: 65536,
+                prefetch_accuracy: Some(0.5),
+                prefetch_coverage: Some(0.25),
+                ..StatsSummary::default()
+            }),
+            ..StatsFile::default()
+        };
         let s = summary_line(&v);
         assert!(s.contains("12 faults (3 remote)"), "{s}");
         assert!(s.contains("in 2.0 KiB out 1.0 MiB"), "{s}");
         assert!(s.contains("accuracy 50.0% coverage 25.0%"), "{s}");
         assert!(s.contains("peak resident 256.0 MiB"), "{s}");
         assert!(s.contains("(+ 64.0 KiB write-back pool)"), "{s}");
-        let none = summary_line(&serde_json::json!({"summary": {"prefetch_accuracy": null}}));
+        let none = summary_line(&StatsFile {
+            summary: Some(StatsSummary::default()),
+            ..StatsFile::default()
+        });
         assert!(none.contains("accuracy n/a"), "{none}");
     }
 }

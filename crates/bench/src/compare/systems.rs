@@ -175,7 +175,7 @@ impl Cleanup {
         let what = what.into();
         if lock_ignoring_poison(&self.inner.exec).closed {
             if let Err(err) = action() {
-                eprintln!("farmem bench: cleanup failed: {what}: {err:#}");
+                eprintln!("farmem-bench: cleanup failed: {what}: {err:#}");
             }
             return Token(id);
         }
@@ -257,7 +257,7 @@ pub struct CleanupGuard(pub Cleanup);
 impl Drop for CleanupGuard {
     fn drop(&mut self) {
         for failure in self.0.run_all() {
-            eprintln!("farmem bench: cleanup failed: {failure}");
+            eprintln!("farmem-bench: cleanup failed: {failure}");
         }
     }
 }
@@ -273,11 +273,11 @@ pub fn install_signal_cleanup(cleanup: Cleanup) -> anyhow::Result<()> {
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 eprintln!(
-                    "farmem bench: interrupted (signal {sig}): undoing {} change(s) to the machine",
+                    "farmem-bench: interrupted (signal {sig}): undoing {} change(s) to the machine",
                     cleanup.pending().len()
                 );
                 for failure in cleanup.close_and_run_all() {
-                    eprintln!("farmem bench: cleanup failed: {failure}");
+                    eprintln!("farmem-bench: cleanup failed: {failure}");
                 }
                 std::process::exit(128 + sig);
             }
@@ -337,7 +337,7 @@ pub struct MachineLock {
     _lock: nix::fcntl::Flock<fs::File>,
 }
 
-/// Path of the lock file that keeps two `farmem bench compare` runs from overlapping.
+/// Path of the lock file that keeps two `farmem-bench compare` runs from overlapping.
 pub const LOCK_PATH: &str = "/run/farmem-bench.lock";
 
 /// Takes the machine-wide benchmark lock, or says which process holds it.
@@ -364,7 +364,7 @@ pub fn lock_machine() -> anyhow::Result<MachineLock> {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
             bail!(
-                "another `farmem bench compare` (pid {}) is changing this machine's swap ({errno}):                  wait for it to finish; two runs would switch each other's swap areas off",
+                "another `farmem-bench compare` (pid {}) is changing this machine's swap ({errno}):                  wait for it to finish; two runs would switch each other's swap areas off",
                 holder.trim()
             )
         }

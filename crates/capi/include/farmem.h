@@ -1,4 +1,4 @@
-/* farmem.h — the C API of farmem's paging runtime (libfarmem_runtime.so / .a).
+/* farmem.h — the C API of farmem's paging runtime (libfarmem_capi.so / .a, crate farmem-capi).
  *
  * Memory from fm_alloc lives in a region: it stays in local memory up to the budget given to
  * fm_init; the rest lives on donors (`farmem donor` processes) and comes back on access,

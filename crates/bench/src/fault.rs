@@ -1,6 +1,6 @@
-//! `farmem bench fault`: the cost of one page fault, next to its baselines, in one run.
+//! `farmem-bench fault`: the cost of one page fault, next to its baselines, in one run.
 //!
-//! Starts a donor in this process on 127.0.0.1:0 and measures (see `farmem_runtime::bench`):
+//! Starts a donor in this process on 127.0.0.1:0 and measures (see [`crate::measure`]):
 //! the userfaultfd floor (fault answered from memory, no network), the donor round trip for
 //! one 4 KiB page, farmem's demand-fault latency for evicted pages fetched from the donor
 //! (prefetching off), and the write-back pool hit latency. The target is
@@ -8,10 +8,10 @@
 
 use std::process::ExitCode;
 
+use crate::measure::{fault_bench, FaultBenchConfig};
 use anyhow::Context;
 use clap::Args;
 use farmem_donor::{DonorConfig, DonorServer};
-use farmem_runtime::bench::{fault_bench, FaultBenchConfig};
 
 /// Measure page-fault latency: userfaultfd floor, donor round trip, remote miss, pool hit.
 #[derive(Args, Debug)]

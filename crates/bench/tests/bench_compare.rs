@@ -1,4 +1,4 @@
-//! End-to-end tests of `farmem bench compare`: the real binary, real workloads (micro.c built
+//! End-to-end tests of `farmem-bench compare`: the real binary, real workloads (micro.c built
 //! with cc, redis-server, memcached, python3 with numpy/sklearn), real swap files, zram devices
 //! and memory cgroups (as root), and a real SIGTERM in the middle of a swap run. Sizes are tiny:
 //! these check behaviour and output shape, never speed.
@@ -11,16 +11,16 @@ use std::time::{Duration, Instant};
 /// The harness takes a machine-wide lock and switches swap areas: one test at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
 
-fn farmem() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_farmem"))
+fn bench() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_farmem-bench"))
 }
 
 fn run(args: &[&str]) -> Output {
-    farmem()
-        .args(["bench", "compare"])
+    bench()
+        .arg("compare")
         .args(args)
         .output()
-        .expect("cannot start farmem")
+        .expect("cannot start farmem-bench")
 }
 
 fn stderr(o: &Output) -> String {
@@ -30,7 +30,7 @@ fn stderr(o: &Output) -> String {
 fn json_rows(o: &Output) -> Vec<serde_json::Map<String, serde_json::Value>> {
     assert!(
         o.status.success(),
-        "farmem bench compare failed: {}",
+        "farmem-bench compare failed: {}",
         stderr(o)
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
@@ -233,9 +233,9 @@ fn swap_and_zram_runs_leave_the_machine_as_they_found_it() {
     let swap_dir = tempfile::tempdir().unwrap();
     let before = swaps();
     let plot = swap_dir.path().join("plot.svg");
-    let child = farmem()
+    let child = bench()
         .args([
-            "bench", "compare", "-w", "seq", "--wss", "32MiB", "--passes", "1", "--local", "0.5",
+            "compare", "-w", "seq", "--wss", "32MiB", "--passes", "1", "--local", "0.5",
         ])
         .args(["--systems", "swap,zram", "--json", "--plot"])
         .arg(&plot)
@@ -276,10 +276,9 @@ fn sigterm_in_the_middle_of_a_swap_run_restores_the_machine() {
     let _m = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
     let swap_dir = tempfile::tempdir().unwrap();
     let before = swaps();
-    let mut child = farmem()
+    let mut child = bench()
         .args([
-            "bench", "compare", "-w", "random", "--wss", "256MiB", "--passes", "50", "--local",
-            "0.25",
+            "compare", "-w", "random", "--wss", "256MiB", "--passes", "50", "--local", "0.25",
         ])
         .args(["--systems", "swap", "--swap-dir"])
         .arg(swap_dir.path())
@@ -326,12 +325,18 @@ fn sigterm_in_the_middle_of_a_swap_run_restores_the_machine() {
 #[test]
 fn farmem_system_runs_the_workload_under_farmem_run() {
     let _m = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
-    let lib = Path::new(env!("CARGO_BIN_EXE_farmem")).with_file_name("libfarmem_preload.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: build the workspace first (cargo build --workspace) so farmem run can preload it",
-        lib.display()
-    );
+    // farmem-bench runs the farmem binary beside it, which preloads the library beside it.
+    let bin = Path::new(env!("CARGO_BIN_EXE_farmem-bench"));
+    for needed in [
+        bin.with_file_name("farmem"),
+        bin.with_file_name("libfarmem_preload.so"),
+    ] {
+        assert!(
+            needed.exists(),
+            "{} is missing: build the workspace first (cargo build --release --workspace)",
+            needed.display()
+        );
+    }
     let o = run(&[
         "-w",
         "random",

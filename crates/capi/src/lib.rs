@@ -1,4 +1,5 @@
-//! The C API (`include/farmem.h`): for programs that opt in explicitly.
+//! farmem-capi: the C API (`include/farmem.h` in this crate), built as libfarmem_capi.so and
+//! libfarmem_capi.a, for programs that opt in to far memory explicitly.
 //!
 //! `fm_init` starts one process-wide runtime; `fm_alloc` maps a new region (page-granular:
 //! each allocation is its own region, meant for large buffers); `fm_free` unmaps it;
@@ -11,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use crate::{Region, Runtime, RuntimeConfig};
+use farmem_runtime::{Region, Runtime, RuntimeConfig};
 
 struct Global {
     rt: Option<Arc<Runtime>>,

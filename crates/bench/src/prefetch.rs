@@ -1,4 +1,4 @@
-//! `farmem bench prefetch`: what prefetching buys on scans, and which way of making prefetched
+//! `farmem-bench prefetch`: what prefetching buys on scans, and which way of making prefetched
 //! pages local is faster, all measured in one run against prefetching off.
 //!
 //! Starts a donor in this process on 127.0.0.1:0. For each access pattern (`seq`, `stride:10`)
@@ -14,10 +14,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::measure::scan_once;
 use anyhow::Context;
 use clap::Args;
 use farmem_donor::{DonorConfig, DonorServer};
-use farmem_runtime::bench::scan_once;
 use farmem_runtime::{PrefetchInstall, RuntimeConfig, Stats};
 use serde::Serialize;
 

@@ -1,4 +1,4 @@
-//! `farmem bench donor`: farmem's donor and transport against memcached, on loopback, in one run.
+//! `farmem-bench donor`: farmem's donor and transport against memcached, on loopback, in one run.
 //!
 //! Starts a donor in this process (on 127.0.0.1:0) and a memcached server as a child (on a free
 //! 127.0.0.1 port, `-m` sized for the working set, `-M` so nothing is evicted), fills both with
@@ -48,7 +48,7 @@ same run on the same machine. --json prints {\"farmem\": F, \"memcached\": F} wi
 F = {\"single_p50_us\", \"single_p99_us\", \"batch_pages_per_s\"}.
 
 Example:
-  farmem bench donor --requests 5000 --batches 1000";
+  farmem-bench donor --requests 5000 --batches 1000";
 
 /// Compare farmem's donor with memcached: single-page read latency and batch read throughput.
 ///
@@ -97,7 +97,7 @@ pub struct Report {
     pub memcached: Figures,
 }
 
-/// Runs `farmem bench donor`.
+/// Runs `farmem-bench donor`.
 pub fn run(args: BenchDonorArgs) -> anyhow::Result<ExitCode> {
     ensure!(args.pages >= 1, "--pages must be at least 1");
     ensure!(args.requests >= 1, "--requests must be at least 1");
@@ -201,7 +201,7 @@ pub fn render(r: &Report, args: &BenchDonorArgs) -> String {
     let ratio = |f: f64, m: f64| if m > 0.0 { f / m } else { f64::NAN };
     let (f, m) = (r.farmem, r.memcached);
     let mut out = format!(
-        "farmem bench donor: {} pages ({:.0} MiB) in each system, loopback TCP, one connection each\n",
+        "farmem-bench donor: {} pages ({:.0} MiB) in each system, loopback TCP, one connection each\n",
         args.pages,
         f64::from(args.pages) * PAGE_SIZE as f64 / f64::from(1u32 << 20)
     );

@@ -1,5 +1,5 @@
 /*
- * micro.c — Leap's page-access microbenchmarks, as used by `farmem bench compare`.
+ * micro.c — Leap's page-access microbenchmarks, as used by `farmem-bench compare`.
  *
  * Usage: micro PATTERN WSS_BYTES PASSES [SEED]
  *   PATTERN: seq | stride:K | random

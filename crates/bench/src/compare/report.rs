@@ -1,4 +1,4 @@
-//! Output of `farmem bench compare`: the text table, the `--json` rows, the `--plot` SVG and
+//! Output of `farmem-bench compare`: the text table, the `--json` rows, the `--plot` SVG and
 //! the machine description kept with saved results.
 
 use std::fmt::Write as _;

@@ -1,4 +1,4 @@
-"""scikit-learn k-means for `farmem bench compare --workload kmeans`.
+"""scikit-learn k-means for `farmem-bench compare --workload kmeans`.
 
 Usage: kmeans.py SAMPLES FEATURES CLUSTERS ITERATIONS [SEED]
 

@@ -1,6 +1,8 @@
-//! The fault-latency benchmark behind `farmem bench fault`: what one page fault costs, end to
-//! end as the program sees it, next to the two baselines it is made of, all in one run.
+//! In-process measurements with farmem's runtime: the rigs behind `farmem-bench fault` (what
+//! one page fault costs, end to end as the program sees it, next to the two baselines it is
+//! made of, all in one run) and the timed scan behind `farmem-bench prefetch`.
 //!
+//! The fault figures:
 //! - **floor**: a userfaultfd fault answered from memory already in the process (a handler
 //!   thread answering with UFFDIO_COPY from a buffer): the cost of userfaultfd itself.
 //! - **rtt**: one 4 KiB page read from the donor over the transport (no fault).
@@ -14,16 +16,16 @@
 //! target is `miss_p50 ≤ 1.3 × (floor_p50 + rtt_p50)`: the fault path adds almost nothing to
 //! what userfaultfd and the network cost.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{ensure, Context};
+use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, PAGE_SIZE};
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
-use farmem_uffd::{Event, Features, RegisterMode, Uffd};
+use farmem_uffd::floor::FaultFloor;
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
-use crate::{Runtime, RuntimeConfig, RuntimeError, Stats, PAGE_SIZE};
+use crate::mem::Pages;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -35,7 +37,7 @@ pub struct FaultBenchConfig {
 }
 
 /// The figures, microseconds.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct FaultBenchReport {
     pub floor_p50_us: f64,
     pub rtt_p50_us: f64,
@@ -56,121 +58,29 @@ fn p(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-/// A private anonymous mapping the benchmark owns.
-struct Scratch {
-    addr: usize,
-    len: usize,
-}
-
-impl Scratch {
-    fn new(len: usize) -> Result<Scratch, RuntimeError> {
-        let addr = crate::mmap_anon(len, "mapping benchmark memory")?;
-        Ok(Scratch { addr, len })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: the benchmark's own mapping, no longer used.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
-/// Times one load from `addr` (nanoseconds).
-fn touch(addr: usize) -> u64 {
-    let t0 = Instant::now();
-    // SAFETY: `addr` lies in a live mapping (a region or the floor's scratch mapping) owned by
-    // the benchmark; the load is volatile so it really happens.
-    unsafe { std::ptr::read_volatile(addr as *const u8) };
-    t0.elapsed().as_nanos() as u64
-}
-
-/// Writes a non-zero word into the page at `addr`.
-fn stamp(addr: usize, v: u64) {
-    // SAFETY: as in `touch`; a volatile store into a page of a live region.
-    unsafe { std::ptr::write_volatile(addr as *mut u64, v | 1) };
-}
-
 /// Rounds the measurements are interleaved in: each round takes a share of every figure's
 /// samples, so a change of machine load in the middle of the run hits all figures alike.
 const ROUNDS: usize = 10;
 
-/// The floor: a mapping served by a handler thread answering each fault with UFFDIO_COPY.
-struct FloorRig {
-    map: Scratch,
-    uffd: Arc<Uffd>,
-    stop: Arc<AtomicBool>,
-    handler: Option<std::thread::JoinHandle<()>>,
-    next: usize,
-}
+/// The floor: a mapping served by a handler thread answering each fault with UFFDIO_COPY
+/// ([`FaultFloor`]).
+struct FloorRig(FaultFloor);
 
 impl FloorRig {
-    fn new(samples: usize) -> Result<FloorRig, RuntimeError> {
-        let map = Scratch::new(samples * PAGE_SIZE)?;
-        let uffd = Arc::new(Uffd::open(Features::empty(), Features::empty()).map_err(
-            |source| RuntimeError::Uffd {
-                step: "opening the floor benchmark's userfaultfd",
-                source,
-            },
-        )?);
-        // SAFETY: the scratch mapping is owned here and only touched through `touch`.
-        unsafe {
-            uffd.register(
-                map.addr,
-                map.len,
-                RegisterMode {
-                    missing: true,
-                    wp: false,
-                },
-            )
-        }
-        .map_err(|source| RuntimeError::Uffd {
-            step: "registering the floor benchmark's mapping",
-            source,
-        })?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let handler = {
-            let uffd = uffd.clone();
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let page = vec![0x5au8; PAGE_SIZE];
-                let mut evs = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = uffd.wait_readable(50);
-                    evs.clear();
-                    let _ = uffd.read_events(&mut evs);
-                    for e in evs.drain(..) {
-                        if let Event::Pagefault { addr, .. } = e {
-                            let _ = uffd.copy(addr & !(PAGE_SIZE - 1), &page, false, false);
-                        }
-                    }
-                }
-            })
-        };
-        Ok(FloorRig {
-            map,
-            uffd,
-            stop,
-            handler: Some(handler),
-            next: 0,
-        })
+    fn new(samples: usize) -> anyhow::Result<FloorRig> {
+        let floor = FaultFloor::new(samples).context("setting up the userfaultfd floor")?;
+        Ok(FloorRig(floor))
     }
 
-    fn run(&mut self, n: usize, h: &mut Histogram<u64>) {
+    fn run(&mut self, n: usize, h: &mut Histogram<u64>) -> anyhow::Result<()> {
         for _ in 0..n {
-            let _ = h.record(touch(self.map.addr + self.next * PAGE_SIZE).max(1));
-            self.next += 1;
+            let took = self
+                .0
+                .fault_next()
+                .context("the floor rig ran out of pages (a farmem-bench bug)")?;
+            let _ = h.record((took.as_nanos() as u64).max(1));
         }
-    }
-}
-
-impl Drop for FloorRig {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.handler.take() {
-            let _ = t.join();
-        }
-        let _ = self.uffd.unregister(self.map.addr, self.map.len);
+        Ok(())
     }
 }
 
@@ -183,22 +93,18 @@ struct RttRig {
 }
 
 impl RttRig {
-    fn new(donor: &str) -> Result<RttRig, RuntimeError> {
-        let err = |step: &'static str| {
-            move |source| RuntimeError::Donor {
-                addr: donor.to_string(),
-                step,
-                source,
-            }
-        };
-        let client =
-            DonorClient::connect(donor, ClientConfig::default()).map_err(err("connecting"))?;
-        let slab = client.alloc_slab().map_err(err("allocating a slab"))?;
+    fn new(donor: &str) -> anyhow::Result<RttRig> {
+        let err = |step: &str| format!("{step} donor {donor}");
+        let client = DonorClient::connect(donor, ClientConfig::default())
+            .with_context(|| err("connecting to"))?;
+        let slab = client
+            .alloc_slab()
+            .with_context(|| err("allocating a slab on"))?;
         let addr = PageAddr { slab, page: 0 };
         let data = vec![7u8; PAGE_SIZE];
         client
             .write_pages(&[PageWrite { addr, data: &data }])
-            .map_err(err("writing a page"))?;
+            .with_context(|| err("writing a page to"))?;
         let mut rig = RttRig {
             client,
             addr,
@@ -210,16 +116,12 @@ impl RttRig {
         Ok(rig)
     }
 
-    fn run(&mut self, n: usize, h: &mut Histogram<u64>) -> Result<(), RuntimeError> {
+    fn run(&mut self, n: usize, h: &mut Histogram<u64>) -> anyhow::Result<()> {
         for _ in 0..n {
             let t0 = Instant::now();
             self.client
                 .read_pages(&[self.addr], &mut self.out)
-                .map_err(|source| RuntimeError::Donor {
-                    addr: self.donor.clone(),
-                    step: "reading a page",
-                    source,
-                })?;
+                .with_context(|| format!("reading a page from donor {}", self.donor))?;
             let _ = h.record((t0.elapsed().as_nanos() as u64).max(1));
         }
         Ok(())
@@ -247,13 +149,13 @@ fn quiesce(rt: &Runtime) -> Stats {
 /// write-back pool, depending on the pool size); each measured fault touches the next one.
 struct FaultRig {
     rt: Arc<Runtime>,
-    region: crate::Region,
+    region: Region,
     next: usize,
     before: Stats,
 }
 
 impl FaultRig {
-    fn new(donor: &str, samples: usize, pool_pages: usize) -> Result<FaultRig, RuntimeError> {
+    fn new(donor: &str, samples: usize, pool_pages: usize) -> anyhow::Result<FaultRig> {
         let budget_pages = 1024;
         let rt = Runtime::start(RuntimeConfig {
             budget_bytes: (budget_pages * PAGE_SIZE) as u64,
@@ -261,12 +163,15 @@ impl FaultRig {
             pool_bytes: Some((pool_pages * PAGE_SIZE) as u64),
             prefetch: "none".into(),
             ..RuntimeConfig::default()
-        })?;
+        })
+        .context("starting a runtime")?;
         let pages = samples + budget_pages + budget_pages.min(pool_pages);
-        let region = rt.map(pages * PAGE_SIZE)?;
-        let base = region.as_ptr() as usize;
+        let region = rt
+            .map(pages * PAGE_SIZE)
+            .context("mapping the benchmark region")?;
+        let mem = Pages::from(&region);
         for i in 0..pages {
-            stamp(base + i * PAGE_SIZE, i as u64);
+            mem.stamp(i, i as u64);
         }
         let before = quiesce(&rt);
         Ok(FaultRig {
@@ -278,23 +183,22 @@ impl FaultRig {
     }
 
     fn run(&mut self, n: usize, h: &mut Histogram<u64>) {
-        let base = self.region.as_ptr() as usize;
+        let mem = Pages::from(&self.region);
         for _ in 0..n {
-            let _ = h.record(touch(base + self.next * PAGE_SIZE).max(1));
+            let _ = h.record(mem.timed_load(self.next).max(1));
             self.next += 1;
         }
     }
 }
 
 /// Runs the whole benchmark: the four figures interleaved in [`ROUNDS`] rounds.
-pub fn fault_bench(cfg: &FaultBenchConfig) -> Result<FaultBenchReport, RuntimeError> {
-    if cfg.samples < ROUNDS * 10 {
-        return Err(RuntimeError::Config(format!(
-            "fault benchmark samples {} is too few: give at least {}",
-            cfg.samples,
-            ROUNDS * 10
-        )));
-    }
+pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
+    ensure!(
+        cfg.samples >= ROUNDS * 10,
+        "fault benchmark samples {} is too few: give at least {}",
+        cfg.samples,
+        ROUNDS * 10
+    );
     let samples = cfg.samples / ROUNDS * ROUNDS;
     let per = samples / ROUNDS;
     let mut floor = FloorRig::new(samples)?;
@@ -305,7 +209,7 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> Result<FaultBenchReport, RuntimeEr
     let mut pool = FaultRig::new(&cfg.donor, samples, samples + 1024 + 64)?;
     let (mut hf, mut hr, mut hm, mut hp) = (hist(), hist(), hist(), hist());
     for _ in 0..ROUNDS {
-        floor.run(per, &mut hf);
+        floor.run(per, &mut hf)?;
         rtt.run(per, &mut hr)?;
         miss.run(per, &mut hm);
         pool.run(per, &mut hp);
@@ -329,7 +233,7 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> Result<FaultBenchReport, RuntimeEr
     })
 }
 
-/// One timed scan for `farmem bench prefetch`: what it took and the counters around it.
+/// One timed scan for `farmem-bench prefetch`: what it took and the counters around it.
 #[derive(Clone, Debug)]
 pub struct ScanRun {
     /// Time of the scan (the loads only).
@@ -343,39 +247,31 @@ pub struct ScanRun {
 /// Starts a runtime with `cfg`, maps a region of `pages` pages, writes a non-zero byte into
 /// every page (so what exceeds the budget goes to the donors), waits for write-back to settle,
 /// then times one load from each page in `order` (page indexes) and checks every value read.
-pub fn scan_once(
-    cfg: RuntimeConfig,
-    pages: usize,
-    order: &[usize],
-) -> Result<ScanRun, RuntimeError> {
+pub fn scan_once(cfg: RuntimeConfig, pages: usize, order: &[usize]) -> anyhow::Result<ScanRun> {
     if let Some(bad) = order.iter().find(|p| **p >= pages) {
-        return Err(RuntimeError::Config(format!(
-            "scan order names page {bad} of a {pages}-page region"
-        )));
+        anyhow::bail!("scan order names page {bad} of a {pages}-page region");
     }
-    let rt = Runtime::start(cfg)?;
-    let region = rt.map(pages * PAGE_SIZE)?;
-    let base = region.as_ptr() as usize;
+    let rt = Runtime::start(cfg).context("starting a runtime")?;
+    let region = rt
+        .map(pages * PAGE_SIZE)
+        .context("mapping the scanned region")?;
+    let mem = Pages::from(&region);
     let value = |p: usize| (p % 251 + 1) as u8;
     for p in 0..pages {
-        // SAFETY: a store into a page of the live region created above.
-        unsafe { std::ptr::write_volatile((base + p * PAGE_SIZE) as *mut u8, value(p)) };
+        mem.store(p, value(p));
     }
     let before = quiesce(&rt);
     let t0 = Instant::now();
     let mut wrong = 0usize;
     for &p in order {
-        // SAFETY: a load from a page of the live region created above.
-        let v = unsafe { std::ptr::read_volatile((base + p * PAGE_SIZE) as *const u8) };
-        wrong += usize::from(v != value(p));
+        wrong += usize::from(mem.load(p) != value(p));
     }
     let took = t0.elapsed();
     let after = rt.stats();
-    if wrong > 0 {
-        return Err(RuntimeError::Internal(
-            "the prefetch scan read wrong data (a farmem bug)",
-        ));
-    }
+    ensure!(
+        wrong == 0,
+        "the prefetch scan read wrong data (a farmem bug)"
+    );
     Ok(ScanRun {
         took,
         before,

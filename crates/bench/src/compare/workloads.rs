@@ -1,4 +1,4 @@
-//! The workloads of `farmem bench compare`: what each runs, how it is started under a system,
+//! The workloads of `farmem-bench compare`: what each runs, how it is started under a system,
 //! and what it measures.
 //!
 //! * `seq`, `stride:K`, `random`: Leap's microbenchmarks, bench/workloads/micro.c compiled with
@@ -25,9 +25,9 @@ use anyhow::{bail, Context};
 use super::kv::{self, Protocol};
 use super::systems::{Cleanup, Token};
 
-const MICRO_C: &str = include_str!("../../../../../bench/workloads/micro.c");
-const NUMPY_PY: &str = include_str!("../../../../../bench/workloads/numpy_matmul.py");
-const KMEANS_PY: &str = include_str!("../../../../../bench/workloads/kmeans.py");
+const MICRO_C: &str = include_str!("../../workloads/micro.c");
+const NUMPY_PY: &str = include_str!("../../workloads/numpy_matmul.py");
+const KMEANS_PY: &str = include_str!("../../workloads/kmeans.py");
 
 /// One workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

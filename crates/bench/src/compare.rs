@@ -1,4 +1,4 @@
-//! `farmem bench compare`: one workload under local memory, farmem, Linux swap to a file and
+//! `farmem-bench compare`: one workload under local memory, farmem, Linux swap to a file and
 //! zram, side by side in one run on one machine, every figure a ratio to `local` and `swap`
 //! measured in that same run.
 //!
@@ -10,7 +10,8 @@
 //! `F × peak`, and each other system runs the workload once, in a fresh process, after the page
 //! cache is dropped:
 //!
-//! * `farmem`: `farmem run --local-mem LIMIT --stats FILE --quiet -- WORKLOAD` (this binary);
+//! * `farmem`: `farmem run --local-mem LIMIT --stats FILE --quiet -- WORKLOAD` (the `farmem`
+//!   binary beside this one);
 //! * `swap`: a swap file on local disk (`--swap-dir`) is the only active swap area, the workload
 //!   runs in a memory cgroup limited to LIMIT;
 //! * `zram`: a new zram device with lz4 is the only active swap area, same cgroup limit.
@@ -39,16 +40,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use farmem_runtime::StatsFile;
 
-use crate::cmd::units;
+use crate::units;
 use report::RunRow;
 use systems::{Cgroup, CgroupMount, Cleanup, CleanupGuard, SystemKind};
 use workloads::{Sizes, Toolbox, Workload, WorkloadList, Wrap};
 
-/// Arguments of `farmem bench compare`.
+/// Arguments of `farmem-bench compare`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example: farmem bench compare --workload seq,stride:10,redis --local 0.5,0.25 --plot out.svg"
+    after_help = "Example: farmem-bench compare --workload seq,stride:10,redis --local 0.5,0.25 --plot out.svg"
 )]
 pub struct CompareArgs {
     /// Workloads, comma-separated: seq, stride:K, random, redis, memcached, numpy, kmeans, or all.
@@ -190,66 +192,33 @@ pub fn limit_for(peak_bytes: u64, f: f64) -> u64 {
     raw.div_ceil(4096).max(1) * 4096
 }
 
-/// Bytes farmem moved to donors, from its `--stats` JSON: the first of the known counters found
-/// anywhere in the document (byte counters as is, page counters × 4096).
-pub fn farmem_remote_bytes(stats: &serde_json::Value) -> Option<u64> {
-    const BYTE_KEYS: &[&str] = &[
-        "remote_bytes_out", // what crates/preload writes under "runtime"
-        "remote_bytes",
-        "bytes_to_donors",
-        "bytes_written_remote",
-        "written_bytes",
-        "bytes_out",
-    ];
-    const PAGE_KEYS: &[&str] = &[
-        "pages_written",
-        "pages_to_donors",
-        "remote_writes",
-        "pages_out",
-        "evictions",
-        "pages_evicted",
-    ];
-    fn find(v: &serde_json::Value, key: &str) -> Option<u64> {
-        match v {
-            serde_json::Value::Object(m) => m
-                .get(key)
-                .and_then(serde_json::Value::as_u64)
-                .or_else(|| m.values().find_map(|c| find(c, key))),
-            serde_json::Value::Array(a) => a.iter().find_map(|c| find(c, key)),
-            _ => None,
-        }
-    }
-    BYTE_KEYS.iter().find_map(|k| find(stats, k)).or_else(|| {
-        PAGE_KEYS
-            .iter()
-            .find_map(|k| find(stats, k).map(|p| p * 4096))
-    })
+/// Bytes farmem moved to donors, from its stats file (None without a runtime).
+pub fn farmem_remote_bytes(stats: &StatsFile) -> Option<u64> {
+    stats.summary.as_ref().map(|s| s.remote_bytes_out)
 }
 
-/// Where a farmem run's time went, from its `--stats` JSON: remote faults and their handler
-/// latency, write-back pool hits, prefetch accuracy (absent fields are left out).
-pub fn farmem_fault_note(stats: &serde_json::Value) -> Option<String> {
-    let rt = stats.get("runtime")?;
-    let count = |k: &str| rt.get(k).and_then(serde_json::Value::as_u64);
-    let mut parts = Vec::new();
-    if let Some(n) = count("faults_remote") {
-        let p50 = rt
-            .pointer("/latency/remote/p50_us")
-            .and_then(serde_json::Value::as_f64)
-            .map(|v| format!(" (handler p50 {v:.0} µs)"))
-            .unwrap_or_default();
-        parts.push(format!("{n} remote faults{p50}"));
-    }
-    if let Some(n) = count("faults_pool_hit") {
-        parts.push(format!("{n} pool hits"));
-    }
-    let accuracy = stats
-        .pointer("/summary/prefetch_accuracy")
-        .and_then(serde_json::Value::as_f64);
-    if let Some(a) = accuracy {
+/// Where a farmem run's time went, from its stats file: remote faults and their handler
+/// latency, write-back pool hits, prefetch accuracy (when something was prefetched).
+pub fn farmem_fault_note(stats: &StatsFile) -> Option<String> {
+    let rt = stats.runtime.as_ref()?;
+    let mut parts = vec![
+        format!(
+            "{} remote faults (handler p50 {:.0} µs)",
+            rt.faults_remote, rt.latency.remote.p50_us
+        ),
+        format!("{} pool hits", rt.faults_pool_hit),
+    ];
+    if let Some(a) = stats.summary.as_ref().and_then(|s| s.prefetch_accuracy) {
         parts.push(format!("prefetch accuracy {:.0}%", a * 100.0));
     }
-    (!parts.is_empty()).then(|| parts.join(", "))
+    Some(parts.join(", "))
+}
+
+/// Reads the stats file `farmem run --stats` wrote (None if it is missing or unreadable: the
+/// row then has no moved bytes and no fault note).
+fn read_stats_file(path: &Path) -> Option<StatsFile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 struct Ctx<'a> {
@@ -269,7 +238,7 @@ impl Ctx<'_> {
         let tag = format!("[{}/{}] {what}", self.run_no, self.runs_total);
         if !self.cache_note_shown {
             if let Err(err) = systems::drop_page_cache() {
-                eprintln!("farmem bench: note: page cache not dropped before runs: {err:#}");
+                eprintln!("farmem-bench: note: page cache not dropped before runs: {err:#}");
                 self.cache_note_shown = true;
             }
         } else {
@@ -388,8 +357,7 @@ fn run_limited(
                 .dir
                 .path()
                 .join(format!("farmem-stats-{}.json", ctx.run_no));
-            let exe = std::env::current_exe()
-                .map_err(|e| format!("cannot find this farmem binary: {e}"))?;
+            let exe = crate::farmem_bin().map_err(|e| format!("{e:#}"))?;
             eprintln!(
                 "{tag}: running under farmem run --local-mem {}",
                 report::bytes(limit_bytes)
@@ -401,9 +369,7 @@ fn run_limited(
                 extra: ctx.args.farmem_args.clone(),
             };
             workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|mut m| {
-                let stats = std::fs::read_to_string(&stats)
-                    .ok()
-                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+                let stats = read_stats_file(&stats);
                 let moved = stats.as_ref().and_then(farmem_remote_bytes);
                 if let Some(note) = stats.as_ref().and_then(farmem_fault_note) {
                     m.detail = format!("{}; {note}", m.detail);
@@ -471,7 +437,10 @@ fn precheck(
     match system {
         SystemKind::Local => None,
         SystemKind::Farmem => {
-            let exe = std::env::current_exe().ok()?;
+            let exe = match crate::farmem_bin() {
+                Ok(exe) => exe,
+                Err(e) => return Some(format!("skipped: {e:#}")),
+            };
             let ok = std::process::Command::new(&exe)
                 .args(["run", "--help"])
                 .output()
@@ -494,7 +463,7 @@ fn precheck(
     }
 }
 
-/// Runs `farmem bench compare`.
+/// Runs `farmem-bench compare`.
 pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     if !(args.zipf > 0.0 && args.zipf < 1.0) {
         anyhow::bail!(
@@ -520,7 +489,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         .filter_map(|s| precheck(*s, root, &cgroup_probe).map(|n| (*s, n)))
         .collect();
     for (s, note) in &unavailable {
-        eprintln!("farmem bench: {s}: {note}");
+        eprintln!("farmem-bench: {s}: {note}");
     }
     let uses_swap = systems_wanted.iter().any(|s| {
         matches!(s, SystemKind::Swap | SystemKind::Zram) && !unavailable.iter().any(|(u, _)| u == s)
@@ -538,7 +507,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         // Only the swap area under test may be active, during every run (farmem's included).
         match systems::quiesce_machine_swap(&cleanup) {
             Ok(areas) if !areas.is_empty() => eprintln!(
-                "farmem bench: switched off the machine's swap ({}) for the benchmark; it is switched back on at the end",
+                "farmem-bench: switched off the machine's swap ({}) for the benchmark; it is switched back on at the end",
                 areas.iter().map(|a| a.path.as_str()).collect::<Vec<_>>().join(", ")
             ),
             Ok(_) => {}
@@ -547,7 +516,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
                     unavailable.push((s, format!("skipped: {e:#}")));
                 }
             }
-            Err(e) => eprintln!("farmem bench: note: {e:#}"),
+            Err(e) => eprintln!("farmem-bench: note: {e:#}"),
         }
     }
     let tb = Toolbox::prepare(&workloads, &args.python)?;
@@ -582,7 +551,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         cache_note_shown: !root,
     };
     if !root {
-        eprintln!("farmem bench: note: not root, so the page cache is not dropped between runs");
+        eprintln!("farmem-bench: note: not root, so the page cache is not dropped between runs");
     }
 
     let mut rows: Vec<RunRow> = Vec::new();
@@ -618,7 +587,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
                     Ok(row) => rows.push(row),
                     Err(note) => {
                         let note = format!("skipped: {note}");
-                        eprintln!("farmem bench: {system}: {note}");
+                        eprintln!("farmem-bench: {system}: {note}");
                         let mut row = blank_row(system, w, f, Some(limit));
                         row.note = Some(note.clone());
                         rows.push(row);
@@ -630,7 +599,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     }
     drop(ctx);
     for failure in cleanup.run_all() {
-        eprintln!("farmem bench: cleanup failed: {failure}");
+        eprintln!("farmem-bench: cleanup failed: {failure}");
     }
 
     let table = report::table(&rows, &peaks);
@@ -649,7 +618,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     }
     let failed = rows.iter().filter(|r| r.failed).count();
     if failed > 0 {
-        eprintln!("farmem bench: {failed} run(s) failed (see the notes)");
+        eprintln!("farmem-bench: {failed} run(s) failed (see the notes)");
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
@@ -659,7 +628,7 @@ fn save(dir: &Path, rows: &[RunRow], table: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let command: Vec<String> = std::env::args().collect();
     let md = format!(
-        "# farmem bench compare — results\n\nCommand: `{}`\n\nMachine:\n{}\n```text{}```\n",
+        "# farmem-bench compare — results\n\nCommand: `{}`\n\nMachine:\n{}\n```text{}```\n",
         command.join(" "),
         report::machine_description(),
         table
@@ -773,25 +742,54 @@ mod tests {
 
     #[test]
     fn farmem_fault_note_summarises_the_stats() {
-        let v = serde_json::json!({
-            "runtime": {"faults_remote": 120, "faults_pool_hit": 7,
-                        "latency": {"remote": {"p50_us": 23.0}}},
-            "summary": {"prefetch_accuracy": 0.5}
-        });
+        let mut rt = farmem_runtime::Stats {
+            faults_remote: 120,
+            faults_pool_hit: 7,
+            prefetched_pages: 10,
+            prefetch_accuracy: 0.5,
+            ..farmem_runtime::Stats::default()
+        };
+        rt.latency.remote.p50_us = 23.0;
+        let file = StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        };
         assert_eq!(
-            farmem_fault_note(&v).unwrap(),
+            farmem_fault_note(&file).unwrap(),
             "120 remote faults (handler p50 23 µs), 7 pool hits, prefetch accuracy 50%"
         );
-        assert_eq!(farmem_fault_note(&serde_json::json!({"runtime": {}})), None);
+        assert_eq!(farmem_fault_note(&StatsFile::default()), None);
     }
 
     #[test]
-    fn farmem_stats_counters_are_found_anywhere() {
-        let v: serde_json::Value =
-            serde_json::json!({"runtime": {"remote_bytes_in": 4096, "remote_bytes_out": 8192}});
-        assert_eq!(farmem_remote_bytes(&v), Some(8192));
-        let v = serde_json::json!({"regions": [{"pages_written": 3}]});
-        assert_eq!(farmem_remote_bytes(&v), Some(3 * 4096));
-        assert_eq!(farmem_remote_bytes(&serde_json::json!({"faults": 1})), None);
+    fn farmem_remote_bytes_are_the_bytes_sent_to_donors() {
+        let rt = farmem_runtime::Stats {
+            bytes_received: 4096,
+            bytes_sent: 8192,
+            ..farmem_runtime::Stats::default()
+        };
+        let file = StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        };
+        assert_eq!(farmem_remote_bytes(&file), Some(8192));
+        assert_eq!(farmem_remote_bytes(&StatsFile::default()), None);
+    }
+
+    #[test]
+    fn the_stats_file_is_read_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats.json");
+        assert_eq!(read_stats_file(&path), None);
+        let file = StatsFile {
+            pid: 42,
+            ..StatsFile::default()
+        };
+        std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
+        assert_eq!(read_stats_file(&path), Some(file));
+        std::fs::write(&path, "{\"pid\": 1}").unwrap();
+        assert_eq!(read_stats_file(&path), None, "an incomplete file");
     }
 }

@@ -1,4 +1,4 @@
-//! `farmem bench donor` end to end, on a tiny working set: it starts its own donor and memcached
+//! `farmem-bench donor` end to end, on a tiny working set: it starts its own donor and memcached
 //! (the Debian package `memcached` must be installed), prints exactly the promised JSON keys,
 //! and names the package when memcached is missing. No figure is asserted: performance is
 //! reported by the command, not tested.
@@ -6,9 +6,8 @@
 use std::process::Command;
 
 fn bench(extra: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_farmem"))
+    Command::new(env!("CARGO_BIN_EXE_farmem-bench"))
         .args([
-            "bench",
             "donor",
             "--requests",
             "200",
@@ -19,7 +18,7 @@ fn bench(extra: &[&str]) -> std::process::Output {
         ])
         .args(extra)
         .output()
-        .expect("cannot run the farmem binary")
+        .expect("cannot run the farmem-bench binary")
 }
 
 #[test]
@@ -27,7 +26,7 @@ fn bench_donor_prints_exactly_the_promised_json() {
     let out = bench(&["--json"]);
     assert!(
         out.status.success(),
-        "farmem bench donor failed (is the Debian package `memcached` installed?): {}",
+        "farmem-bench donor failed (is the Debian package `memcached` installed?): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints JSON");
@@ -88,10 +87,10 @@ fn a_missing_memcached_names_the_package_to_install() {
 
 #[test]
 fn help_explains_the_phases_the_ratio_and_the_json() {
-    let out = Command::new(env!("CARGO_BIN_EXE_farmem"))
-        .args(["bench", "donor", "--help"])
+    let out = Command::new(env!("CARGO_BIN_EXE_farmem-bench"))
+        .args(["donor", "--help"])
         .output()
-        .expect("cannot run the farmem binary");
+        .expect("cannot run the farmem-bench binary");
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for needle in [

@@ -1,4 +1,4 @@
-"""numpy matrix multiplication for `farmem bench compare --workload numpy`.
+"""numpy matrix multiplication for `farmem-bench compare --workload numpy`.
 
 Usage: numpy_matmul.py N [SEED]
 
