@@ -238,3 +238,21 @@ fn the_embedded_donor_dies_with_a_killed_farmem_run() {
     }
     drop(r); // kills what is left of the group (the program)
 }
+
+/// A library and a binary from different builds: the library refuses settings of another
+/// version, saying so, before the program runs.
+#[test]
+fn settings_of_another_version_are_refused_by_the_library() {
+    let o = Command::new("/bin/true")
+        .env("LD_PRELOAD", farmem_testkit::bins::preload_lib())
+        .env("FARMEM_RUN_SETTINGS", r#"{"version": 999}"#)
+        .output()
+        .expect("run /bin/true");
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("version 999") && e.contains("different builds"),
+        "{}",
+        text(&o)
+    );
+}

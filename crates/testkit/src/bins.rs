@@ -29,17 +29,26 @@ pub fn farmem() -> PathBuf {
     bin
 }
 
+/// The preload library under test (next to the binaries, or in `deps/`); fails the test if it
+/// has not been built.
+pub fn preload_lib() -> PathBuf {
+    let dir = target_dir();
+    [dir.join(PRELOAD_LIB), dir.join("deps").join(PRELOAD_LIB)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{PRELOAD_LIB} is missing in {}: build it first (cargo build --release \
+                 --workspace, as scripts/setup.sh does)",
+                dir.display()
+            )
+        })
+}
+
 /// Fails unless libfarmem_preload.so sits where `farmem run` looks for it (or FARMEM_PRELOAD
 /// names it).
 pub fn require_preload_lib() {
-    let dir = target_dir();
-    let ok = std::env::var_os("FARMEM_PRELOAD").is_some()
-        || dir.join(PRELOAD_LIB).is_file()
-        || dir.join("deps").join(PRELOAD_LIB).is_file();
-    assert!(
-        ok,
-        "{PRELOAD_LIB} is missing in {}: build it first (cargo build --release --workspace, as \
-         scripts/setup.sh does)",
-        dir.display()
-    );
+    if std::env::var_os("FARMEM_PRELOAD").is_none() {
+        preload_lib();
+    }
 }
