@@ -518,4 +518,46 @@ mod tests {
         assert!(e.stderr().is_some_and(|s| s.contains("donor")), "{e}");
         assert!(e.to_string().contains("exited before listening"), "{e}");
     }
+
+    /// A stand-in for the `farmem` binary: a shell script with this body (its arguments are
+    /// `donor --listen …`, ignored).
+    fn fake_farmem(tag: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p =
+            std::env::temp_dir().join(format!("farmem-child-test-{tag}-{}", std::process::id()));
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[test]
+    fn the_banner_gives_the_address_and_drop_kills_the_child() {
+        let bin = fake_farmem(
+            "ok",
+            "echo 'farmem donor listening on 127.0.0.1:5555'; exec sleep 60",
+        );
+        let mut d = ChildDonorCommand::new(&bin).spawn().unwrap();
+        std::fs::remove_file(&bin).unwrap();
+        assert_eq!(d.addr(), "127.0.0.1:5555".parse().unwrap());
+        assert_eq!(d.stdout_after_banner(), None, "still running");
+        let pid = rustix::process::Pid::from_raw(d.pid() as i32).unwrap();
+        drop(d);
+        // reaped: the pid no longer names a process of ours
+        assert!(rustix::process::test_kill_process(pid).is_err());
+    }
+
+    #[test]
+    fn no_banner_within_the_deadline_is_a_timeout_and_the_child_is_killed() {
+        let bin = fake_farmem("slow", "echo starting >&2; exec sleep 60");
+        let start = Instant::now();
+        let e = ChildDonorCommand::new(&bin)
+            .stderr(DonorStderr::Capture)
+            .banner_timeout(Duration::from_millis(300))
+            .spawn()
+            .unwrap_err();
+        std::fs::remove_file(&bin).unwrap();
+        assert!(matches!(e, ChildDonorError::Timeout { .. }), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(10), "{e}");
+        assert_eq!(e.stderr().map(str::trim), Some("starting"), "{e}");
+    }
 }
