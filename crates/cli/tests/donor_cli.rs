@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, PAGE_SIZE};
 
-mod donor_support;
-
-use donor_support::Donor;
+use farmem_testkit::donor::Donor;
 
 fn spawn_donor(extra: &[&str]) -> Donor {
     let mut args = vec!["--slab-size", "1MiB"];

@@ -4,14 +4,13 @@
 //! large calloc reading zeros — all with a working set three times the budget, so pages really
 //! go to the donor and come back (checked in the stats).
 
-mod run_support;
-use run_support::*;
+use farmem_testkit::run::*;
 
 #[test]
 fn c_checks_pass_with_pages_on_the_donor() {
     let dir = Scratch::new("c");
     let prog = dir.path("run_checks");
-    compile_c("run_checks.c", &prog, &[]);
+    compile_c(&c_source("run_checks.c"), &prog, &[]);
     let stats = dir.path("stats.json");
     let o = farmem_run(
         &["--local-mem", "64MiB", "--stats", stats.to_str().unwrap()],
@@ -60,7 +59,7 @@ fn same_program_passes_without_farmem() {
     // The baseline: the checks themselves are right (so a farmem failure is farmem's).
     let dir = Scratch::new("c-plain");
     let prog = dir.path("run_checks");
-    compile_c("run_checks.c", &prog, &[]);
+    compile_c(&c_source("run_checks.c"), &prog, &[]);
     let o = std::process::Command::new(&prog)
         .arg("64")
         .output()
@@ -74,7 +73,7 @@ fn mmap_threshold_decides_which_mappings_become_regions() {
     // under a 64 MiB one (and correct either way).
     let dir = Scratch::new("c-threshold");
     let prog = dir.path("run_checks");
-    compile_c("run_checks.c", &prog, &[]);
+    compile_c(&c_source("run_checks.c"), &prog, &[]);
     let regions = |threshold: &str| {
         let stats = dir.path(&format!("stats-{threshold}.json"));
         let o = farmem_run(

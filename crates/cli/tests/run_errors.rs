@@ -3,8 +3,9 @@
 //! userfaultfd unavailable to the user; exit status passthrough (signals → 128+n); a program
 //! exec'd by the child is not under farmem; --quiet.
 
-mod run_support;
-use run_support::*;
+use farmem_testkit::bins::*;
+use farmem_testkit::clients::*;
+use farmem_testkit::run::*;
 
 use std::process::Command;
 
@@ -53,7 +54,7 @@ fn static_program_is_refused_before_it_starts() {
     let dir = Scratch::new("static");
     let prog = dir.path("static_prog");
     let marker = dir.path("ran");
-    compile_c("static_prog.c", &prog, &["-static"]);
+    compile_c(&c_source("static_prog.c"), &prog, &["-static"]);
     let o = farmem_run(
         &["--local-mem", "256MiB"],
         &[prog.to_str().unwrap(), marker.to_str().unwrap()],
@@ -82,23 +83,13 @@ fn donor_refusing_the_token_is_reported() {
     let bad = dir.path("bad.token");
     std::fs::write(&good, "the-right-secret-token-0123456789").unwrap();
     std::fs::write(&bad, "a-wrong-secret-token-9876543210xx").unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut donor = Command::new(farmem())
-        .args([
-            "donor",
-            "--listen",
-            &addr,
-            "--capacity",
-            "256MiB",
-            "--token-file",
-        ])
-        .arg(&good)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _ = connect_plain(port, std::time::Duration::from_secs(10), &mut donor);
+    let donor = farmem_testkit::donor::Donor::spawn(&[
+        "--capacity",
+        "256MiB",
+        "--token-file",
+        good.to_str().unwrap(),
+    ]);
+    let addr = donor.addr.to_string();
     let o = farmem_run(
         &[
             "--local-mem",
@@ -110,8 +101,7 @@ fn donor_refusing_the_token_is_reported() {
         ],
         &["true"],
     );
-    let _ = donor.kill();
-    let _ = donor.wait();
+    drop(donor);
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(
@@ -247,4 +237,22 @@ fn the_embedded_donor_dies_with_a_killed_farmem_run() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     drop(r); // kills what is left of the group (the program)
+}
+
+/// A library and a binary from different builds: the library refuses settings of another
+/// version, saying so, before the program runs.
+#[test]
+fn settings_of_another_version_are_refused_by_the_library() {
+    let o = Command::new("/bin/true")
+        .env("LD_PRELOAD", farmem_testkit::bins::preload_lib())
+        .env("FARMEM_RUN_SETTINGS", r#"{"version": 999}"#)
+        .output()
+        .expect("run /bin/true");
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("version 999") && e.contains("different builds"),
+        "{}",
+        text(&o)
+    );
 }

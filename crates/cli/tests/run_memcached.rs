@@ -1,7 +1,7 @@
 //! `farmem run` on memcached at ~50% local memory: set and get the whole dataset identically.
 
-mod run_support;
-use run_support::*;
+use farmem_testkit::clients::*;
+use farmem_testkit::run::*;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::time::Duration;

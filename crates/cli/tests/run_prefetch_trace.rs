@@ -2,14 +2,14 @@
 //! summary reports prefetch accuracy and coverage from the runtime's counters, and the recorded
 //! trace is a complete file that `farmem sim` replays.
 
-mod run_support;
-use run_support::*;
+use farmem_testkit::bins::*;
+use farmem_testkit::run::*;
 
 #[test]
 fn prefetch_counters_reach_the_summary_and_the_trace_replays() {
     let dir = Scratch::new("prefetch-trace");
     let prog = dir.path("seq_scan");
-    compile_c("seq_scan.c", &prog, &[]);
+    compile_c(&c_source("seq_scan.c"), &prog, &[]);
     let stats = dir.path("stats.json");
     let trace = dir.path("scan.trace");
     let o = farmem_run(
@@ -81,7 +81,7 @@ fn prefetch_counters_reach_the_summary_and_the_trace_replays() {
 fn marker_install_mode_reaches_the_runtime() {
     let dir = Scratch::new("prefetch-marker");
     let prog = dir.path("seq_scan");
-    compile_c("seq_scan.c", &prog, &[]);
+    compile_c(&c_source("seq_scan.c"), &prog, &[]);
     let stats = dir.path("stats.json");
     let run = |mode: &str| {
         let o = farmem_run(

@@ -2,8 +2,7 @@
 //! gives the same result as without farmem, and the stats show pages went to the donor and
 //! came back.
 
-mod run_support;
-use run_support::*;
+use farmem_testkit::run::*;
 
 use std::process::Command;
 

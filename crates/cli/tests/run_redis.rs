@@ -3,8 +3,8 @@
 //! pressure produces an RDB that a fresh redis-server without farmem loads with exactly the
 //! same keys and values; redis-benchmark runs to completion.
 
-mod run_support;
-use run_support::*;
+use farmem_testkit::clients::*;
+use farmem_testkit::run::*;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -6,9 +6,7 @@ use std::process::{Command, Output};
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
 
-mod donor_support;
-
-use donor_support::Donor;
+use farmem_testkit::donor::Donor;
 
 /// A `farmem donor` lending 256 MiB (in 64 MiB slabs) to holders of the token in `token_file`;
 /// returns it and its address as text.

@@ -16,6 +16,7 @@
 //! ```
 //!
 //! # Design
+//! - [`child`]: a `farmem donor` child process and its `listening on` banner.
 //! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown.
 //! - `conn`: one thread per connection; request checking and the data path.
 //! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
@@ -33,6 +34,7 @@
 //! will choose victims with [`SlabStore::least_recently_written`]). No replication.
 #![deny(unsafe_code)]
 
+pub mod child;
 mod conn;
 #[allow(unsafe_code)]
 mod mem;
@@ -40,6 +42,7 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 
+pub use child::{ChildDonor, ChildDonorCommand, ChildDonorError, DonorBanner, DonorStderr};
 pub use server::{
     DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, HELLO_TIMEOUT,
     MAX_CONNECTIONS, STALL_TIMEOUT, WRITE_TIMEOUT,

@@ -4,14 +4,11 @@
 mod common;
 
 use std::io::Write;
-use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use common::*;
 use farmem_proto::{encode_read_pages, PageAddr, MAX_BATCH_PAGES};
-
-/// Env var telling the child copy of this test binary to run the scenario.
-const CHILD_ENV: &str = "FARMEM_TEST_DONOR_SIGPIPE_CHILD";
+use farmem_testkit::sigpipe::assert_scenario_survives_sigpipe;
 
 fn the_donor_stops_while_blocked_sending_pages() {
     // SAFETY: `signal` with SIG_DFL installs no handler code; this process (the child copy of the
@@ -57,22 +54,9 @@ fn donor_sigpipe_child() {
 
 #[test]
 fn stopping_while_sending_to_a_client_that_does_not_read_cannot_kill_the_donor() {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args(["--exact", "donor_sigpipe_child", "--ignored", "--nocapture"])
-        .env(CHILD_ENV, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(
-        out.status.signal(),
-        Some(libc::SIGPIPE),
-        "the donor's process was killed by SIGPIPE sending pages on a shut-down connection\n{stdout}{stderr}"
-    );
-    assert!(
-        out.status.success() && stdout.contains("DONOR-SIGPIPE-SCENARIO-DONE"),
-        "the child failed: {:?}\n{stdout}{stderr}",
-        out.status
+    assert_scenario_survives_sigpipe(
+        "donor_sigpipe_child",
+        "DONOR-SIGPIPE-SCENARIO-DONE",
+        "the donor's process was killed by SIGPIPE sending pages on a shut-down connection",
     );
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use farmem_runtime::{Runtime, RuntimeConfig, StatsFile, StatsSummary};
 
-use crate::config::Config;
+use crate::config::RunSettings;
 
 static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
 /// Set in a forked child: it never writes the parent's stats file.
@@ -22,7 +22,7 @@ static REGISTER_WARNINGS: AtomicU64 = AtomicU64::new(0);
 
 /// Starts the runtime described by `cfg` (nothing in allocator-only mode). Runs in the
 /// constructor, as farmem code.
-pub(crate) fn start(cfg: &Config) -> Result<(), String> {
+pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
     if cfg.allocator_only {
         return Ok(());
     }
@@ -60,7 +60,7 @@ pub(crate) fn start(cfg: &Config) -> Result<(), String> {
     if let Some(m) = &cfg.prefetch_install {
         rc.prefetch_install = m
             .parse()
-            .map_err(|e| error_chain("FARMEM_RUN_PREFETCH_INSTALL", &e))?;
+            .map_err(|e| error_chain("--prefetch-install", &e))?;
     }
     let rt = Runtime::start(rc).map_err(|e| error_chain("starting the farmem runtime", &e))?;
     let _ = RUNTIME.set(rt);
@@ -174,7 +174,7 @@ fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
 }
 
 /// Called once the heap is ready: fork handlers, the stats writer, the exit hook.
-pub(crate) fn after_heap_ready(cfg: &Config) {
+pub(crate) fn after_heap_ready(cfg: &RunSettings) {
     // SAFETY: registers three handlers that stay valid for the life of the process (static
     // functions of this library, which is never unloaded: it is preloaded).
     let r =

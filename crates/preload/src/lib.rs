@@ -1,8 +1,8 @@
 //! farmem's `LD_PRELOAD` library: puts an unmodified, dynamically linked program's heap and
 //! large anonymous mappings into far-memory regions paged by the farmem runtime.
 //!
-//! `farmem run` starts the program with this library preloaded and its options in
-//! `FARMEM_RUN_*` variables ([`config`]). The library's constructor reads them, removes them
+//! `farmem run` starts the program with this library preloaded and its settings in one
+//! environment variable ([`config`]). The library's constructor reads them, removes them
 //! (and itself from `LD_PRELOAD`) from the environment, starts the runtime, and from then on:
 //!
 //! - the malloc family (malloc, free, calloc, realloc, reallocarray, posix_memalign,
@@ -38,11 +38,10 @@ pub mod config;
 mod exports;
 mod glue;
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
-use config::Config;
+use config::RunSettings;
 // The allocator: shim.c calls mimalloc, whose static library this crate dependency links in.
 use libmimalloc_sys as _;
 
@@ -133,10 +132,10 @@ pub fn heap_bounds() -> (usize, usize) {
     (lo, span)
 }
 
-static CONFIG: OnceLock<Config> = OnceLock::new();
+static CONFIG: OnceLock<RunSettings> = OnceLock::new();
 
 /// The configuration the library started with (None when it is inactive).
-pub(crate) fn active_config() -> Option<&'static Config> {
+pub(crate) fn active_config() -> Option<&'static RunSettings> {
     CONFIG.get()
 }
 
@@ -145,26 +144,6 @@ pub(crate) fn fatal(msg: &str) -> ! {
     eprintln!("farmem: error: {msg}");
     // SAFETY: _exit ends the process; no invariant to uphold.
     unsafe { libc::_exit(EXIT_PRELOAD_FAILED) }
-}
-
-/// Reads the configuration and removes farmem's variables and this library from the
-/// environment the program (and anything it execs) sees.
-fn take_config() -> Result<Option<Config>, config::ConfigError> {
-    let vars: HashMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| k.starts_with(config::PREFIX))
-        .collect();
-    let parsed = Config::from_vars(&vars);
-    for key in vars.keys() {
-        std::env::remove_var(key);
-    }
-    if let Ok(Some(cfg)) = &parsed {
-        match cfg.orig_ld_preload.as_deref() {
-            None | Some("") => std::env::remove_var("LD_PRELOAD"),
-            Some(orig) => std::env::set_var("LD_PRELOAD", orig),
-        }
-    }
-    parsed
 }
 
 /// Runtime logs go to the program's stderr; `FARMEM_LOG` sets the filter (default `warn`).
@@ -183,7 +162,7 @@ extern "C" fn init() {
     internal(|| {
         // SAFETY: resolves glibc symbols with dlsym while this thread allocates from glibc.
         unsafe { shim::fmp_resolve_symbols() };
-        let cfg = match take_config() {
+        let cfg = match config::take_from_env() {
             Ok(Some(cfg)) => cfg,
             Ok(None) => {
                 eprintln!(
@@ -206,7 +185,7 @@ extern "C" fn init() {
             unsafe { shim::fmp_heap_init(cfg.heap_reserve_bytes as usize, first_chunk as usize) };
         if err != 0 {
             fatal(&format!(
-                "could not set up the program's heap ({}); lower FARMEM_RUN_HEAP_RESERVE_BYTES \
+                "could not set up the program's heap ({}); lower --heap-reserve \
                  or check `ulimit -v`",
                 std::io::Error::from_raw_os_error(err)
             ));

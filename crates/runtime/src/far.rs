@@ -12,8 +12,8 @@
 //!   fault path, one for the sender's write batches, so a 1 MiB write batch never sits in front
 //!   of a fault's 4 KiB read on the same TCP stream.
 //! - With no donor configured, [`EmbeddedDonor`] starts `farmem donor --listen 127.0.0.1:0` as
-//!   a child process, reads its `farmem donor listening on ADDR` line, and kills it when the
-//!   runtime is dropped. The child is spawned from a keeper thread that lives as long as the
+//!   a child process (`farmem_donor::ChildDonorCommand`, which reads its banner), and kills it
+//!   when the runtime is dropped. The child is spawned from a keeper thread that lives as long as the
 //!   runtime, and the child (`--exit-with-parent`) sets `PR_SET_PDEATHSIG(SIGKILL)` itself, so it
 //!   also dies with the process. No `pre_exec` hook: std would fork instead of posix_spawn, and
 //!   a fork marks every region page shared copy-on-write, which UFFDIO_MOVE refuses to evict.
@@ -23,10 +23,10 @@
 //! Slabs are never returned to donors while the runtime lives (freed far pages are reused
 //! instead); donors reclaim them when the connection closes (after their orphan grace period).
 
-use std::io::BufRead;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use farmem_donor::{ChildDonorCommand, ChildDonorError};
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
 use parking_lot::Mutex;
@@ -268,106 +268,65 @@ fn farmem_binary(cfg: &RuntimeConfig) -> PathBuf {
 
 impl EmbeddedDonor {
     fn start(cfg: &RuntimeConfig) -> Result<EmbeddedDonor, RuntimeError> {
-        let bin = farmem_binary(cfg);
-        let mut cmd = Command::new(&bin);
-        cmd.arg("donor")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
+        let command = ChildDonorCommand::new(farmem_binary(cfg))
             .arg("--capacity")
             .arg(cfg.embedded_capacity_bytes.to_string())
             .arg("--slab-size")
-            .arg(cfg.embedded_slab_size_bytes.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        // Not a `pre_exec` hook: that makes std fork this process instead of using
-        // posix_spawn, and a fork leaves every region page shared copy-on-write, which
-        // UFFDIO_MOVE refuses to evict. The donor arranges to die with us itself.
-        cmd.arg("--exit-with-parent")
-            .arg(std::process::id().to_string());
+            .arg(cfg.embedded_slab_size_bytes.to_string());
         let (addr_tx, addr_rx) = std::sync::mpsc::channel::<Result<String, String>>();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let hook = cfg.thread_hook.clone();
-        let bin_shown = bin.display().to_string();
+        // The donor dies with the thread that spawned it (PR_SET_PDEATHSIG), so it is spawned
+        // from a keeper thread that lives as long as the runtime.
         std::thread::Builder::new()
             .name("farmem-donor-keeper".into())
             .spawn(move || {
                 if let Some(h) = &hook {
                     h();
                 }
-                keeper(cmd, &bin_shown, addr_tx, stop_rx);
+                keeper(command, addr_tx, stop_rx);
             })
             .map_err(|source| RuntimeError::Spawn {
                 what: "the embedded donor keeper thread",
                 source,
             })?;
-        match addr_rx.recv_timeout(Duration::from_secs(15)) {
+        match addr_rx.recv() {
             Ok(Ok(addr)) => Ok(EmbeddedDonor {
                 addr,
                 _stop: stop_tx,
             }),
             Ok(Err(reason)) => Err(RuntimeError::EmbeddedDonor { reason }),
-            Err(_) => Err(RuntimeError::EmbeddedDonor {
-                reason: format!(
-                    "`{} donor` did not report its address within 15 s",
-                    bin.display()
-                ),
-            }),
+            Err(_) => Err(RuntimeError::Internal(
+                "the embedded donor keeper thread ended without reporting",
+            )),
         }
     }
 }
 
 /// Runs in the keeper thread: spawns the donor, reports its address, waits for the runtime
-/// to stop (the stop channel closes), then kills and reaps the child.
+/// to stop (the stop channel closes), then drops the child, which kills and reaps it.
 fn keeper(
-    mut cmd: Command,
-    bin: &str,
+    command: ChildDonorCommand,
     addr_tx: std::sync::mpsc::Sender<Result<String, String>>,
     stop_rx: std::sync::mpsc::Receiver<()>,
 ) {
-    let mut child: Child = match cmd.spawn() {
+    let child = match command.spawn() {
         Ok(c) => c,
-        Err(e) => {
+        Err(e @ ChildDonorError::Spawn { .. }) => {
             let _ = addr_tx.send(Err(format!(
-                "could not start `{bin} donor` ({e}): put the farmem binary on PATH, set \
-                 FARMEM_BIN or RuntimeConfig::farmem_bin, or name donors explicitly"
+                "{e}: put the farmem binary on PATH, set FARMEM_BIN or RuntimeConfig::farmem_bin, \
+                 or name donors explicitly"
             )));
             return;
         }
-    };
-    let stdout = child.stdout.take().expect("stdout was piped");
-    let mut reader = std::io::BufReader::new(stdout);
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => {
-                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                let _ = addr_tx.send(Err(format!(
-                    "`{bin} donor` exited before listening ({status}); see its messages above"
-                )));
-                return;
-            }
-            Ok(_) => {
-                if let Some(a) = line.trim().strip_prefix("farmem donor listening on ") {
-                    break a.to_string();
-                }
-            }
+        Err(e) => {
+            let _ = addr_tx.send(Err(e.to_string()));
+            return;
         }
     };
-    let _ = addr_tx.send(Ok(addr));
-    // Keep draining stdout so the child never blocks on a full pipe.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut sink = String::new();
-            while matches!(reader.read_line(&mut sink), Ok(n) if n > 0) {
-                sink.clear();
-            }
-        });
-        let _ = stop_rx.recv();
-        let _ = child.kill();
-        let _ = child.wait();
-    });
+    let _ = addr_tx.send(Ok(child.addr().to_string()));
+    let _ = stop_rx.recv();
+    drop(child);
 }
 
 /// Placement statistics per donor, for tests and stats: slabs placed on each.

@@ -49,6 +49,7 @@ mod engine;
 mod far;
 mod pool;
 mod prefetch;
+pub mod run_settings;
 mod stats;
 mod table;
 

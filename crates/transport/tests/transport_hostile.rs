@@ -439,9 +439,6 @@ fn a_dropped_pending_request_does_not_disturb_the_others() {
     assert_eq!(Opcode::ReadPages.name(), "read_pages");
 }
 
-/// Env var telling the child copy of this test binary to run the SIGPIPE scenario.
-const SIGPIPE_CHILD_ENV: &str = "FARMEM_TEST_SIGPIPE_CHILD";
-
 /// The SIGPIPE scenario: a donor that closes its connection right after HELLO, then a client
 /// that keeps sending. Writing to the closed connection makes the kernel raise SIGPIPE unless the
 /// send says MSG_NOSIGNAL; an unmodified C program (which the runtime lives in, through the
@@ -492,23 +489,9 @@ fn sigpipe_child() {
 
 #[test]
 fn a_send_to_a_closed_donor_is_an_error_not_sigpipe() {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args(["--exact", "sigpipe_child", "--ignored", "--nocapture"])
-        .env(SIGPIPE_CHILD_ENV, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    use std::os::unix::process::ExitStatusExt;
-    assert_ne!(
-        out.status.signal(),
-        Some(libc::SIGPIPE),
-        "the client was killed by SIGPIPE writing to a closed donor connection\n{stdout}{stderr}"
-    );
-    assert!(
-        out.status.success() && stdout.contains("SIGPIPE-SCENARIO-DONE"),
-        "the child failed: {:?}\n{stdout}{stderr}",
-        out.status
+    farmem_testkit::sigpipe::assert_scenario_survives_sigpipe(
+        "sigpipe_child",
+        "SIGPIPE-SCENARIO-DONE",
+        "the client was killed by SIGPIPE writing to a closed donor connection",
     );
 }

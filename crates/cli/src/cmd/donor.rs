@@ -1,8 +1,9 @@
 //! `farmem donor`: lend this machine's spare memory to farmem clients.
 //!
 //! Once the listening socket is bound, prints exactly one line to stdout,
-//! `farmem donor listening on ADDR`, and flushes it: `farmem run` and the runtime start embedded
-//! donors with `--listen 127.0.0.1:0` and read that line to learn the port. Everything else (logs)
+//! the [`DonorBanner`] (`farmem donor listening on ADDR`), and flushes it: `farmem run`, the
+//! runtime and the tests start child donors with `farmem_donor::ChildDonorCommand`, which reads
+//! that line to learn the port. Everything else (logs)
 //! goes to stderr. SIGINT or SIGTERM stops the donor cleanly (exit status 0).
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use farmem_donor::{DonorConfig, DonorServer};
+use farmem_donor::{DonorBanner, DonorConfig, DonorServer};
 use farmem_transport::MAX_TOKEN_LEN;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -151,7 +152,10 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
     {
         let mut out = std::io::stdout().lock();
         // A closed stdout (the parent stopped reading) must not stop the donor.
-        let _ = writeln!(out, "farmem donor listening on {}", server.local_addr());
+        let banner = DonorBanner {
+            addr: server.local_addr(),
+        };
+        let _ = writeln!(out, "{banner}");
         let _ = out.flush();
     }
     let result = server.run();

@@ -7,8 +7,8 @@
 //! is dynamically linked, the budget is above the runtime's minimum, userfaultfd is usable, the
 //! donors answer and accept the token), starts the embedded local donor when no `--donor` is
 //! given (a `farmem donor` child on 127.0.0.1, so the program itself never spawns processes),
-//! then starts the program with `libfarmem_preload.so` in `LD_PRELOAD` and the options in
-//! `FARMEM_RUN_*` variables. The library (crates/preload) starts the runtime inside the program
+//! then starts the program with `libfarmem_preload.so` in `LD_PRELOAD` and its settings in one
+//! environment variable (`farmem_runtime::run_settings`, JSON). The library (crates/preload) starts the runtime inside the program
 //! and rewrites the stats file every second and at exit; this command reads that file after the
 //! program ends to print the summary line. The exit status is the program's (128 + n for a
 //! program killed by signal n).
@@ -20,37 +20,22 @@
 //! - A program killed by a signal leaves the stats of its last one-second snapshot.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use farmem_donor::{ChildDonor, ChildDonorCommand, ChildDonorError};
+use farmem_runtime::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
 use farmem_runtime::StatsFile;
 
 use crate::cmd::units::parse_size;
-
-/// Environment variables shared with crates/preload/src/config.rs (the library reads them).
-mod env {
-    pub const BUDGET_BYTES: &str = "FARMEM_RUN_BUDGET_BYTES";
-    pub const DONORS: &str = "FARMEM_RUN_DONORS";
-    pub const TOKEN_FILE: &str = "FARMEM_RUN_TOKEN_FILE";
-    pub const EVICT: &str = "FARMEM_RUN_EVICT";
-    pub const PREFETCH: &str = "FARMEM_RUN_PREFETCH";
-    pub const PREFETCH_INSTALL: &str = "FARMEM_RUN_PREFETCH_INSTALL";
-    pub const STATS_FILE: &str = "FARMEM_RUN_STATS_FILE";
-    pub const RECORD_TRACE: &str = "FARMEM_RUN_RECORD_TRACE";
-    pub const MMAP_THRESHOLD_BYTES: &str = "FARMEM_RUN_MMAP_THRESHOLD_BYTES";
-    pub const HEAP_RESERVE_BYTES: &str = "FARMEM_RUN_HEAP_RESERVE_BYTES";
-    pub const ALLOCATOR_ONLY: &str = "FARMEM_RUN_ALLOCATOR_ONLY";
-    pub const FARMEM_BIN: &str = "FARMEM_RUN_BIN";
-    pub const ORIG_LD_PRELOAD: &str = "FARMEM_RUN_ORIG_LD_PRELOAD";
-}
 
 /// Exit status of a program whose start-up failed inside the preload library (it printed why).
 const PRELOAD_FAILED_STATUS: i32 = 125;
@@ -311,73 +296,31 @@ pub fn find_preload_lib() -> anyhow::Result<PathBuf> {
 // ---------------------------------------------------------------------------------------------
 // the embedded donor
 
-/// A `farmem donor` child on 127.0.0.1, killed when dropped, and by the kernel when `farmem run`
-/// dies (`--exit-with-parent`).
-struct LocalDonor {
-    child: Child,
-    addr: String,
-}
-
-impl LocalDonor {
-    fn start(capacity_bytes: u64) -> anyhow::Result<LocalDonor> {
-        let exe = std::env::current_exe().context("locating the farmem binary")?;
-        let mut child = Command::new(&exe)
-            .args(["donor", "--listen", "127.0.0.1:0", "--capacity"])
-            .arg(capacity_bytes.to_string())
-            // Dies with `farmem run` even when it is killed (no Drop then): spawned from the
-            // main thread, which lives as long as the run.
-            .arg("--exit-with-parent")
-            .arg(std::process::id().to_string())
-            // the donor's per-connection logs are not the user's business here
-            .env(
-                "FARMEM_LOG",
-                std::env::var("FARMEM_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting the embedded donor ({} donor)", exe.display()))?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(addr) = donor_addr_from_line(&line) {
-                        break addr;
-                    }
-                }
-                _ => {
-                    let status = child.wait().ok();
-                    bail!(
-                        "the embedded donor exited before reporting its address ({status:?}); \
-                         run `{} donor --listen 127.0.0.1:0` to see why",
-                        exe.display()
-                    );
-                }
-            }
-        };
-        // Keep draining its stdout so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines.by_ref() {});
-        Ok(LocalDonor { child, addr })
-    }
-}
-
-impl Drop for LocalDonor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The donor prints `listening on ADDR` (see cmd/donor.rs) once its socket is bound.
-fn donor_addr_from_line(line: &str) -> Option<String> {
-    let idx = line.find("listening on ")?;
-    let rest = &line[idx + "listening on ".len()..];
-    let addr = rest.split_whitespace().next()?;
-    addr.parse::<std::net::SocketAddr>()
-        .ok()
-        .map(|a| a.to_string())
+/// Starts the embedded donor: a `farmem donor` child on 127.0.0.1, killed when dropped, and by
+/// the kernel when `farmem run` dies (`--exit-with-parent`; spawned from the main thread, which
+/// lives as long as the run). Its stderr is the user's: its warnings and errors show as they
+/// happen.
+fn start_local_donor(capacity_bytes: u64) -> anyhow::Result<ChildDonor> {
+    let exe = std::env::current_exe().context("locating the farmem binary")?;
+    ChildDonorCommand::new(&exe)
+        .arg("--capacity")
+        .arg(capacity_bytes.to_string())
+        // the donor's per-connection logs are not the user's business here
+        .env(
+            "FARMEM_LOG",
+            std::env::var("FARMEM_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .spawn()
+        .map_err(|e| match e {
+            ChildDonorError::Spawn { .. } => anyhow::Error::new(e).context(format!(
+                "starting the embedded donor ({} donor)",
+                exe.display()
+            )),
+            _ => anyhow::Error::new(e).context(format!(
+                "the embedded donor did not start; run `{} donor --listen 127.0.0.1:0` to see why",
+                exe.display()
+            )),
+        })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,8 +383,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let capacity = args
             .local_donor_capacity
             .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
-        let d = LocalDonor::start(capacity)?;
-        let addr = d.addr.clone();
+        let d = start_local_donor(capacity)?;
+        let addr = d.addr().to_string();
         local_donor = Some(d);
         vec![addr]
     } else {
@@ -464,45 +407,33 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let _ = std::fs::remove_file(&stats_path);
 
-    let orig_preload = std::env::var("LD_PRELOAD").unwrap_or_default();
-    let preload = if orig_preload.is_empty() {
-        lib.display().to_string()
-    } else {
-        format!("{}:{orig_preload}", lib.display())
+    let orig_preload = std::env::var("LD_PRELOAD").ok();
+    let preload = match orig_preload.as_deref() {
+        None | Some("") => lib.display().to_string(),
+        Some(orig) => format!("{}:{orig}", lib.display()),
+    };
+    let settings = RunSettings {
+        version: RUN_SETTINGS_VERSION,
+        budget_bytes: args.local_mem,
+        donors,
+        token_file: args.token_file.clone(),
+        evict: args.evict.clone(),
+        prefetch: args.prefetch.clone(),
+        prefetch_install: args.prefetch_install.clone(),
+        stats_file: Some(stats_path.clone()),
+        record_trace: args.record_trace.clone(),
+        mmap_threshold_bytes: args.mmap_threshold,
+        heap_reserve_bytes: args.heap_reserve,
+        allocator_only: args.allocator_only,
+        farmem_bin: std::env::current_exe().ok(),
+        orig_ld_preload: orig_preload,
     };
     let mut command = Command::new(&program);
     command
         .arg0(cmd)
         .args(cmd_args)
         .env("LD_PRELOAD", preload)
-        .env(env::ORIG_LD_PRELOAD, &orig_preload)
-        .env(env::BUDGET_BYTES, args.local_mem.to_string())
-        .env(env::DONORS, donors.join(","))
-        .env(env::STATS_FILE, &stats_path)
-        .env(env::MMAP_THRESHOLD_BYTES, args.mmap_threshold.to_string())
-        .env(env::HEAP_RESERVE_BYTES, args.heap_reserve.to_string())
-        .env(
-            env::ALLOCATOR_ONLY,
-            if args.allocator_only { "1" } else { "0" },
-        );
-    if let Ok(exe) = std::env::current_exe() {
-        command.env(env::FARMEM_BIN, exe);
-    }
-    if let Some(t) = &args.token_file {
-        command.env(env::TOKEN_FILE, t);
-    }
-    if let Some(p) = &args.prefetch {
-        command.env(env::PREFETCH, p);
-    }
-    if let Some(m) = &args.prefetch_install {
-        command.env(env::PREFETCH_INSTALL, m);
-    }
-    if let Some(e) = &args.evict {
-        command.env(env::EVICT, e);
-    }
-    if let Some(t) = &args.record_trace {
-        command.env(env::RECORD_TRACE, t);
-    }
+        .env(RUN_SETTINGS_VAR, settings.encode()?);
 
     // Like a shell, let ^C and ^\ reach the program (same process group) and not end us
     // before we can report; SIGTERM/SIGHUP sent to us are passed on to the program.
@@ -679,15 +610,6 @@ mod tests {
         assert!(e.to_string().contains("not an executable"), "{e}");
         let e = resolve_command(OsStr::new("/no/such/dir/prog"), None).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
-    }
-
-    #[test]
-    fn donor_address_is_read_from_its_banner() {
-        assert_eq!(
-            donor_addr_from_line("farmem donor: listening on 127.0.0.1:40123 (capacity 1 GiB)"),
-            Some("127.0.0.1:40123".into())
-        );
-        assert_eq!(donor_addr_from_line("something else"), None);
     }
 
     #[test]

@@ -1,17 +1,17 @@
-//! The paging runtime against real userfaultfd and real `farmem donor` processes on loopback:
+//! The paging runtime against real userfaultfd and donors on loopback (in this process, and the
+//! embedded `farmem donor` child the runtime starts when given none):
 //! data integrity at 4x the budget with 4 threads under both eviction policies, read(2) into
 //! evicted buffers, release (MADV_DONTNEED, munmap + new mapping), clean/zero page accounting,
 //! a donor too small, and the C API.
 
-mod donor_support;
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use donor_support::Donor;
+use farmem_donor::RunningDonor;
 use farmem_runtime::{Region, Runtime, RuntimeConfig, RuntimeError};
-use support::{config, read_u64, start, wait_for_stats, Stamp, MIB, PAGE};
+use farmem_testkit::donor::in_process;
+use farmem_testkit::pages::{read_u64, Stamp, MIB, PAGE};
+use farmem_testkit::runtime::{config, start, wait_for_stats};
 
 /// What this file stamps pages with.
 const STAMP: Stamp = Stamp {
@@ -33,12 +33,12 @@ struct Setup {
     base: usize,
     pages: usize,
     rt: Arc<Runtime>,
-    _donor: Donor,
+    _donor: RunningDonor,
 }
 
 fn setup(budget: usize) -> Setup {
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
+    let donor = in_process(64 << 20, 1 << 20);
+    let rt = runtime(budget, vec![donor.local_addr().to_string()], "fifo");
     let region = rt.map(4 * budget).unwrap();
     Setup {
         base: region.as_ptr() as usize,
@@ -51,8 +51,8 @@ fn setup(budget: usize) -> Setup {
 
 fn four_threads_4x_budget(evict: &str) {
     let budget = 4 * MIB;
-    let donor = Donor::start("256MiB", "4MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], evict);
+    let donor = in_process(256 << 20, 4 << 20);
+    let rt = runtime(budget, vec![donor.local_addr().to_string()], evict);
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
@@ -176,8 +176,8 @@ fn madvise_dontneed_then_reads_are_zero() {
 #[test]
 fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
     let budget = MIB;
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
+    let donor = in_process(64 << 20, 1 << 20);
+    let rt = runtime(budget, vec![donor.local_addr().to_string()], "fifo");
     let len = 4 * budget;
     let map = |hint: usize, fixed: bool| -> usize {
         // SAFETY: a fresh private anonymous mapping (at `hint`, which the test just unmapped,
@@ -268,8 +268,8 @@ fn clean_pages_not_resent_and_zero_pages_never_sent() {
 #[test]
 fn donor_with_too_little_capacity_gives_a_clear_error() {
     let budget = MIB;
-    let donor = Donor::start("1MiB", "1MiB");
-    let rt = runtime(budget, vec![donor.addr.to_string()], "fifo");
+    let donor = in_process(1 << 20, 1 << 20);
+    let rt = runtime(budget, vec![donor.local_addr().to_string()], "fifo");
     // A region that cannot fit: refused at once, with the numbers and what to do.
     let err = rt.map(8 * budget).err().expect("must be refused");
     assert!(

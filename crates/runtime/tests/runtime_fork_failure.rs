@@ -1,22 +1,23 @@
 //! The paging runtime across fork, with a stalled or dead donor, and with several donors
-//! (placement). Real userfaultfd, real `farmem donor` processes on loopback.
-
-mod donor_support;
-mod support;
+//! (placement). Real userfaultfd, donors in this process on loopback, except the stalled one: a
+//! `farmem donor` process stopped with SIGSTOP (its connections stay open and nothing answers,
+//! which a donor in this process cannot be made to do).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use donor_support::Donor;
+use farmem_donor::RunningDonor;
 use farmem_runtime::{Runtime, RuntimeConfig};
-use support::{config, fill, mismatches, read_u64, start, wait_for_stats, MIB, PAGE};
+use farmem_testkit::donor::{in_process, Donor};
+use farmem_testkit::pages::{fill, mismatches, read_u64, MIB, PAGE};
+use farmem_testkit::runtime::{config, start, wait_for_stats};
 
 #[test]
 fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
     let budget = MIB;
-    let donor = Donor::start("64MiB", "1MiB");
-    let rt = start(config(budget, vec![donor.addr.to_string()]));
+    let donor = in_process(64 << 20, 1 << 20);
+    let rt = start(config(budget, vec![donor.local_addr().to_string()]));
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
@@ -74,10 +75,10 @@ fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
 #[test]
 fn several_donors_share_the_slabs() {
     let budget = 2 * MIB;
-    let donors: Vec<Donor> = (0..3).map(|_| Donor::start("64MiB", "1MiB")).collect();
+    let donors: Vec<RunningDonor> = (0..3).map(|_| in_process(64 << 20, 1 << 20)).collect();
     let rt = start(config(
         budget,
-        donors.iter().map(|d| d.addr.to_string()).collect(),
+        donors.iter().map(|d| d.local_addr().to_string()).collect(),
     ));
     let region = rt.map(16 * budget).unwrap();
     let base = region.as_ptr() as usize;
@@ -155,9 +156,29 @@ fn donor_failure_scenario() {
     std::process::exit(0);
 }
 
-/// `sig` as kill(1) spells it, e.g. `-STOP`.
-fn donor_failure(sig: &str) {
-    let donor = Donor::start("64MiB", "1MiB");
+/// How the donor becomes unusable once the scenario is ready.
+enum Failure {
+    /// A `farmem donor` process stopped with SIGSTOP: connections open, nothing answers.
+    Stall,
+    /// The in-process donor stopped: every connection closed, the port refused.
+    Death,
+}
+
+/// The donor in either form, kept alive until the test ends.
+enum FailingDonor {
+    Process(Donor),
+    InProcess(RunningDonor),
+}
+
+fn donor_failure(failure: Failure) {
+    let donor = match failure {
+        Failure::Stall => FailingDonor::Process(Donor::start("64MiB", "1MiB")),
+        Failure::Death => FailingDonor::InProcess(in_process(64 << 20, 1 << 20)),
+    };
+    let addr = match &donor {
+        FailingDonor::Process(d) => d.addr,
+        FailingDonor::InProcess(d) => d.local_addr(),
+    };
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -165,7 +186,7 @@ fn donor_failure(sig: &str) {
             "--ignored",
             "--nocapture",
         ])
-        .env("FARMEM_TEST_DONOR", donor.addr.to_string())
+        .env("FARMEM_TEST_DONOR", addr.to_string())
         .env("FARMEM_LOG", "error")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -184,7 +205,16 @@ fn donor_failure(sig: &str) {
             break;
         }
     }
-    donor.signal(sig);
+    let _stalled = match donor {
+        FailingDonor::Process(d) => {
+            d.signal("-STOP");
+            Some(d)
+        }
+        FailingDonor::InProcess(d) => {
+            d.stop().expect("the in-process donor stops");
+            None
+        }
+    };
     writeln!(child.stdin.take().unwrap(), "GO").unwrap();
     // Bounded: 2 tries of 500 ms each, plus slack; a hang fails here.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -210,10 +240,10 @@ fn donor_failure(sig: &str) {
 
 #[test]
 fn stalled_donor_gives_sigbus_not_a_hang() {
-    donor_failure("-STOP");
+    donor_failure(Failure::Stall);
 }
 
 #[test]
 fn dead_donor_gives_sigbus_not_a_hang() {
-    donor_failure("-KILL");
+    donor_failure(Failure::Death);
 }

@@ -2,20 +2,18 @@
 //! fork are shared copy-on-write with the child, UFFDIO_MOVE refuses them (EBUSY), and the
 //! parent still has to page past its budget without hanging and without changing what the
 //! child sees; and a fork while other threads' faults are being served from the donor (the
-//! child must get those pages too). Real userfaultfd, a real `farmem donor` on loopback, real
+//! child must get those pages too). Real userfaultfd, a donor in this process on loopback, real
 //! forked children.
-
-mod donor_support;
-mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use donor_support::Donor;
 use farmem_runtime::{Runtime, RuntimeConfig};
-use support::{config, fill, mismatches, read_u64, start, wait_for_stats, word, MIB, PAGE};
+use farmem_testkit::donor::in_process;
+use farmem_testkit::pages::{fill, mismatches, read_u64, word, MIB, PAGE};
+use farmem_testkit::runtime::{config, start, wait_for_stats};
 
 /// Far beyond what the work below needs on a loaded 2-core machine; only a hang reaches it.
 const HANG_LIMIT: Duration = Duration::from_secs(120);
@@ -142,9 +140,9 @@ fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
 
 #[test]
 fn parent_pages_past_its_budget_while_a_forked_child_shares_its_pages() {
-    let donor = Donor::start("64MiB", "1MiB");
+    let donor = in_process(64 << 20, 1 << 20);
     let (tx, rx) = mpsc::channel();
-    let addr = donor.addr.to_string();
+    let addr = donor.local_addr().to_string();
     let tx2 = tx.clone();
     std::thread::spawn(move || {
         let r = scenario(addr, tx2.clone());
@@ -181,12 +179,12 @@ fn parent_pages_past_its_budget_while_a_forked_child_shares_its_pages() {
 /// would be missing at fork and read as zeros there.
 #[test]
 fn fork_while_other_threads_fetch_pages_gives_the_child_every_page() {
-    let donor = Donor::start("64MiB", "1MiB");
+    let donor = in_process(64 << 20, 1 << 20);
     let budget = MIB;
     let rt: Arc<Runtime> = start(RuntimeConfig {
         pool_bytes: Some(16 * PAGE as u64),
         link_delay_us: 2000,
-        ..config(budget, vec![donor.addr.to_string()])
+        ..config(budget, vec![donor.local_addr().to_string()])
     });
     let region = rt.map(2 * budget).unwrap();
     let (base, pages) = (region.as_ptr() as usize, region.len() / PAGE);

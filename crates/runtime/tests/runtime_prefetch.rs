@@ -1,30 +1,34 @@
-//! Prefetching in the runtime, against real userfaultfd and a real `farmem donor` on loopback:
+//! Prefetching in the runtime, against real userfaultfd and a donor in this process on loopback:
 //! coverage of a stride-10 scan over a region twice the budget (the target, from the
 //! runtime's own counters), byte-identical data with prefetching on under two threads,
 //! prefetch "none" prefetching nothing, the recorded trace read back by farmem-sim's reader,
 //! and clear errors for a bad prefetcher name and an unwritable trace path.
 
-mod donor_support;
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use donor_support::Donor;
+use farmem_donor::RunningDonor;
 use farmem_runtime::{PrefetchInstall, Runtime, RuntimeConfig, Stats};
 use farmem_sim::trace::{read_trace, AccessKind};
-use support::{config, start, MIB, PAGE};
+use farmem_testkit::donor::in_process;
+use farmem_testkit::pages::{MIB, PAGE};
+use farmem_testkit::runtime::{config, start};
 
 /// The donor of these tests: 256 MiB in 4 MiB slabs.
-fn start_donor() -> Donor {
-    Donor::start("256MiB", "4MiB")
+fn start_donor() -> RunningDonor {
+    in_process(256 << 20, 4 << 20)
 }
 
-fn runtime(budget: usize, donor: &Donor, prefetch: &str, install: PrefetchInstall) -> Arc<Runtime> {
+fn runtime(
+    budget: usize,
+    donor: &RunningDonor,
+    prefetch: &str,
+    install: PrefetchInstall,
+) -> Arc<Runtime> {
     start(RuntimeConfig {
         prefetch: prefetch.into(),
         prefetch_install: install,
-        ..config(budget, vec![donor.addr.to_string()])
+        ..config(budget, vec![donor.local_addr().to_string()])
     })
 }
 
@@ -254,7 +258,7 @@ fn recorded_trace_reads_back_with_every_fault() {
     let donor = start_donor();
     let rt = Runtime::start(RuntimeConfig {
         record_trace: Some(path.clone()),
-        ..config(8 * MIB, vec![donor.addr.to_string()])
+        ..config(8 * MIB, vec![donor.local_addr().to_string()])
     })
     .unwrap();
     // Within the budget nothing is evicted: each first touch of a fresh page is exactly one
@@ -303,7 +307,7 @@ fn bad_prefetcher_and_unwritable_trace_are_clear_errors() {
     let donor = start_donor();
     let err = Runtime::start(RuntimeConfig {
         budget_bytes: 4 * MIB as u64,
-        donors: vec![donor.addr.to_string()],
+        donors: vec![donor.local_addr().to_string()],
         prefetch: "oracle".into(),
         ..RuntimeConfig::default()
     })
@@ -316,7 +320,7 @@ fn bad_prefetcher_and_unwritable_trace_are_clear_errors() {
     );
     let err = Runtime::start(RuntimeConfig {
         budget_bytes: 4 * MIB as u64,
-        donors: vec![donor.addr.to_string()],
+        donors: vec![donor.local_addr().to_string()],
         record_trace: Some("/nonexistent-dir/x.trace".into()),
         ..RuntimeConfig::default()
     })

@@ -4,15 +4,14 @@
 //! a later write). Also checks that such a later write is seen: the new data survives the next
 //! eviction.
 
-mod donor_support;
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use donor_support::Donor;
+use farmem_donor::RunningDonor;
 use farmem_runtime::{Runtime, RuntimeConfig};
-use support::{config, start, wait_for_stats, Stamp, MIB, PAGE};
+use farmem_testkit::donor::in_process;
+use farmem_testkit::pages::{Stamp, MIB, PAGE};
+use farmem_testkit::runtime::{config, start, wait_for_stats};
 
 /// What this file stamps pages with.
 const STAMP: Stamp = Stamp {
@@ -22,17 +21,17 @@ const STAMP: Stamp = Stamp {
 
 /// A 1 MiB budget with a 4 MiB pool: a 2 MiB region evicted once fits in the pool whole, so
 /// the read passes are served from it.
-fn runtime(donor: &Donor) -> Arc<Runtime> {
+fn runtime(donor: &RunningDonor) -> Arc<Runtime> {
     start(RuntimeConfig {
         pool_bytes: Some(4 * MIB as u64),
         evict: "fifo".into(),
-        ..config(MIB, vec![donor.addr.to_string()])
+        ..config(MIB, vec![donor.local_addr().to_string()])
     })
 }
 
 #[test]
 fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
-    let donor = Donor::start("64MiB", "1MiB");
+    let donor = in_process(64 << 20, 1 << 20);
     let rt = runtime(&donor);
     let region = rt.map(2 * MIB).unwrap();
     let base = region.as_ptr() as usize;
