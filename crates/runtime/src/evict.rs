@@ -172,7 +172,7 @@ fn move_and_read(sh: &Shared, ev: &mut Evictor) {
     for (v, r) in ev.victims.drain(..).zip(moved) {
         let mut zero = false;
         if r.is_ok() && !v.was_clean {
-            crate::mm::with_slot_bytes(&sh.pool, v.slot, |page| {
+            crate::mm::with_slot_bytes(sh.pool.mapping(), v.slot, |page| {
                 zero = page.iter().all(|b| *b == 0);
                 if !zero {
                     ev.buf.copy_from_slice(page);

@@ -301,7 +301,7 @@ fn serve_from_pool(
     // with MOVE (no copy).
     let protect = !msg.write && (e.state == PageState::PoolUnsent || e.far != NO_FAR);
     let r = if protect {
-        crate::mm::with_slot_bytes(&sh.pool, e.slot, |data| {
+        crate::mm::with_slot_bytes(sh.pool.mapping(), e.slot, |data| {
             sh.uffd
                 .copy(msg.addr, data, false, true)
                 .map(|()| PAGE_SIZE)

@@ -8,14 +8,21 @@
 //!
 //! # Design
 //!
-//! - Paging engine ([`engine`]): a fault loop answering faults (zero page, write-back pool
-//!   hit moved back with UFFDIO_MOVE, or donor fetch), an evictor keeping resident pages below
-//!   the budget by moving victims into the write-back pool, and a sender writing pool pages to
-//!   donors in batches. Dirty tracking with synchronous userfaultfd write-protect: clean pages
-//!   are dropped at eviction without resending; all-zero pages are never sent.
-//! - Page table ([`table`]): sparse, per region, chunked.
-//! - Far side ([`far`]): far page numbers, slabs placed on donors when first written (power of
-//!   two choices among several donors), the embedded donor child when none is configured.
+//! - Page state ([`pages`]): the one owner of every page's state, the resident count, the
+//!   eviction policy's pages and the peak residency; the rest of the runtime changes them only
+//!   through its checked transitions. The page table is sparse, per region, chunked.
+//! - Threads, one module each, above a shared core ([`shared`]): the fault loop ([`fault`],
+//!   with the release events in [`events`]) answering faults (zero page, write-back pool hit
+//!   moved back with UFFDIO_MOVE, or donor fetch); the evictor ([`evict`]) keeping resident
+//!   pages below the budget by moving victims into the write-back pool ([`slots`]); the sender
+//!   ([`send`]) writing pool pages to donors in batches; the prefetch thread
+//!   ([`prefetch_thread`]). Dirty tracking with synchronous userfaultfd write-protect: clean
+//!   pages are dropped at eviction without resending; all-zero pages are never sent.
+//! - Far side ([`far`], [`farpages`]): far page numbers, slabs placed on donors when first
+//!   written (power of two choices among several donors), the embedded donor child when none
+//!   is configured.
+//! - Unsafe code: only in [`mm`] (the crate denies `unsafe_code` elsewhere); mappings are
+//!   [`farmem_mm::Mapping`]s.
 //! - Counters ([`stats`]): faults by kind, evictions by kind, bytes, residency, latencies.
 //! - Prefetching ([`prefetch`]): the fault loop feeds the prefetcher (default `leap`, one
 //!   stream per thread); a prefetch thread fetches its predictions on connections of its own
@@ -27,7 +34,7 @@
 //!   the evictor (not while write-back is failing: then the budget is exceeded and the error
 //!   is in [`Stats::last_error`]). The write-back pool is local memory in addition to the
 //!   budget (`pool_bytes`).
-//! - Fork ([`Runtime::before_fork`]): the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a
+//! - Fork ([`fork`], [`Runtime::before_fork`]): the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a
 //!   child's copy of a region is unregistered plain memory. Every evicted page is therefore
 //!   brought back before fork (eviction paused), the child gets all the data as ordinary
 //!   memory and no runtime threads; the parent resumes after fork. Pages shared with a child

@@ -18,7 +18,6 @@
 use farmem_mm::{Advice, Mapping};
 use farmem_uffd::{RegisterMode, Uffd, UffdError};
 
-use crate::slots::PoolMemory;
 use crate::{RuntimeError, PAGE_SIZE};
 
 /// Maps `len` bytes of private anonymous memory (4 KiB pages only) and returns its address;
@@ -125,13 +124,21 @@ pub(crate) fn move_from_pool(
 /// Runs `f` on the bytes of pool slot `slot`. The slot must hold a page that cannot move or
 /// be discarded during the call: the caller holds the state lock and the slot's page is
 /// owned by it, or it is the evictor reading a victim's slot before its commit.
-pub(crate) fn with_slot_bytes<R>(pool: &PoolMemory, slot: u32, f: impl FnOnce(&[u8]) -> R) -> R {
-    assert!(slot < pool.slots(), "slot {slot} outside the pool");
+pub(crate) fn with_slot_bytes<R>(pool: &Mapping, slot: u32, f: impl FnOnce(&[u8]) -> R) -> R {
+    assert!(
+        (slot as usize) < pool.pages(),
+        "slot {slot} outside the pool"
+    );
     // SAFETY: the slot lies inside the pool mapping (checked above), which outlives the call;
     // per this function's contract nothing moves, discards or writes the page while `f` runs
     // (the kernel only reads it when `f` passes it to UFFDIO_COPY), and the slice does not
     // escape `f`.
-    let bytes = unsafe { std::slice::from_raw_parts(pool.slot_addr(slot) as *const u8, PAGE_SIZE) };
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (pool.addr() + slot as usize * PAGE_SIZE) as *const u8,
+            PAGE_SIZE,
+        )
+    };
     f(bytes)
 }
 

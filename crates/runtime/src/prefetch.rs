@@ -42,7 +42,7 @@
 //!   from the write-back pool on a page that was not prefetched is a local cache hit, neither). A fault on a page whose prefetch is still in flight counts as a prefetch hit that
 //!   waited (`prefetch_hits_waited`, also in `prefetch_hits`): the prediction was right and in
 //!   time to be issued, only the transfer was late. The fault waits for that transfer
-//!   ([`wait_for_prefetch`]): the page is `Fetching` and its arrival installs it and wakes the
+//!   ([`Prefetch::wait_for_prefetch`]): the page is `Fetching` and its arrival installs it and wakes the
 //!   thread; a failed batch hands the page back to the demand path (the thread faults again).
 //!   A demand read of its own would queue behind the batch anyway, and a scan that outruns its
 //!   prefetches would send one per page. This keeps coverage a property of the predictions,

@@ -61,109 +61,113 @@ fn reach(p: &mut Pages, addr: usize, s: PageState) {
     assert_eq!(state(p, addr), s);
 }
 
+use PageState as S;
+use Transition as T;
+
+/// Every legal (transition, from, to); every other pair is illegal.
+const LEGAL: &[(T, &[(S, S)])] = &[
+    (T::InstallZero, &[(S::Empty, S::ResidentDirty)]),
+    (
+        T::InstallFromPoolMoved,
+        &[
+            (S::PoolSent, S::ResidentDirty),
+            (S::PoolUnsent, S::ResidentDirty),
+        ],
+    ),
+    (
+        T::InstallFromPoolProtected,
+        &[
+            (S::PoolSent, S::ResidentClean),
+            (S::PoolUnsent, S::ResidentSending),
+        ],
+    ),
+    (
+        T::InstallFetched { write: false },
+        &[(S::Fetching, S::ResidentClean)],
+    ),
+    (
+        T::InstallFetched { write: true },
+        &[(S::Fetching, S::ResidentDirty)],
+    ),
+    (T::InstallPrefetched, &[(S::Remote, S::ResidentClean)]),
+    (
+        T::InstallForFork,
+        &[
+            (S::PoolSent, S::ResidentDirty),
+            (S::PoolUnsent, S::ResidentDirty),
+            (S::Remote, S::ResidentDirty),
+        ],
+    ),
+    (
+        T::MarkDirty,
+        &[
+            (S::ResidentClean, S::ResidentDirty),
+            (S::ResidentDirty, S::ResidentDirty),
+            (S::ResidentSending, S::ResidentDirty),
+        ],
+    ),
+    (T::BeginFetch, &[(S::Remote, S::Fetching)]),
+    (T::AbandonFetch, &[(S::Fetching, S::Remote)]),
+    (
+        T::BeginEviction,
+        &[
+            (S::ResidentClean, S::Evicting),
+            (S::ResidentDirty, S::Evicting),
+            (S::ResidentSending, S::Evicting),
+        ],
+    ),
+    (
+        T::RefuseEviction { clean: false },
+        &[(S::Evicting, S::ResidentDirty)],
+    ),
+    (
+        T::RefuseEviction { clean: true },
+        &[(S::Evicting, S::ResidentClean)],
+    ),
+    (T::CommitClean, &[(S::Evicting, S::PoolSent)]),
+    (T::CommitZero, &[(S::Evicting, S::Empty)]),
+    (T::CommitDirty, &[(S::Evicting, S::PoolUnsent)]),
+    (
+        T::MarkSent,
+        &[
+            (S::PoolUnsent, S::PoolSent),
+            (S::ResidentSending, S::ResidentClean),
+        ],
+    ),
+    (T::Reclaim, &[(S::PoolSent, S::Remote)]),
+    (T::PrefetchToPool, &[(S::Remote, S::PoolSent)]),
+    (
+        T::Release,
+        &[
+            (S::Empty, S::Empty),
+            (S::ResidentClean, S::Empty),
+            (S::ResidentDirty, S::Empty),
+            (S::ResidentSending, S::Empty),
+            (S::Evicting, S::Empty),
+            (S::PoolUnsent, S::Empty),
+            (S::PoolSent, S::Empty),
+            (S::Remote, S::Empty),
+            (S::Fetching, S::Empty),
+        ],
+    ),
+    (
+        T::Remap,
+        &[
+            (S::Empty, S::Empty),
+            (S::ResidentClean, S::ResidentClean),
+            (S::ResidentDirty, S::ResidentDirty),
+            (S::ResidentSending, S::ResidentDirty),
+            (S::PoolUnsent, S::PoolUnsent),
+            (S::PoolSent, S::PoolSent),
+            (S::Remote, S::Remote),
+            (S::Fetching, S::Remote),
+        ],
+    ),
+];
+
 #[test]
 fn legality_table_accepts_exactly_the_legal_pairs() {
-    use PageState as S;
-    use Transition as T;
-    let legal: &[(T, &[(S, S)])] = &[
-        (T::InstallZero, &[(S::Empty, S::ResidentDirty)]),
-        (
-            T::InstallFromPoolMoved,
-            &[
-                (S::PoolSent, S::ResidentDirty),
-                (S::PoolUnsent, S::ResidentDirty),
-            ],
-        ),
-        (
-            T::InstallFromPoolProtected,
-            &[
-                (S::PoolSent, S::ResidentClean),
-                (S::PoolUnsent, S::ResidentSending),
-            ],
-        ),
-        (
-            T::InstallFetched { write: false },
-            &[(S::Fetching, S::ResidentClean)],
-        ),
-        (
-            T::InstallFetched { write: true },
-            &[(S::Fetching, S::ResidentDirty)],
-        ),
-        (T::InstallPrefetched, &[(S::Remote, S::ResidentClean)]),
-        (
-            T::InstallForFork,
-            &[
-                (S::PoolSent, S::ResidentDirty),
-                (S::PoolUnsent, S::ResidentDirty),
-                (S::Remote, S::ResidentDirty),
-            ],
-        ),
-        (
-            T::MarkDirty,
-            &[
-                (S::ResidentClean, S::ResidentDirty),
-                (S::ResidentDirty, S::ResidentDirty),
-                (S::ResidentSending, S::ResidentDirty),
-            ],
-        ),
-        (T::BeginFetch, &[(S::Remote, S::Fetching)]),
-        (T::AbandonFetch, &[(S::Fetching, S::Remote)]),
-        (
-            T::BeginEviction,
-            &[
-                (S::ResidentClean, S::Evicting),
-                (S::ResidentDirty, S::Evicting),
-                (S::ResidentSending, S::Evicting),
-            ],
-        ),
-        (
-            T::RefuseEviction { clean: false },
-            &[(S::Evicting, S::ResidentDirty)],
-        ),
-        (
-            T::RefuseEviction { clean: true },
-            &[(S::Evicting, S::ResidentClean)],
-        ),
-        (T::CommitClean, &[(S::Evicting, S::PoolSent)]),
-        (T::CommitZero, &[(S::Evicting, S::Empty)]),
-        (T::CommitDirty, &[(S::Evicting, S::PoolUnsent)]),
-        (
-            T::MarkSent,
-            &[
-                (S::PoolUnsent, S::PoolSent),
-                (S::ResidentSending, S::ResidentClean),
-            ],
-        ),
-        (T::Reclaim, &[(S::PoolSent, S::Remote)]),
-        (T::PrefetchToPool, &[(S::Remote, S::PoolSent)]),
-        (
-            T::Release,
-            &[
-                (S::Empty, S::Empty),
-                (S::ResidentClean, S::Empty),
-                (S::ResidentDirty, S::Empty),
-                (S::ResidentSending, S::Empty),
-                (S::Evicting, S::Empty),
-                (S::PoolUnsent, S::Empty),
-                (S::PoolSent, S::Empty),
-                (S::Remote, S::Empty),
-                (S::Fetching, S::Empty),
-            ],
-        ),
-        (
-            T::Remap,
-            &[
-                (S::Empty, S::Empty),
-                (S::ResidentClean, S::ResidentClean),
-                (S::ResidentDirty, S::ResidentDirty),
-                (S::ResidentSending, S::ResidentDirty),
-                (S::PoolUnsent, S::PoolUnsent),
-                (S::PoolSent, S::PoolSent),
-                (S::Remote, S::Remote),
-                (S::Fetching, S::Remote),
-            ],
-        ),
-    ];
+    let legal = LEGAL;
     assert_eq!(
         legal.len(),
         Transition::ALL.len(),
