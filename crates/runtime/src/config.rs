@@ -31,7 +31,7 @@ pub fn split_local_memory(local_bytes: u64) -> Option<(u64, u64)> {
     Some((budget, pool))
 }
 
-/// How a [`Runtime`] runs.
+/// How a [`crate::Runtime`] runs.
 #[derive(Clone)]
 pub struct RuntimeConfig {
     /// Bytes of local memory the resident region pages may use.

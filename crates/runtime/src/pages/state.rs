@@ -84,7 +84,7 @@ impl Default for Entry {
     }
 }
 
-/// A change of a page's state. Each has one method on [`Pages`].
+/// A change of a page's state. Each has one method on [`super::Pages`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transition {
     /// A zero page for a never-written page, or a present page adopted at registration.
