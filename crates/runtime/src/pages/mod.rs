@@ -36,8 +36,10 @@
 //!
 //! # Limitations
 //!
-//! - The peak residency is the highest resident count seen after an install; pages resident
-//!   before [`Pages::adopt`] counted are included once adopted.
+//! - An illegal transition in a release build (a runtime bug) is only logged: the page keeps
+//!   its state, and the caller's own bookkeeping (a pool slot taken for it) is not undone.
+//! - The peak residency counts pages found present when a mapping is adopted
+//!   ([`Pages::adopt`]), like any other install.
 
 mod state;
 mod table;
