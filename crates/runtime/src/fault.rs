@@ -352,6 +352,9 @@ fn serve_from_pool(
 /// read (waited for after the batch's other reads are submitted).
 fn serve_remote(sh: &Shared, mut st: MutexGuard<'_, State>, msg: FaultMsg, q: &mut Queues) {
     let Some(far) = st.pages.begin_fetch(msg.addr) else {
+        // Refused (a bug, logged by the page states): never leave the thread waiting.
+        drop(st);
+        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
         return;
     };
     let s = &mut *st;

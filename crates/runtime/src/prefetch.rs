@@ -170,9 +170,9 @@ pub(crate) struct Prefetch {
     /// One prefetch connection per donor, in the order of `Far::donors`.
     pub(crate) clients: Vec<DonorClient>,
     pub(crate) inner: Mutex<Inner>,
-    pub(crate) trace: Mutex<Option<TraceWriter<File>>>,
-    pub(crate) trace_path: Option<PathBuf>,
-    pub(crate) epoch: Instant,
+    trace: Mutex<Option<TraceWriter<File>>>,
+    trace_path: Option<PathBuf>,
+    epoch: Instant,
 }
 
 pub(crate) fn page_of(addr: usize) -> u64 {
