@@ -1,8 +1,9 @@
 //! Slab memory: the donor's memory mappings and the only code that touches their bytes.
 //!
 //! This is the one module of the donor that uses `unsafe`. It owns three things:
-//! - mapping a slab (`mmap` of private anonymous memory with `MAP_NORESERVE`) and unmapping it
-//!   when the last reference goes away (`munmap` returns the memory to the operating system);
+//! - mapping a slab (a [`farmem_mm::Mapping`]: private anonymous memory with `MAP_NORESERVE`)
+//!   and unmapping it when the last reference goes away (`munmap` returns the memory to the
+//!   operating system);
 //! - receiving page data from a socket straight into slab pages (`readv`);
 //! - sending slab pages straight to a socket (`sendmsg` with `MSG_NOSIGNAL`).
 //!
@@ -23,24 +24,15 @@
 //! A write fault on a `MAP_NORESERVE` page when the host is out of memory makes the kernel fail
 //! the `readv` (`EFAULT`) or, worse, invoke the OOM killer; the donor's capacity must be chosen
 //! below the host's free memory (a later issue adds reclaim by migration).
+use farmem_mm::{Advice, Mapping};
+use farmem_proto::PAGE_SIZE;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
-use std::ptr::NonNull;
 
-use farmem_proto::PAGE_SIZE;
-
-/// One slab's memory mapping. Unmapped on drop.
+/// One slab's memory mapping ([`farmem_mm::Mapping`]). Unmapped on drop.
 pub struct SlabMemory {
-    base: NonNull<u8>,
-    len: usize,
+    map: Mapping,
 }
-
-// SAFETY: `SlabMemory` owns its mapping exclusively (no aliasing Rust references exist; bytes are
-// only touched by the kernel in readv/sendmsg), so moving or sharing the handle across threads is
-// sound: the mapping is process-wide and the pointer stays valid until `Drop`.
-unsafe impl Send for SlabMemory {}
-// SAFETY: see `Send`; every method takes `&self` and only passes page pointers to the kernel.
-unsafe impl Sync for SlabMemory {}
 
 impl SlabMemory {
     /// Maps `len` bytes (a non-zero multiple of [`PAGE_SIZE`]) of reserved-but-uncommitted memory.
@@ -51,57 +43,27 @@ impl SlabMemory {
                 format!("slab length {len} is not a non-zero multiple of {PAGE_SIZE}"),
             ));
         }
-        // SAFETY: a fresh anonymous private mapping at an address of the kernel's choosing; it
-        // cannot overlap any existing Rust object. Arguments are valid by construction.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
-        // SAFETY: `ptr..ptr+len` is the mapping we just created and own. MADV_NOHUGEPAGE only
-        // changes how the kernel backs it; failure is harmless (committed figures get coarser).
-        let _ = unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
-        Ok(SlabMemory { base, len })
+        let map = Mapping::anonymous(len)?;
+        // Failure is harmless (committed figures get coarser).
+        map.advise(Advice::NoHugePage);
+        Ok(SlabMemory { map })
     }
 
     /// Pages in the mapping.
     pub fn pages(&self) -> u32 {
-        u32::try_from(self.len / PAGE_SIZE).unwrap_or(u32::MAX)
+        u32::try_from(self.map.pages()).unwrap_or(u32::MAX)
     }
 
     /// Address of page `page`. Panics if out of range (callers check ranges first; a panic here
     /// is a donor bug, never reachable from client input).
     fn page_ptr(&self, page: u32) -> *mut u8 {
         let off = page as usize * PAGE_SIZE;
-        assert!(off + PAGE_SIZE <= self.len, "page {page} outside slab");
-        // SAFETY: `off + PAGE_SIZE <= len`, so the result stays inside our mapping.
-        unsafe { self.base.as_ptr().add(off) }
-    }
-}
-
-impl Drop for SlabMemory {
-    fn drop(&mut self) {
-        // SAFETY: `base..base+len` is the mapping created in `map`, still mapped (only dropped
-        // once), and no reference into it exists (bytes are only touched inside syscalls while a
-        // reference to this `SlabMemory` is held, which `&mut self` here rules out).
-        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-        if rc != 0 {
-            tracing::error!(
-                "munmap of a {}-byte slab failed: {}",
-                self.len,
-                io::Error::last_os_error()
-            );
-        }
+        assert!(
+            off + PAGE_SIZE <= self.map.len(),
+            "page {page} outside slab"
+        );
+        // Pointer arithmetic only (no dereference), inside the mapping (checked above).
+        self.map.as_ptr().wrapping_add(off)
     }
 }
 

@@ -42,7 +42,7 @@
 //!   from the write-back pool on a page that was not prefetched is a local cache hit, neither). A fault on a page whose prefetch is still in flight counts as a prefetch hit that
 //!   waited (`prefetch_hits_waited`, also in `prefetch_hits`): the prediction was right and in
 //!   time to be issued, only the transfer was late. The fault waits for that transfer
-//!   ([`wait_for_prefetch`]): the page is `Fetching` and its arrival installs it and wakes the
+//!   ([`Prefetch::wait_for_prefetch`]): the page is `Fetching` and its arrival installs it and wakes the
 //!   thread; a failed batch hands the page back to the demand path (the thread faults again).
 //!   A demand read of its own would queue behind the batch anyway, and a scan that outruns its
 //!   prefetches would send one per page. This keeps coverage a property of the predictions,
@@ -64,22 +64,17 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use farmem_policy::measures::{PrefetchStats, PrefetchSummary};
 use farmem_policy::prefetch::{Access, Prefetcher};
 use farmem_policy::Origin;
 use farmem_sim::trace::{AccessKind, Record, TraceWriter};
-use farmem_transport::{ClientConfig, Completion, DonorClient, PageAddr, Pending};
-use farmem_uffd::UffdError;
+use farmem_transport::{ClientConfig, DonorClient};
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::{Shared, State};
 use crate::far::Far;
-use crate::stats::FaultKind;
-use crate::table::{PageState, NO_FAR};
+use crate::pages::{PageState, Pages, NO_FAR};
 use crate::{RuntimeConfig, RuntimeError, PAGE_SIZE};
 
 /// Most prefetched pages in flight at once that no demand fault has reached yet (the
@@ -113,47 +108,47 @@ impl std::str::FromStr for PrefetchInstall {
 }
 
 /// A page to prefetch.
-struct Req {
-    addr: usize,
-    far: u64,
-    thread: u32,
+pub(crate) struct Req {
+    pub(crate) addr: usize,
+    pub(crate) far: u64,
+    pub(crate) thread: u32,
     /// Address of the first page of the window this page belongs to (its marker).
-    window: usize,
+    pub(crate) window: usize,
 }
 
 /// A prefetch in flight.
-struct InFlight {
-    far: u64,
+pub(crate) struct InFlight {
+    pub(crate) far: u64,
     /// A demand fault reached the page first and was served by its own read (counted as a
     /// waited hit): drop the copy.
-    consumed: bool,
+    pub(crate) consumed: bool,
     /// A fault reached the page first and waits for this copy (counted as a waited hit): the
     /// page is `Fetching`, and its arrival installs it and wakes the fault (when it raised).
-    waiter: Option<Instant>,
+    pub(crate) waiter: Option<Instant>,
 }
 
 /// State shared by the fault loop and the prefetch thread.
 #[derive(Default)]
-struct Inner {
-    measures: PrefetchStats,
-    in_flight: HashMap<usize, InFlight>,
-    hits_waited: u64,
-    dropped: u64,
-    batches: u64,
-    inferred_hits: u64,
+pub(crate) struct Inner {
+    pub(crate) measures: PrefetchStats,
+    pub(crate) in_flight: HashMap<usize, InFlight>,
+    pub(crate) hits_waited: u64,
+    pub(crate) dropped: u64,
+    pub(crate) batches: u64,
+    pub(crate) inferred_hits: u64,
     /// In-flight pages not consumed by a demand fault yet.
-    live: usize,
+    pub(crate) live: usize,
     /// Marker mode: eagerly installed pages of each window, by the window's marker address.
-    windows: HashMap<usize, Vec<usize>>,
+    pub(crate) windows: HashMap<usize, Vec<usize>>,
     /// Marker mode: markers kept in the pool, and their stream.
-    markers: HashMap<usize, u32>,
+    pub(crate) markers: HashMap<usize, u32>,
     /// Marker mode: the marker each stream hit last (the window it is consuming).
-    last_marker: HashMap<u32, usize>,
+    pub(crate) last_marker: HashMap<u32, usize>,
 }
 
 /// Marker-mode bookkeeping is cleared when it holds more windows than this (markers never
 /// hit: the stream changed).
-const MAX_WINDOWS: usize = 4096;
+pub(crate) const MAX_WINDOWS: usize = 4096;
 
 /// The prefetch counters, for [`crate::Stats`].
 #[derive(Clone, Copy, Debug)]
@@ -168,19 +163,19 @@ pub(crate) struct PrefetchCounters {
 /// The runtime's prefetching and tracing.
 pub(crate) struct Prefetch {
     /// None when the prefetcher is "none".
-    predictor: Option<Mutex<Box<dyn Prefetcher>>>,
-    mode: PrefetchInstall,
-    queue: Mutex<VecDeque<Req>>,
-    queue_cv: Condvar,
+    pub(crate) predictor: Option<Mutex<Box<dyn Prefetcher>>>,
+    pub(crate) mode: PrefetchInstall,
+    pub(crate) queue: Mutex<VecDeque<Req>>,
+    pub(crate) queue_cv: Condvar,
     /// One prefetch connection per donor, in the order of `Far::donors`.
-    clients: Vec<DonorClient>,
-    inner: Mutex<Inner>,
+    pub(crate) clients: Vec<DonorClient>,
+    pub(crate) inner: Mutex<Inner>,
     trace: Mutex<Option<TraceWriter<File>>>,
     trace_path: Option<PathBuf>,
     epoch: Instant,
 }
 
-fn page_of(addr: usize) -> u64 {
+pub(crate) fn page_of(addr: usize) -> u64 {
     (addr / PAGE_SIZE) as u64
 }
 
@@ -241,7 +236,7 @@ impl Prefetch {
         self.predictor.is_some()
     }
 
-    fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
 
@@ -319,167 +314,144 @@ impl Prefetch {
 /// A fault on `addr` served from the write-back pool, with the state lock held, before the
 /// page is inserted into the eviction policy: inserts it (as a prefetch hit or a demand page),
 /// feeds the prefetcher and queues its predictions.
-pub(crate) fn on_pool_fault(sh: &Shared, st: &mut State, addr: usize, thread: u32) {
-    let pf = &sh.pf;
-    let page = page_of(addr);
-    let now = pf.now_ns();
-    // A pool page that was not prefetched is a local cache hit (an evicted page not yet
-    // reclaimed): it would not have gone to a donor without prefetching either, so it is
-    // neither a prefetch hit nor a demand fault in the measures.
-    let hit = pf.inner.lock().measures.prefetch_hit(page, now);
-    if hit {
-        st.policy.insert(page, Origin::Prefetch);
-        st.policy.touched(page);
-    } else {
-        st.policy.insert(page, Origin::Demand);
-    }
-    feed(sh, st, addr, thread, hit, now);
-}
-
-/// A fault on `addr` whose remote read was just submitted (state lock not held): counts it,
-/// feeds the prefetcher and queues its predictions.
-pub(crate) fn on_remote_fault(sh: &Shared, addr: usize, thread: u32) {
-    let pf = &sh.pf;
-    let page = page_of(addr);
-    let now = pf.now_ns();
-    let mut st = sh.state.lock();
-    let hit = {
-        let mut i = pf.inner.lock();
-        let waited = match i.in_flight.get_mut(&addr) {
-            Some(f) if !f.consumed => {
-                f.consumed = true;
-                i.live -= 1;
-                true
-            }
-            _ => false,
-        };
-        if waited {
-            i.hits_waited += 1;
-            i.measures.prefetched(page, now);
-            i.measures.prefetch_hit(page, now);
+impl Prefetch {
+    /// A fault on `addr` served from the write-back pool, before the page is installed:
+    /// whether it is a prefetch hit (its [`Origin`] for the eviction policy) and the time, to
+    /// [`Prefetch::feed`] the access after the install.
+    pub(crate) fn pool_fault(&self, addr: usize) -> (Origin, u64) {
+        let now = self.now_ns();
+        // A pool page that was not prefetched is a local cache hit (an evicted page not yet
+        // reclaimed): it would not have gone to a donor without prefetching either, so it is
+        // neither a prefetch hit nor a demand fault in the measures.
+        let hit = self.inner.lock().measures.prefetch_hit(page_of(addr), now);
+        let origin = if hit {
+            Origin::Prefetch
         } else {
-            // An unused prefetched page reaching here was evicted: pollution.
-            i.measures.evicted(page);
-            i.measures.demand_fault();
-        }
-        waited
-    };
-    feed(sh, &mut st, addr, thread, hit, now);
-}
-
-/// A fault on `addr` (far page `far`, just marked `Fetching`), with the state lock held: if
-/// the page's prefetch is in flight, the fault waits for it instead of sending a demand read
-/// of its own (the batch is on its way; a new read would only queue behind it on a loaded
-/// link, and a sequential scan that outruns its prefetches would send one read per page).
-/// Counts a waited hit, feeds the prefetcher and returns true; false when nothing is in
-/// flight for it.
-pub(crate) fn wait_for_prefetch(
-    sh: &Shared,
-    st: &mut State,
-    addr: usize,
-    far: u64,
-    thread: u32,
-    t0: Instant,
-) -> bool {
-    let pf = &sh.pf;
-    let now = pf.now_ns();
-    {
-        let mut i = pf.inner.lock();
-        match i.in_flight.get_mut(&addr) {
-            Some(f) if !f.consumed && f.waiter.is_none() && f.far == far => f.waiter = Some(t0),
-            _ => return false,
-        }
-        i.hits_waited += 1;
-        i.measures.prefetched(page_of(addr), now);
-        i.measures.prefetch_hit(page_of(addr), now);
+            Origin::Demand
+        };
+        (origin, now)
     }
-    feed(sh, st, addr, thread, true, now);
-    true
-}
 
-/// A prefetched page a fault waits for arrived (`data`) or could not be fetched (`None`):
-/// installs it and wakes the fault, or hands the page back to the demand path (state
-/// `Remote`, fault woken: it faults again and sends its own read). State lock held.
-fn arrive_awaited(
-    sh: &Shared,
-    st: &mut parking_lot::MutexGuard<'_, State>,
-    addr: usize,
-    far: u64,
-    t0: Instant,
-    data: Option<&[u8]>,
-) {
-    let ours = |st: &State| {
-        st.table
-            .get(addr)
-            .is_some_and(|e| e.state == PageState::Fetching && e.far == far)
-    };
-    if !ours(st) {
-        // Released or remapped meanwhile: the fault is retried on what the page is now.
-        let _ = sh.uffd.wake(addr, PAGE_SIZE);
-        return;
-    }
-    if let Some(d) = data.filter(|_| !st.paused) {
-        sh.make_room(st);
-        if ours(st) {
-            // Write-protected and clean: it equals its donor copy; a write faults once more
-            // and marks it dirty.
-            match sh.uffd.copy(addr, d, false, true) {
-                Ok(()) | Err(UffdError::Exists { .. }) => {
-                    let m = st.table.get_mut(addr).expect("checked above");
-                    m.state = PageState::ResidentClean;
-                    st.resident += 1;
-                    st.policy.insert(page_of(addr), Origin::Prefetch);
-                    st.policy.touched(page_of(addr));
-                    sh.update_peak(st);
-                    sh.kick_evictor(st);
-                    sh.stats
-                        .lock()
-                        .fault(FaultKind::Remote, t0.elapsed().as_micros() as u64);
-                    return;
+    /// A fault on `addr` whose remote read was just submitted (state lock held again): counts
+    /// it, feeds the prefetcher and queues its predictions.
+    pub(crate) fn on_remote_fault(
+        &self,
+        pages: &mut Pages,
+        paused: bool,
+        addr: usize,
+        thread: u32,
+    ) {
+        let page = page_of(addr);
+        let now = self.now_ns();
+        let hit = {
+            let mut i = self.inner.lock();
+            let waited = match i.in_flight.get_mut(&addr) {
+                Some(f) if !f.consumed => {
+                    f.consumed = true;
+                    i.live -= 1;
+                    true
                 }
-                Err(e) => tracing::debug!("installing awaited prefetched page {addr:#x}: {e}"),
+                _ => false,
+            };
+            if waited {
+                i.hits_waited += 1;
+                i.measures.prefetched(page, now);
+                i.measures.prefetch_hit(page, now);
+            } else {
+                // An unused prefetched page reaching here was evicted: pollution.
+                i.measures.evicted(page);
+                i.measures.demand_fault();
             }
-        }
+            waited
+        };
+        self.feed(pages, paused, addr, thread, hit, now);
     }
-    if let Some(m) = st.table.get_mut(addr) {
-        if m.state == PageState::Fetching && m.far == far {
-            m.state = PageState::Remote;
-        }
-    }
-    let _ = sh.uffd.wake(addr, PAGE_SIZE);
-}
 
-/// Feeds one access to the prefetcher and queues the pages worth fetching.
-fn feed(sh: &Shared, st: &mut State, addr: usize, thread: u32, hit: bool, now: u64) {
-    let pf = &sh.pf;
-    let Some(pred) = &pf.predictor else {
-        return;
-    };
-    let page = page_of(addr);
-    if pf.mode == PrefetchInstall::Marker && hit {
-        infer_hits(sh, st, addr, thread, now);
+    /// A fault on `addr` (far page `far`, just marked `Fetching`), with the state lock held: if
+    /// the page's prefetch is in flight, the fault waits for it instead of sending a demand read
+    /// of its own (the batch is on its way; a new read would only queue behind it on a loaded
+    /// link, and a sequential scan that outruns its prefetches would send one read per page).
+    /// Counts a waited hit, feeds the prefetcher and returns true; false when nothing is in
+    /// flight for it.
+    pub(crate) fn wait_for_prefetch(
+        &self,
+        pages: &mut Pages,
+        paused: bool,
+        addr: usize,
+        far: u64,
+        thread: u32,
+        t0: Instant,
+    ) -> bool {
+        let now = self.now_ns();
+        {
+            let mut i = self.inner.lock();
+            match i.in_flight.get_mut(&addr) {
+                Some(f) if !f.consumed && f.waiter.is_none() && f.far == far => f.waiter = Some(t0),
+                _ => return false,
+            }
+            i.hits_waited += 1;
+            i.measures.prefetched(page_of(addr), now);
+            i.measures.prefetch_hit(page_of(addr), now);
+        }
+        self.feed(pages, paused, addr, thread, true, now);
+        true
     }
-    let mut out = Vec::new();
-    pred.lock().on_access(
-        &Access {
-            page,
-            thread,
-            time_ns: now,
-            prefetch_hit: hit,
-        },
-        &mut out,
-    );
-    if out.is_empty() || st.paused {
-        return;
+
+    /// Feeds one access to the prefetcher and queues the pages worth fetching (state lock
+    /// held: `pages` says which predicted pages are on a donor only).
+    pub(crate) fn feed(
+        &self,
+        pages: &mut Pages,
+        paused: bool,
+        addr: usize,
+        thread: u32,
+        hit: bool,
+        now: u64,
+    ) {
+        let Some(pred) = &self.predictor else {
+            return;
+        };
+        let page = page_of(addr);
+        if self.mode == PrefetchInstall::Marker && hit {
+            self.infer_hits(pages, addr, thread, now);
+        }
+        let mut out = Vec::new();
+        pred.lock().on_access(
+            &Access {
+                page,
+                thread,
+                time_ns: now,
+                prefetch_hit: hit,
+            },
+            &mut out,
+        );
+        if out.is_empty() || paused {
+            return;
+        }
+        let window = usize::try_from(out[0])
+            .ok()
+            .and_then(|p| p.checked_mul(PAGE_SIZE))
+            .unwrap_or(usize::MAX);
+        let reqs = self.track(pages, &out, addr, thread, window);
+        if !reqs.is_empty() {
+            self.queue.lock().extend(reqs);
+            self.queue_cv.notify_one();
+        }
     }
-    let mut reqs = Vec::new();
-    let window = usize::try_from(out[0])
-        .ok()
-        .and_then(|p| p.checked_mul(PAGE_SIZE))
-        .unwrap_or(usize::MAX);
-    {
-        let mut i = pf.inner.lock();
-        for p in &out {
+
+    /// The predicted pages worth fetching (on a donor only, not in flight, within the
+    /// limits), now tracked as in flight.
+    fn track(
+        &self,
+        pages: &Pages,
+        out: &[u64],
+        addr: usize,
+        thread: u32,
+        window: usize,
+    ) -> Vec<Req> {
+        let mut reqs = Vec::new();
+        let mut i = self.inner.lock();
+        for p in out {
             if i.live >= MAX_IN_FLIGHT || i.in_flight.len() >= MAX_TRACKED {
                 break;
             }
@@ -492,7 +464,7 @@ fn feed(sh: &Shared, st: &mut State, addr: usize, thread: u32, hit: bool, now: u
             if a == addr {
                 continue;
             }
-            let Some(e) = st.table.get(a) else { continue };
+            let Some(e) = pages.get(a) else { continue };
             if e.state != PageState::Remote || e.far == NO_FAR || i.in_flight.contains_key(&a) {
                 continue;
             }
@@ -512,234 +484,49 @@ fn feed(sh: &Shared, st: &mut State, addr: usize, thread: u32, hit: bool, now: u
                 window,
             });
         }
+        reqs
     }
-    if !reqs.is_empty() {
-        pf.queue.lock().extend(reqs);
-        pf.queue_cv.notify_one();
-    }
-}
 
-/// Marker mode: the marker of a window of `thread`'s stream was hit, so the stream went
-/// through the window it was in before: report that window's eagerly installed pages still
-/// resident as hits, then remember the new window.
-fn infer_hits(sh: &Shared, st: &mut State, addr: usize, thread: u32, now: u64) {
-    let pf = &sh.pf;
-    let pages = {
-        let mut i = pf.inner.lock();
-        if i.markers.remove(&addr).is_none() {
-            return;
-        }
-        let prev = i.last_marker.insert(thread, addr);
-        prev.and_then(|m| i.windows.remove(&m)).unwrap_or_default()
-    };
-    let Some(pred) = &pf.predictor else { return };
-    let mut sink = Vec::new();
-    for a in pages {
-        let resident = st.table.get(a).is_some_and(|e| {
-            matches!(
-                e.state,
-                PageState::ResidentClean | PageState::ResidentDirty | PageState::ResidentSending
-            )
-        });
-        if !resident {
-            continue;
-        }
-        let p = page_of(a);
-        let counted = {
-            let mut i = pf.inner.lock();
-            let c = i.measures.prefetch_hit(p, now);
-            if c {
-                i.inferred_hits += 1;
+    /// Marker mode: the marker of a window of `thread`'s stream was hit, so the stream went
+    /// through the window it was in before: report that window's eagerly installed pages still
+    /// resident as hits, then remember the new window.
+    fn infer_hits(&self, pages: &mut Pages, addr: usize, thread: u32, now: u64) {
+        let window = {
+            let mut i = self.inner.lock();
+            if i.markers.remove(&addr).is_none() {
+                return;
             }
-            c
+            let prev = i.last_marker.insert(thread, addr);
+            prev.and_then(|m| i.windows.remove(&m)).unwrap_or_default()
         };
-        if !counted {
-            continue;
-        }
-        st.policy.touched(p);
-        pred.lock().on_access(
-            &Access {
-                page: p,
-                thread,
-                time_ns: now,
-                prefetch_hit: true,
-            },
-            &mut sink,
-        );
-    }
-}
-
-/// The prefetch thread. Runs until shutdown.
-pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
-    if let Some(h) = &sh.thread_hook {
-        h();
-    }
-    let pf = &sh.pf;
-    let mut reqs: Vec<Req> = Vec::new();
-    while !sh.shutdown.load(Ordering::Relaxed) {
-        {
-            let mut q = pf.queue.lock();
-            if q.is_empty() {
-                pf.queue_cv.wait_for(&mut q, Duration::from_millis(50));
+        let Some(pred) = &self.predictor else { return };
+        let mut sink = Vec::new();
+        for a in window {
+            if !pages.get(a).is_some_and(|e| e.state.is_resident()) {
+                continue;
             }
-            reqs.extend(q.drain(..));
-        }
-        // Pages a demand fault already brought in (counted as waited hits) are not fetched:
-        // a prefetch thread that fell behind catches up instead of fetching stale pages.
-        {
-            let mut i = pf.inner.lock();
-            let before = reqs.len();
-            reqs.retain(|r| {
-                let consumed = i.in_flight.get(&r.addr).is_some_and(|f| f.consumed);
-                if consumed {
-                    i.in_flight.remove(&r.addr);
+            let p = page_of(a);
+            let counted = {
+                let mut i = self.inner.lock();
+                let c = i.measures.prefetch_hit(p, now);
+                if c {
+                    i.inferred_hits += 1;
                 }
-                !consumed
-            });
-            i.dropped += (before - reqs.len()) as u64;
-        }
-        if reqs.is_empty() {
-            continue;
-        }
-        // Group by donor; pages whose slab is unknown cannot be remote: drop them.
-        let mut groups: Vec<Vec<(PageAddr, Req)>> =
-            (0..pf.clients.len()).map(|_| Vec::new()).collect();
-        let mut lost = Vec::new();
-        for r in reqs.drain(..) {
-            match sh.far.locate(r.far) {
-                Some((d, a)) if d < groups.len() => groups[d].push((a, r)),
-                _ => lost.push(r),
+                c
+            };
+            if !counted {
+                continue;
             }
-        }
-        let mut batches: Vec<(Vec<Req>, Result<Pending, String>)> = Vec::new();
-        for (d, g) in groups.into_iter().enumerate() {
-            let mut g = g.into_iter().peekable();
-            while g.peek().is_some() {
-                let chunk: Vec<(PageAddr, Req)> =
-                    g.by_ref().take(farmem_transport::MAX_BATCH_PAGES).collect();
-                let addrs: Vec<PageAddr> = chunk.iter().map(|(a, _)| *a).collect();
-                let reqs: Vec<Req> = chunk.into_iter().map(|(_, r)| r).collect();
-                let p = pf.clients[d].submit_read(&addrs).map_err(|e| e.to_string());
-                batches.push((reqs, p));
-            }
-        }
-        if !lost.is_empty() {
-            arrive(&sh, lost, None);
-        }
-        for (reqs, p) in batches {
-            let result = p.and_then(|p| p.wait().map_err(|e| e.to_string()));
-            match result {
-                Ok(Completion::Pages(data)) if data.len() == reqs.len() * PAGE_SIZE => {
-                    sh.pf.inner.lock().batches += 1;
-                    sh.stats.lock().s.bytes_received += data.len() as u64;
-                    arrive(&sh, reqs, Some(&data));
-                }
-                other => {
-                    let why = match other {
-                        Err(e) => e,
-                        Ok(_) => "the donor answered with the wrong amount of data".into(),
-                    };
-                    tracing::warn!("prefetching {} pages failed: {why}", reqs.len());
-                    arrive(&sh, reqs, None);
-                }
-            }
-        }
-    }
-}
-
-/// Pages of one batch arrived (`data`, in request order) or failed (`None`): keep each if
-/// still wanted.
-fn arrive(sh: &Shared, reqs: Vec<Req>, data: Option<&[u8]>) {
-    let pf = &sh.pf;
-    let mut st = sh.state.lock();
-    for (k, r) in reqs.into_iter().enumerate() {
-        let flight = {
-            let mut i = pf.inner.lock();
-            let f = i.in_flight.remove(&r.addr);
-            if f.as_ref().is_some_and(|f| !f.consumed) {
-                i.live -= 1;
-            }
-            f
-        };
-        let page = data.map(|d| &d[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
-        if let Some(t0) = flight.as_ref().and_then(|f| f.waiter) {
-            arrive_awaited(sh, &mut st, r.addr, r.far, t0, page);
-            continue;
-        }
-        let Some(page_data) = page else {
-            continue; // failed: nothing counted (never prefetched)
-        };
-        let wanted = match &flight {
-            Some(f) => !f.consumed && f.far == r.far,
-            None => false,
-        };
-        let current = st.table.get(r.addr);
-        let still = current.is_some_and(|e| e.state == PageState::Remote && e.far == r.far);
-        if !wanted || !still || st.paused {
-            let mut i = pf.inner.lock();
-            i.dropped += 1;
-            if wanted {
-                // Not consumed by a counted waited hit: a late (or released) prefetch.
-                i.measures.late();
-            }
-            continue;
-        }
-        let now = pf.now_ns();
-        let marker = r.addr == r.window;
-        if pf.mode == PrefetchInstall::Marker && !marker && st.resident < sh.high_water {
-            match sh.uffd.copy(r.addr, page_data, false, true) {
-                Ok(()) => {
-                    let m = st.table.get_mut(r.addr).expect("checked above");
-                    m.state = PageState::ResidentClean;
-                    st.resident += 1;
-                    st.policy.insert(page_of(r.addr), Origin::Prefetch);
-                    if st.resident >= sh.high_water {
-                        sh.evict_cv.notify_one();
-                    }
-                    let mut i = pf.inner.lock();
-                    i.measures.prefetched(page_of(r.addr), now);
-                    if i.windows.len() > MAX_WINDOWS {
-                        i.windows.clear();
-                    }
-                    i.windows.entry(r.window).or_default().push(r.addr);
-                    continue;
-                }
-                Err(UffdError::Exists { .. }) => {
-                    // Present although the table says remote: never overwrite it.
-                    pf.inner.lock().dropped += 1;
-                    continue;
-                }
-                Err(_) => {} // pending events (EAGAIN) or the mapping changed: use the pool
-            }
-        }
-        let Some(slot) = crate::engine::take_slot(sh, &mut st) else {
-            pf.inner.lock().dropped += 1;
-            continue;
-        };
-        match sh
-            .pool_uffd
-            .copy(sh.slot_addr(slot), page_data, false, false)
-        {
-            Ok(()) => {
-                st.slot_owner[slot as usize] = r.addr;
-                st.pool_cached.push_back(slot);
-                let m = st.table.get_mut(r.addr).expect("checked above");
-                m.state = PageState::PoolSent;
-                m.slot = slot;
-                let mut i = pf.inner.lock();
-                i.measures.prefetched(page_of(r.addr), now);
-                if pf.mode == PrefetchInstall::Marker && marker {
-                    if i.markers.len() > MAX_WINDOWS {
-                        i.markers.clear();
-                    }
-                    i.markers.insert(r.addr, r.thread);
-                }
-            }
-            Err(e) => {
-                tracing::debug!("copying a prefetched page into the pool: {e}");
-                st.pool_free.push(slot);
-                pf.inner.lock().dropped += 1;
-            }
+            pages.touched(a);
+            pred.lock().on_access(
+                &Access {
+                    page: p,
+                    thread,
+                    time_ns: now,
+                    prefetch_hit: true,
+                },
+                &mut sink,
+            );
         }
     }
 }

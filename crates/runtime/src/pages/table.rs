@@ -1,4 +1,5 @@
-//! The sparse page table: where every page of every region is right now.
+//! The sparse page table: where every page of every region is right now. Private to
+//! [`crate::pages`], which changes entries only through its transitions.
 //!
 //! Regions are address ranges kept in a `BTreeMap` by start address; each holds its page
 //! entries in lazily allocated chunks of 512, so a large, mostly untouched reservation (the
@@ -11,70 +12,20 @@
 
 use std::collections::BTreeMap;
 
+use super::{Entry, PageState, NO_FAR};
 use crate::PAGE_SIZE;
 
 /// Pages per table chunk.
 const CHUNK_PAGES: usize = 512;
-/// No far copy.
-pub(crate) const NO_FAR: u64 = u64::MAX;
-
-/// Where a page is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub(crate) enum PageState {
-    /// Never written, or released by the program: reads as zeros, nothing stored anywhere.
-    #[default]
-    Empty,
-    /// Resident, write-protected since it was installed from an up-to-date donor copy.
-    ResidentClean,
-    /// Resident and possibly written since its donor copy (or it has none).
-    ResidentDirty,
-    /// Resident, write-protected, and equal to the write-back send in flight (generation
-    /// `gen`): becomes `ResidentClean` when the donor acknowledges it, `ResidentDirty` on a
-    /// write.
-    ResidentSending,
-    /// The evictor is moving it to the pool right now.
-    Evicting,
-    /// In a pool slot, not yet acknowledged by its donor.
-    PoolUnsent,
-    /// In a pool slot, and its donor holds the same data (reclaimable cache).
-    PoolSent,
-    /// Only on its donor.
-    Remote,
-    /// The fault loop is fetching it from its donor.
-    Fetching,
-}
-
-/// One page's entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) state: PageState,
-    /// Pool slot (meaningful in the Pool* states).
-    pub(crate) slot: u32,
-    /// Staging generation of the send in flight (PoolUnsent).
-    pub(crate) gen: u32,
-    /// Far page number of its donor copy, or [`NO_FAR`].
-    pub(crate) far: u64,
-}
-
-impl Default for Entry {
-    fn default() -> Self {
-        Entry {
-            state: PageState::Empty,
-            slot: 0,
-            gen: 0,
-            far: NO_FAR,
-        }
-    }
-}
 
 /// One registered address range and its entries.
-pub(crate) struct RegionRec {
-    pub(crate) end: usize,
+pub(super) struct RegionRec {
+    pub(super) end: usize,
     chunks: Vec<Option<Box<[Entry]>>>,
 }
 
 impl RegionRec {
-    pub(crate) fn new(start: usize, end: usize) -> RegionRec {
+    pub(super) fn new(start: usize, end: usize) -> RegionRec {
         let pages = (end - start) / PAGE_SIZE;
         RegionRec {
             end,
@@ -85,24 +36,24 @@ impl RegionRec {
 
 /// The page table of all regions.
 #[derive(Default)]
-pub(crate) struct Table {
+pub(super) struct Table {
     regions: BTreeMap<usize, RegionRec>,
 }
 
 impl Table {
     /// Adds the range `start..end` (page-aligned, not overlapping any other).
-    pub(crate) fn add(&mut self, start: usize, end: usize) {
+    pub(super) fn add(&mut self, start: usize, end: usize) {
         self.regions.insert(start, RegionRec::new(start, end));
     }
 
     /// The region containing `addr`: (start, end).
-    pub(crate) fn find(&self, addr: usize) -> Option<(usize, usize)> {
+    pub(super) fn find(&self, addr: usize) -> Option<(usize, usize)> {
         let (s, r) = self.regions.range(..=addr).next_back()?;
         (addr < r.end).then_some((*s, r.end))
     }
 
     /// Whether `start..end` overlaps a known region.
-    pub(crate) fn overlaps(&self, start: usize, end: usize) -> bool {
+    pub(super) fn overlaps(&self, start: usize, end: usize) -> bool {
         self.regions
             .range(..end)
             .next_back()
@@ -110,7 +61,7 @@ impl Table {
     }
 
     /// The entry of the page at `addr`, if it lies in a region (never allocates).
-    pub(crate) fn get(&self, addr: usize) -> Option<Entry> {
+    pub(super) fn get(&self, addr: usize) -> Option<Entry> {
         let (s, r) = self.regions.range(..=addr).next_back()?;
         if addr >= r.end {
             return None;
@@ -123,7 +74,7 @@ impl Table {
     }
 
     /// The entry of the page at `addr` for update (allocating its chunk), if in a region.
-    pub(crate) fn get_mut(&mut self, addr: usize) -> Option<&mut Entry> {
+    pub(super) fn get_mut(&mut self, addr: usize) -> Option<&mut Entry> {
         let (s, r) = self.regions.range_mut(..=addr).next_back()?;
         if addr >= r.end {
             return None;
@@ -136,7 +87,7 @@ impl Table {
 
     /// Calls `f(addr, entry)` for every non-empty entry in `start..end`, letting it change the
     /// entry. Unallocated chunks are skipped (all their entries are empty).
-    pub(crate) fn for_each_in(
+    pub(super) fn for_each_in(
         &mut self,
         start: usize,
         end: usize,
@@ -175,7 +126,7 @@ impl Table {
 
     /// Removes `start..end` from the regions (splitting or trimming them); the caller has
     /// already released the entries there.
-    pub(crate) fn remove_range(&mut self, start: usize, end: usize) {
+    pub(super) fn remove_range(&mut self, start: usize, end: usize) {
         let keys: Vec<usize> = self
             .regions
             .range(..end)
@@ -200,7 +151,7 @@ impl Table {
     }
 
     /// All regions: (start, end).
-    pub(crate) fn ranges(&self) -> Vec<(usize, usize)> {
+    pub(super) fn ranges(&self) -> Vec<(usize, usize)> {
         self.regions.iter().map(|(s, r)| (*s, r.end)).collect()
     }
 }

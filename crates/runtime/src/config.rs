@@ -1,0 +1,133 @@
+//! How a [`crate::Runtime`] runs: [`RuntimeConfig`], and the split of one local memory limit
+//! into the region budget and the write-back pool.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{PrefetchInstall, PAGE_SIZE};
+
+/// The smallest budget [`crate::Runtime::start`] accepts (16 pages).
+pub const MIN_BUDGET_BYTES: u64 = 16 * PAGE_SIZE as u64;
+
+/// The smallest write-back pool (16 slots).
+const MIN_POOL_BYTES: u64 = 16 * PAGE_SIZE as u64;
+
+/// The smallest local memory [`split_local_memory`] accepts: the minimum budget and pool.
+pub const MIN_LOCAL_BYTES: u64 = MIN_BUDGET_BYTES + MIN_POOL_BYTES;
+
+/// Splits one limit on local memory into the region budget and the write-back pool
+/// (`(budget_bytes, pool_bytes)`), so that resident region pages and pool pages together stay
+/// within it: the pool gets a fifth, 64 KiB to 64 MiB, in whole pages. `farmem run
+/// --local-mem` means this total, so a program under farmem uses no more local page memory
+/// than the limit a swap-based comparison gives its cgroup. `None` below [`MIN_LOCAL_BYTES`].
+pub fn split_local_memory(local_bytes: u64) -> Option<(u64, u64)> {
+    if local_bytes < MIN_LOCAL_BYTES {
+        return None;
+    }
+    let page = PAGE_SIZE as u64;
+    let pool = ((local_bytes / 5).clamp(MIN_POOL_BYTES, 64 << 20) / page) * page;
+    let budget = ((local_bytes - pool) / page) * page;
+    Some((budget, pool))
+}
+
+/// How a [`crate::Runtime`] runs.
+#[derive(Clone)]
+pub struct RuntimeConfig {
+    /// Bytes of local memory the resident region pages may use.
+    pub budget_bytes: u64,
+    /// Donor addresses (HOST:PORT); empty → start the embedded local donor (child process).
+    pub donors: Vec<String>,
+    /// Auth token presented to donors.
+    pub token: Option<Vec<u8>>,
+    /// Eviction policy name (`farmem_policy::evict::NAMES`), default "fifo".
+    pub evict: String,
+    /// Prefetcher name (`farmem_policy::prefetch::NAMES`), default "leap" (one stream per
+    /// thread); "none" disables prefetching.
+    pub prefetch: String,
+    /// How prefetched pages are made local: kept in the write-back pool until their first
+    /// touch (default) or installed at once except one marker page per window.
+    pub prefetch_install: PrefetchInstall,
+    /// Run first in every runtime and transport thread.
+    pub thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The `farmem` binary used to start the embedded donor (else $FARMEM_BIN, else PATH).
+    pub farmem_bin: Option<PathBuf>,
+    /// Record every fault (time, page, thread, read/write) to this file in farmem-sim's trace
+    /// format; complete once [`crate::Runtime::finish_trace`] returns or the runtime is dropped.
+    pub record_trace: Option<PathBuf>,
+    /// Size of the write-back pool; default budget/4, within 1 MiB..64 MiB.
+    pub pool_bytes: Option<u64>,
+    /// Capacity the embedded donor lends (default 16 GiB; committed only when written).
+    pub embedded_capacity_bytes: u64,
+    /// Slab size of the embedded donor (default 64 MiB).
+    pub embedded_slab_size_bytes: u64,
+    /// Limit for each donor request (transport); default 5 s.
+    pub request_timeout: Duration,
+    /// Emulated extra link latency per request, µs (transport); default 0.
+    pub link_delay_us: u64,
+    /// Tries for a demand fetch before the page is poisoned; default 2.
+    pub fetch_attempts: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            budget_bytes: 256 << 20,
+            donors: Vec::new(),
+            token: None,
+            evict: "fifo".into(),
+            prefetch: "leap".into(),
+            prefetch_install: PrefetchInstall::Buffer,
+            thread_hook: None,
+            farmem_bin: None,
+            record_trace: None,
+            pool_bytes: None,
+            embedded_capacity_bytes: 16 << 30,
+            embedded_slab_size_bytes: 64 << 20,
+            request_timeout: Duration::from_secs(5),
+            link_delay_us: 0,
+            fetch_attempts: 2,
+        }
+    }
+}
+
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("budget_bytes", &self.budget_bytes)
+            .field("donors", &self.donors)
+            .field("evict", &self.evict)
+            .field("prefetch", &self.prefetch)
+            .field("prefetch_install", &self.prefetch_install)
+            .field("record_trace", &self.record_trace)
+            .field("pool_bytes", &self.pool_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_memory_split_stays_within_the_limit() {
+        assert_eq!(split_local_memory(MIN_LOCAL_BYTES - 1), None);
+        assert_eq!(
+            split_local_memory(MIN_LOCAL_BYTES),
+            Some((MIN_BUDGET_BYTES, MIN_POOL_BYTES))
+        );
+        let mib = 1u64 << 20;
+        assert_eq!(split_local_memory(100 * mib), Some((80 * mib, 20 * mib)));
+        // The pool is capped at 64 MiB.
+        assert_eq!(split_local_memory(1000 * mib), Some((936 * mib, 64 * mib)));
+        for local in [MIN_LOCAL_BYTES, 200_001, 3 * mib + 17, 513 * mib + 4095] {
+            let (budget, pool) = split_local_memory(local).unwrap();
+            assert!(budget + pool <= local, "{local}");
+            assert!(
+                budget >= MIN_BUDGET_BYTES && pool >= MIN_POOL_BYTES,
+                "{local}"
+            );
+            assert_eq!((budget % PAGE_SIZE as u64, pool % PAGE_SIZE as u64), (0, 0));
+        }
+    }
+}

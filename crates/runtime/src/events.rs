@@ -1,0 +1,39 @@
+//! Release events read by the fault loop: REMOVE and UNMAP (the program released or unmapped
+//! a range: every copy of its pages is forgotten) and REMAP (mremap moved a range: its entries
+//! move with it). Each waits until no eviction is half-done, so it never races the evictor's
+//! commit.
+
+use crate::shared::Shared;
+
+/// REMOVE / UNMAP: the program released `start..end`; forget every copy.
+pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
+    let st = sh.state.lock();
+    let mut st = sh.settle_evictions(st);
+    for (addr, r) in st.pages.release_range(start, end, unmapped) {
+        st.settle_released(&sh.pf, addr, r);
+    }
+}
+
+/// REMAP: `len` bytes moved from `from` to `to`; move their entries (far copies stay where
+/// they are: far page numbers do not depend on addresses).
+pub(crate) fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
+    let st = sh.state.lock();
+    let mut st = sh.settle_evictions(st);
+    match st.pages.remap(from, to, len) {
+        Ok(moved) => {
+            for (addr, e) in moved {
+                if e.state.in_pool() {
+                    st.slots.set_owner(e.slot, addr);
+                }
+            }
+        }
+        Err(released) => {
+            tracing::warn!(
+                "mremap to {to:#x}+{len:#x} overlaps a region partly; its pages are forgotten"
+            );
+            for (addr, r) in released {
+                st.settle_released(&sh.pf, addr, r);
+            }
+        }
+    }
+}

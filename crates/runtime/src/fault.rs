@@ -1,0 +1,486 @@
+//! The fault loop (`farmem-fault`, one thread): the only reader of the region userfaultfd.
+//!
+//! # Design
+//!
+//! It reads messages in batches and handles them in order: release events (REMOVE, UNMAP,
+//! REMAP: [`crate::events`]) update the page table at once (never calling madvise itself: the
+//! program thread that raised the event is blocked until it is read); a fault is answered by
+//! the cheapest source: a zero page for never-written pages, a MOVE back from the write-back
+//! pool, or a read from the donor issued by this thread, which waits for it directly (the only
+//! other thread involved is the transport's socket reader). Remote reads of one batch are all
+//! submitted before the first is waited for, so concurrent faults overlap on the wire.
+//! Several messages for one page (threads faulting together) are served once: the first
+//! install wakes every waiter, later messages find the page resident and only wake.
+//!
+//! Dirty tracking: a page installed from an up-to-date donor copy by a read fault is
+//! installed write-protected (`ResidentClean`); its first write raises a WP fault that marks
+//! it dirty and unprotects it. Write faults install writable pages directly.
+//!
+//! Failure: a page that cannot be fetched (donor dead or stalled past the transport's
+//! request timeout, after `fetch_attempts` tries) is logged as an error, counted, and
+//! answered with UFFDIO_POISON: the faulting thread gets SIGBUS rather than hanging or
+//! reading wrong data.
+//!
+//! # Limitations
+//!
+//! - One thread serves every fault; a remote read blocks the faults behind it in its batch
+//!   (they are submitted together, so they wait for the slowest of them).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_policy::Origin;
+use farmem_transport::{Completion, Pending};
+use farmem_uffd::{Event, UffdError};
+use parking_lot::MutexGuard;
+
+use crate::pages::{Entry, PageState, NO_FAR};
+use crate::shared::{Shared, State};
+use crate::stats::FaultKind;
+use crate::PAGE_SIZE;
+
+/// A fault waiting to be served (again).
+struct FaultMsg {
+    addr: usize,
+    write: bool,
+    wp: bool,
+    /// The faulting thread's id (for the prefetcher's per-thread streams).
+    thread: u32,
+    t0: Instant,
+}
+
+/// A remote read in flight.
+struct Fetch {
+    msg: FaultMsg,
+    far: u64,
+    pending: Option<Pending>,
+    attempts: u32,
+}
+
+/// The fault loop's queues between iterations.
+#[derive(Default)]
+struct Queues {
+    /// Faults to serve again (pending events, or the page changed while waiting).
+    retry: VecDeque<FaultMsg>,
+    /// Pages fetched whose install met pending events.
+    installs: VecDeque<(FaultMsg, Box<[u8]>)>,
+    /// Remote reads submitted in this batch.
+    fetches: Vec<Fetch>,
+}
+
+/// The fault loop. Runs until shutdown.
+pub(crate) fn fault_loop(sh: Arc<Shared>) {
+    if let Some(h) = &sh.thread_hook {
+        h();
+    }
+    let mut events: Vec<Event> = Vec::with_capacity(64);
+    let mut q = Queues::default();
+    let mut busy = false;
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        events.clear();
+        // Busy: look for the next events without sleeping first.
+        if !(busy && spin_for_events(&sh, &mut events)) {
+            let timeout = if q.retry.is_empty() && q.installs.is_empty() {
+                100
+            } else {
+                1
+            };
+            if let Err(e) = sh.uffd.wait_readable(timeout) {
+                sh.report(format!("fault loop: {e}"), true);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if let Err(e) = sh.uffd.read_events(&mut events) {
+                sh.report(format!("fault loop: {e}"), true);
+                continue;
+            }
+        }
+        busy = !events.is_empty();
+        for ev in events.drain(..) {
+            handle_event(&sh, ev, &mut q);
+        }
+        // Pages fetched earlier whose install met pending events.
+        for _ in 0..q.installs.len() {
+            let (msg, data) = q.installs.pop_front().expect("counted");
+            install_fetched(&sh, msg, data, &mut q);
+        }
+        // Remote reads submitted in this batch: wait for each and install.
+        complete_fetches(&sh, &mut q);
+        for _ in 0..q.retry.len() {
+            let msg = q.retry.pop_front().expect("counted");
+            serve(&sh, msg, &mut q);
+        }
+        complete_fetches(&sh, &mut q);
+        sh.loop_seq.fetch_add(1, Ordering::Release);
+    }
+}
+
+fn handle_event(sh: &Shared, ev: Event, q: &mut Queues) {
+    match ev {
+        Event::Pagefault {
+            addr,
+            write,
+            wp,
+            thread_id,
+        } => {
+            let msg = FaultMsg {
+                addr: addr & !(PAGE_SIZE - 1),
+                write,
+                wp,
+                thread: thread_id,
+                t0: Instant::now(),
+            };
+            sh.pf.record(msg.addr, thread_id, write);
+            serve(sh, msg, q);
+        }
+        Event::Remove { start, end } | Event::Unmap { start, end } => {
+            crate::events::release(sh, start, end, matches!(ev, Event::Unmap { .. }));
+        }
+        Event::Remap { from, to, len } => crate::events::remap(sh, from, to, len),
+        Event::Fork { .. } => {
+            // EVENT_FORK is never enabled; dropping the fd would be the answer.
+        }
+    }
+}
+
+fn complete_fetches(sh: &Shared, q: &mut Queues) {
+    // Taken and put back so the vector keeps its capacity (completing a fetch never submits
+    // another).
+    let mut fetches = std::mem::take(&mut q.fetches);
+    for f in fetches.drain(..) {
+        complete_fetch(sh, f, q);
+    }
+    q.fetches = fetches;
+}
+
+/// How long the fault thread keeps polling for the next event after serving some, before it
+/// sleeps in poll(2). A faulting program usually faults again within microseconds; a sleeping
+/// fault thread costs a wake-up on every fault, which on a virtual machine with idle vCPUs
+/// (halted, woken by an IPI through the hypervisor) is tens of microseconds.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Reads events without sleeping for up to [`SPIN`]; true when some arrived.
+fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < SPIN {
+        match sh.uffd.read_events(events) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) => std::hint::spin_loop(),
+            Err(_) => return false, // reported by the blocking path
+        }
+    }
+    false
+}
+
+/// Serves one fault message from local state, or starts its remote read.
+fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
+    let mut st = sh.state.lock();
+    let Some(mut e) = st.pages.get(msg.addr) else {
+        // Not a region we know (being dropped, or a race with munmap): zero it so the thread
+        // does not wait forever.
+        drop(st);
+        match sh.uffd.zeropage(msg.addr, PAGE_SIZE, false) {
+            Ok(()) => {}
+            Err(UffdError::Again { .. }) => q.retry.push_back(msg),
+            Err(_) => {
+                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+            }
+        }
+        return;
+    };
+    while e.state == PageState::Evicting {
+        sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
+        e = st.pages.get(msg.addr).unwrap_or_default();
+    }
+    if msg.wp {
+        return serve_write_protect(sh, st, e, msg, q);
+    }
+    if matches!(
+        e.state,
+        PageState::Empty | PageState::PoolSent | PageState::PoolUnsent
+    ) {
+        sh.make_room(&mut st);
+        if st.pages.get(msg.addr) != Some(e) {
+            // Changed while waiting (released, or brought in): look again.
+            drop(st);
+            q.retry.push_back(msg);
+            return;
+        }
+    }
+    match e.state {
+        PageState::Empty => serve_zero(sh, st, msg, q),
+        PageState::ResidentClean
+        | PageState::ResidentDirty
+        | PageState::ResidentSending
+        | PageState::Fetching => {
+            // Served already (another thread's fault on the same page), or being fetched:
+            // the install wakes every waiter.
+            if e.state != PageState::Fetching {
+                drop(st);
+                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+            }
+            sh.stats.lock().s.faults_already_served += 1;
+        }
+        PageState::PoolSent | PageState::PoolUnsent => serve_from_pool(sh, st, e, msg, q),
+        PageState::Remote => serve_remote(sh, st, msg, q),
+        PageState::Evicting => unreachable!("waited above"),
+    }
+}
+
+/// A write-protect fault: the page is written for the first time since it was installed
+/// clean; unprotect it and mark it dirty.
+fn serve_write_protect(
+    sh: &Shared,
+    mut st: MutexGuard<'_, State>,
+    e: Entry,
+    msg: FaultMsg,
+    q: &mut Queues,
+) {
+    if !e.state.is_resident() {
+        // The page left since the fault was raised: wake the writer, it faults again on
+        // the missing page.
+        drop(st);
+        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        return;
+    }
+    match sh.uffd.writeprotect(msg.addr, PAGE_SIZE, false, false) {
+        Ok(()) => {
+            st.pages.mark_dirty(msg.addr);
+            drop(st);
+            sh.count_fault(FaultKind::WriteProtect, msg.t0);
+        }
+        Err(UffdError::Again { .. }) => q.retry.push_back(msg),
+        Err(err) => {
+            drop(st);
+            sh.report(
+                format!("write-protect fault at {:#x}: {err}", msg.addr),
+                true,
+            );
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// A never-written page: a zero page (read) or a zeroed copy (write).
+fn serve_zero(sh: &Shared, mut st: MutexGuard<'_, State>, msg: FaultMsg, q: &mut Queues) {
+    let r = if msg.write {
+        sh.uffd.copy(msg.addr, &sh.zero, false, false)
+    } else {
+        sh.uffd.zeropage(msg.addr, PAGE_SIZE, false)
+    };
+    match r {
+        Ok(()) | Err(UffdError::Exists { .. }) => {
+            st.pages.install_zero(msg.addr);
+            sh.kick_evictor(&st);
+            drop(st);
+            sh.count_fault(FaultKind::Zero, msg.t0);
+        }
+        Err(UffdError::Again { .. }) => q.retry.push_back(msg),
+        Err(err) => {
+            drop(st);
+            tracing::debug!("zero fault at {:#x}: {err}", msg.addr);
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// A page in the write-back pool: moved (or copied write-protected) back into its region.
+fn serve_from_pool(
+    sh: &Shared,
+    mut st: MutexGuard<'_, State>,
+    e: Entry,
+    msg: FaultMsg,
+    q: &mut Queues,
+) {
+    // Read faults keep tracking writes: a sent page comes back clean, an unsent one as
+    // "sending" (clean once its send is acked). Such a page is installed write-protected by
+    // COPY|WP, atomically: MOVE then WRITEPROTECT would map it writable for a moment (another
+    // thread's write there would be lost), and the kernel rejects WRITEPROTECT with
+    // WP|DONTWAKE (EINVAL), which left every pool hit dirty. Other faults take the page back
+    // with MOVE (no copy).
+    let protect = !msg.write && (e.state == PageState::PoolUnsent || e.far != NO_FAR);
+    let r = if protect {
+        crate::mm::with_slot_bytes(sh.pool.mapping(), e.slot, |data| {
+            sh.uffd
+                .copy(msg.addr, data, false, true)
+                .map(|()| PAGE_SIZE)
+        })
+    } else {
+        crate::mm::move_from_pool(&sh.uffd, msg.addr, sh.slot_addr(e.slot), true)
+    };
+    match r {
+        Ok(_) => {
+            if !protect {
+                // MOVE was issued with DONTWAKE; COPY woke the waiters itself.
+                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+            }
+            if protect {
+                st.slots.release_stale(e.slot); // COPY left the page in the slot
+            } else {
+                st.slots.release_empty(e.slot); // MOVE emptied it
+            }
+            // A prefetch hit is inserted into the eviction policy as such; the prefetcher is
+            // fed after the install.
+            let (origin, now) = sh.pf.pool_fault(msg.addr);
+            st.pages.install_from_pool(msg.addr, protect, origin);
+            let s = &mut *st;
+            let hit = origin == Origin::Prefetch;
+            sh.pf
+                .feed(&mut s.pages, s.paused, msg.addr, msg.thread, hit, now);
+            sh.kick_evictor(&st);
+            drop(st);
+            sh.count_fault(FaultKind::PoolHit, msg.t0);
+        }
+        Err(UffdError::Again { .. }) => q.retry.push_back(msg),
+        Err(UffdError::Exists { .. }) => {
+            drop(st);
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+        Err(err) => {
+            drop(st);
+            sh.report(
+                format!("moving page {:#x} back from the pool: {err}", msg.addr),
+                true,
+            );
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// A page on its donor only: wait for its prefetch if one is in flight, else send a demand
+/// read (waited for after the batch's other reads are submitted).
+fn serve_remote(sh: &Shared, mut st: MutexGuard<'_, State>, msg: FaultMsg, q: &mut Queues) {
+    let Some(far) = st.pages.begin_fetch(msg.addr) else {
+        // Refused (a bug, logged by the page states): never leave the thread waiting.
+        drop(st);
+        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        return;
+    };
+    let s = &mut *st;
+    if sh
+        .pf
+        .wait_for_prefetch(&mut s.pages, s.paused, msg.addr, far, msg.thread, msg.t0)
+    {
+        // Its prefetch is on the wire: the prefetch thread installs it on arrival (waking
+        // this fault), sooner than a demand read sent now would.
+        return;
+    }
+    drop(st);
+    let pending = sh.far.submit_read(far).ok();
+    let (addr, thread) = (msg.addr, msg.thread);
+    q.fetches.push(Fetch {
+        msg,
+        far,
+        pending,
+        attempts: 1,
+    });
+    // The demand read is on the wire: now feed the prefetcher, whose pages go out on the
+    // prefetch thread's own connection.
+    let mut st = sh.state.lock();
+    let s = &mut *st;
+    sh.pf.on_remote_fault(&mut s.pages, s.paused, addr, thread);
+}
+
+/// Waits for one remote read (retrying on failure) and installs the page.
+fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
+    loop {
+        let result = match f.pending.take() {
+            Some(p) => p.wait().map_err(|e| e.to_string()),
+            None => match sh.far.submit_read(f.far) {
+                Ok(p) => p.wait().map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match result {
+            Ok(Completion::Pages(data)) if data.len() == PAGE_SIZE => {
+                sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
+                install_fetched(sh, f.msg, data.into_boxed_slice(), q);
+                return;
+            }
+            Ok(_) => {
+                sh.report(
+                    format!(
+                        "donor answered a page read with no page (far page {})",
+                        f.far
+                    ),
+                    true,
+                );
+            }
+            Err(e) => sh.report(
+                format!(
+                    "fetching page {:#x} (far page {}) failed (try {} of {}): {e}",
+                    f.msg.addr, f.far, f.attempts, sh.fetch_attempts
+                ),
+                true,
+            ),
+        }
+        if f.attempts >= sh.fetch_attempts {
+            fail_fetch(sh, f.msg, q);
+            return;
+        }
+        f.attempts += 1;
+    }
+}
+
+/// A page that cannot be brought back: poison it so the faulting thread gets SIGBUS.
+fn fail_fetch(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
+    let mut st = sh.state.lock();
+    match st.pages.get(msg.addr).map(|e| e.state) {
+        Some(PageState::Fetching) => st.pages.abandon_fetch(msg.addr),
+        Some(_) => {
+            // Released meanwhile: serve whatever it is now.
+            drop(st);
+            q.retry.push_back(msg);
+            return;
+        }
+        None => {}
+    }
+    drop(st);
+    tracing::error!(
+        "page {:#x} cannot be brought back from its donor: the faulting thread gets SIGBUS",
+        msg.addr
+    );
+    if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
+        eprintln!(
+            "farmem: fatal: page {:#x} cannot be brought back from its donor and cannot be \
+             poisoned; aborting rather than returning wrong data",
+            msg.addr
+        );
+        std::process::abort();
+    }
+}
+
+/// Installs a fetched page if it is still wanted.
+fn install_fetched(sh: &Shared, msg: FaultMsg, data: Box<[u8]>, q: &mut Queues) {
+    let mut st = sh.state.lock();
+    sh.make_room(&mut st);
+    let state = st.pages.get(msg.addr).map(|e| e.state);
+    if state != Some(PageState::Fetching) {
+        // Released or remapped while in flight: serve what the page is now.
+        drop(st);
+        q.retry.push_back(msg);
+        return;
+    }
+    // Read faults get the page write-protected so that a later write is seen (clean pages are
+    // dropped at eviction without resending).
+    match sh.uffd.copy(msg.addr, &data, false, !msg.write) {
+        Ok(()) | Err(UffdError::Exists { .. }) => {
+            st.pages
+                .install_fetched(msg.addr, msg.write, Origin::Demand);
+            sh.kick_evictor(&st);
+            drop(st);
+            sh.count_fault(FaultKind::Remote, msg.t0);
+        }
+        Err(UffdError::Again { .. }) => {
+            drop(st);
+            q.installs.push_back((msg, data));
+        }
+        Err(err) => {
+            st.pages.abandon_fetch(msg.addr);
+            drop(st);
+            tracing::debug!("installing page {:#x}: {err}", msg.addr);
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}

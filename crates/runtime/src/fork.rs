@@ -1,0 +1,194 @@
+//! Fork handling: the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a child's copy of a
+//! region is unregistered plain memory. Before fork every evicted page is brought back
+//! (eviction paused) and the state lock is held across `fork()` — by a guard kept in
+//! [`ForkGuard`], not a forgotten one — so the child gets all the data as ordinary memory and
+//! a consistent copy of the state; the parent resumes after fork.
+//!
+//! # Limitations
+//!
+//! - Local memory exceeds the budget while a fork is prepared (every page is resident).
+//! - Pages shared with the child cannot be MOVEd (EBUSY) until the parent writes them; the
+//!   evictor unshares them.
+
+use std::time::Duration;
+
+use farmem_uffd::UffdError;
+use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
+
+use crate::pages::{Entry, PageState};
+use crate::shared::{Shared, State};
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// The state lock, held from `before_fork` to `after_fork_*`.
+#[derive(Default)]
+pub(crate) struct ForkGuard(Mutex<Option<ArcMutexGuard<RawMutex, State>>>);
+
+impl ForkGuard {
+    /// Releases the state lock if a fork is in progress; true if it was.
+    pub(crate) fn release(&self) -> bool {
+        self.0.lock().take().is_some()
+    }
+}
+
+/// Before `fork()`: pauses eviction, brings every evicted page back and keeps the state
+/// locked in `guard` until [`ForkGuard::release`].
+pub(crate) fn before_fork(sh: &Shared, guard: &ForkGuard) {
+    {
+        let mut st = sh.state.lock();
+        st.paused = true;
+        while st.pages.evicting() > 0 {
+            sh.commit_cv.wait_for(&mut st, Duration::from_millis(5));
+        }
+    }
+    if let Err(e) = bring_all_back(sh) {
+        sh.report(
+            format!(
+                "before fork: bringing evicted pages back failed ({e}); the child will read \
+                 zeros where those pages are"
+            ),
+            true,
+        );
+    }
+    // Hold the state lock across fork so the child's copy is consistent.
+    let mut st = sh.state.lock_arc();
+    if let Some(what) = check_all_back(&mut st) {
+        sh.report(
+            format!("before fork: {what}; the child will read zeros there"),
+            true,
+        );
+    }
+    *guard.0.lock() = Some(st);
+}
+
+/// Checks, with the state lock held right before `fork()`, that every page with contents is
+/// resident (the child gets exactly the pages mapped at fork). Returns a description of the
+/// pages that are not, for the error report: the child would read zeros there. Whether the
+/// first such page is present in the page tables (`mincore`) is part of the description; it is
+/// not itself checked, since a resident page may be swapped out by the kernel or released by
+/// another thread whose REMOVE event is not processed yet, and the child is right either way.
+fn check_all_back(st: &mut State) -> Option<String> {
+    let mut bad = 0usize;
+    let mut first: Option<(usize, PageState, bool)> = None;
+    for (s, e) in st.pages.ranges() {
+        let mut present = vec![0u8; (e - s) / PAGE_SIZE];
+        if farmem_mm::mincore(s, &mut present).is_err() {
+            continue; // not (entirely) mapped: an UNMAP event is on its way
+        }
+        for (a, en) in st.pages.entries_in(s, e) {
+            let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
+            if en.state != PageState::Empty && !en.state.is_resident() {
+                bad += 1;
+                first.get_or_insert((a, en.state, here));
+            }
+        }
+    }
+    first.map(|(a, state, here)| {
+        format!(
+            "{bad} page(s) are not in local memory at fork (first {a:#x}: {state:?}, {}present)",
+            if here { "" } else { "not " }
+        )
+    })
+}
+
+/// Brings every evicted page of every region back (before fork): called from a program thread
+/// with eviction paused and no eviction half-done.
+fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
+    let mut st = sh.state.lock();
+    let mut todo: Vec<usize> = Vec::new();
+    for (s, e) in st.pages.ranges() {
+        todo.extend(
+            st.pages
+                .entries_in(s, e)
+                .into_iter()
+                .filter(|(_, e)| {
+                    matches!(
+                        e.state,
+                        PageState::PoolSent
+                            | PageState::PoolUnsent
+                            | PageState::Remote
+                            | PageState::Fetching
+                    )
+                })
+                .map(|(a, _)| a),
+        );
+    }
+    drop(st);
+    let mut first_err: Option<RuntimeError> = None;
+    for addr in todo {
+        if let Err(e) = bring_back(sh, addr) {
+            // Go on with the other pages: one failure must not cost the child the rest (the
+            // first error is reported).
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Brings one page back, acting on its entry as it is now: the sender may have acknowledged
+/// a pool page (PoolUnsent → PoolSent) since the list was made.
+fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
+    loop {
+        let mut st = sh.state.lock();
+        let Some(e) = st.pages.get(addr) else {
+            return Ok(());
+        };
+        if e.state == PageState::Fetching {
+            // Another thread's fault is being served from the donor right now: the fault
+            // thread installs it (or, if the fetch fails, leaves it Remote). Skipping it would
+            // fork with the page missing, and the child would read zeros there.
+            drop(st);
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let r = match e.state {
+            PageState::PoolSent | PageState::PoolUnsent => {
+                crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false).map(|_| ())
+            }
+            PageState::Remote => {
+                drop(st);
+                let data = read_remote(sh, e)?;
+                st = sh.state.lock();
+                if st.pages.get(addr) != Some(e) {
+                    continue; // changed meanwhile: look again
+                }
+                sh.uffd.copy(addr, &data, false, false)
+            }
+            _ => return Ok(()), // resident already, or released
+        };
+        match r {
+            Ok(()) | Err(UffdError::Exists { .. }) => {
+                if let Some(slot) = st.pages.install_for_fork(addr) {
+                    st.slots.release_empty(slot);
+                }
+                return Ok(());
+            }
+            Err(UffdError::Again { .. }) => {
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(source) => {
+                return Err(RuntimeError::Uffd {
+                    step: "bringing pages back before fork",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Reads a remote page's data from its donor.
+fn read_remote(sh: &Shared, e: Entry) -> Result<Vec<u8>, RuntimeError> {
+    let mut data = vec![0u8; PAGE_SIZE];
+    let Some((d, a)) = sh.far.locate(e.far) else {
+        return Err(RuntimeError::Internal("remote page without placement"));
+    };
+    sh.far.donors[d]
+        .read
+        .read_pages(&[a], &mut data)
+        .map_err(|source| RuntimeError::Donor {
+            addr: sh.far.donors[d].read.addr().to_string(),
+            step: "bringing pages back before fork",
+            source,
+        })?;
+    Ok(data)
+}

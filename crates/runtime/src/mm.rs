@@ -1,0 +1,139 @@
+//! Every `unsafe` operation of the runtime, each behind a safe function whose contract is
+//! documented here (the crate root denies `unsafe_code`; this module alone allows it).
+//!
+//! What is unsafe in the runtime is memory it does not own as a Rust value: the program's
+//! region pages (registered with userfaultfd, moved out and back with UFFDIO_MOVE, faulted in
+//! writable to break copy-on-write sharing) and the bytes of write-back pool slots (read by
+//! the evictor and copied back to regions). The mappings themselves are
+//! [`farmem_mm::Mapping`]s (the pool, regions created by [`crate::Runtime::map`]).
+//!
+//! # Design
+//!
+//! The runtime never holds a Rust reference into a region, and into a pool slot only inside
+//! [`with_slot_bytes`], while the slot's page cannot move (its owner holds the state lock, or
+//! the evictor reads a slot it alone owns until its commit). These are the invariants every
+//! `SAFETY:` comment here relies on.
+#![allow(unsafe_code)]
+
+use farmem_mm::{Advice, Mapping};
+use farmem_uffd::{RegisterMode, Uffd, UffdError};
+
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// Maps a new region of `len` bytes: private anonymous memory, 4 KiB pages only.
+pub(crate) fn map_region(len: usize) -> Result<Mapping, RuntimeError> {
+    let m = Mapping::anonymous(len).map_err(|source| RuntimeError::Mmap {
+        op: "mapping a region",
+        len_bytes: len,
+        source,
+    })?;
+    m.advise(Advice::NoHugePage);
+    Ok(m)
+}
+
+/// Backs `addr..addr+len` of a program's mapping with 4 KiB pages only (advice; fails
+/// harmlessly on ranges that are not mapped).
+pub(crate) fn no_huge_pages(addr: usize, len: usize) {
+    // SAFETY: advice only: it changes how the kernel backs the range, never its contents.
+    unsafe { farmem_mm::raw::advise(addr, len, Advice::NoHugePage) }
+}
+
+/// Registers a region (missing and write-protect faults) with the region userfaultfd.
+/// The range must be private anonymous memory handed to the runtime: created by
+/// [`map_region`], or adopted through [`crate::Runtime::register`], whose caller promises no
+/// Rust reference relies on its pages staying in place.
+pub(crate) fn register_region(uffd: &Uffd, addr: usize, len: usize) -> Result<(), UffdError> {
+    let _ioctls =
+    // SAFETY: the range is region memory as described above; the runtime only moves its
+    // pages with userfaultfd ioctls, transparently for loads and stores.
+    unsafe {
+        uffd.register(
+            addr,
+            len,
+            RegisterMode {
+                missing: true,
+                wp: true,
+            },
+        )
+    }?;
+    Ok(())
+}
+
+/// Registers the write-back pool with the pool userfaultfd (missing faults: MOVE needs its
+/// destination registered).
+pub(crate) fn register_pool(uffd: &Uffd, pool: &Mapping) -> Result<(), UffdError> {
+    let _ioctls =
+    // SAFETY: the pool mapping is owned by the runtime and no Rust reference points into it
+    // (slot bytes are only borrowed inside `with_slot_bytes`).
+    unsafe {
+        uffd.register(
+            pool.addr(),
+            pool.len(),
+            RegisterMode {
+                missing: true,
+                wp: false,
+            },
+        )
+    }?;
+    Ok(())
+}
+
+/// MOVEs `len` bytes of region pages at `src` into the empty pool slots at `dst` (with
+/// DONTWAKE); returns the bytes moved.
+pub(crate) fn move_to_pool(
+    pool_uffd: &Uffd,
+    dst: usize,
+    src: usize,
+    len: usize,
+) -> Result<usize, UffdError> {
+    debug_assert!(len.is_multiple_of(PAGE_SIZE));
+    // SAFETY: `src..` are region pages the runtime manages (no Rust reference points into
+    // regions) and `dst..` are empty pool slots the evictor owns; MOVE takes the pages out
+    // atomically with respect to the page table.
+    unsafe { pool_uffd.move_pages(dst, src, len, true, false) }
+}
+
+/// MOVEs one page from the pool slot at `src` back into the region page `dst`; `dontwake`
+/// leaves the waiting threads for a later wake.
+pub(crate) fn move_from_pool(
+    uffd: &Uffd,
+    dst: usize,
+    src: usize,
+    dontwake: bool,
+) -> Result<usize, UffdError> {
+    // SAFETY: `src` is a pool slot holding this page, owned by the caller (state lock held);
+    // nothing references it; MOVE hands the page to the region without copying.
+    unsafe { uffd.move_pages(dst, src, PAGE_SIZE, dontwake, false) }
+}
+
+/// Runs `f` on the bytes of pool slot `slot`. The slot must hold a page that cannot move or
+/// be discarded during the call: the caller holds the state lock and the slot's page is
+/// owned by it, or it is the evictor reading a victim's slot before its commit.
+pub(crate) fn with_slot_bytes<R>(pool: &Mapping, slot: u32, f: impl FnOnce(&[u8]) -> R) -> R {
+    assert!(
+        (slot as usize) < pool.pages(),
+        "slot {slot} outside the pool"
+    );
+    // SAFETY: the slot lies inside the pool mapping (checked above), which outlives the call;
+    // per this function's contract nothing moves, discards or writes the page while `f` runs
+    // (the kernel only reads it when `f` passes it to UFFDIO_COPY), and the slice does not
+    // escape `f`.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (pool.addr() + slot as usize * PAGE_SIZE) as *const u8,
+            PAGE_SIZE,
+        )
+    };
+    f(bytes)
+}
+
+/// Makes the region page at `addr` exclusive to this process again (breaking copy-on-write
+/// sharing with a forked child) without changing its contents. Fails harmlessly if the
+/// program unmapped it meanwhile; if it released it, a zero page is installed through the
+/// fault thread, which is what the program reads there anyway.
+pub(crate) fn unshare_page(addr: usize) -> std::io::Result<()> {
+    // SAFETY: `addr` is one page of a region the runtime manages; POPULATE_WRITE only faults
+    // it in writable and never changes its contents, and no Rust reference points into
+    // regions.
+    unsafe { farmem_mm::raw::populate_write(addr, PAGE_SIZE) }
+}

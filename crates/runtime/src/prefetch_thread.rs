@@ -1,0 +1,249 @@
+//! The prefetch thread (`farmem-prefetch`): takes the requests [`crate::prefetch`] queued,
+//! fetches them in batches on its own donor connections, and makes the pages that arrive
+//! local through the page-state transitions the fault path uses.
+//!
+//! # Design
+//!
+//! - It takes every queued request, drops those a demand fault already reached, groups the
+//!   rest by donor in batches of up to 256 pages, submits all batches, then waits for each.
+//! - Arrival, under the state lock: a page is kept only if its entry is still `Remote` with the
+//!   same far page, it is still wanted and eviction is not paused (fork); otherwise it is
+//!   dropped (`prefetch_dropped`). Kept pages go to a pool slot (`PoolSent`), or in marker
+//!   mode straight into the region (`ResidentClean`) except each window's marker.
+//! - A page a fault waits for (it is `Fetching`) is installed for that fault and the fault is
+//!   woken; if its batch failed, the page goes back to `Remote` and the fault, woken, sends a
+//!   demand read of its own.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_policy::Origin;
+use farmem_transport::{Completion, PageAddr, Pending};
+use farmem_uffd::UffdError;
+use parking_lot::MutexGuard;
+
+use crate::pages::PageState;
+use crate::prefetch::{page_of, PrefetchInstall, Req, MAX_WINDOWS};
+use crate::shared::{Shared, State};
+use crate::stats::FaultKind;
+use crate::PAGE_SIZE;
+
+/// A prefetched page a fault waits for arrived (`data`) or could not be fetched (`None`):
+/// installs it and wakes the fault, or hands the page back to the demand path (state
+/// `Remote`, fault woken: it faults again and sends its own read). State lock held.
+fn arrive_awaited(
+    sh: &Shared,
+    st: &mut MutexGuard<'_, State>,
+    addr: usize,
+    far: u64,
+    t0: Instant,
+    data: Option<&[u8]>,
+) {
+    let ours = |st: &State| {
+        st.pages
+            .get(addr)
+            .is_some_and(|e| e.state == PageState::Fetching && e.far == far)
+    };
+    if !ours(st) {
+        // Released or remapped meanwhile: the fault is retried on what the page is now.
+        let _ = sh.uffd.wake(addr, PAGE_SIZE);
+        return;
+    }
+    if let Some(d) = data.filter(|_| !st.paused) {
+        sh.make_room(st);
+        if ours(st) {
+            // Write-protected and clean: it equals its donor copy; a write faults once more
+            // and marks it dirty.
+            match sh.uffd.copy(addr, d, false, true) {
+                Ok(()) | Err(UffdError::Exists { .. }) => {
+                    st.pages.install_fetched(addr, false, Origin::Prefetch);
+                    sh.kick_evictor(st);
+                    sh.count_fault(FaultKind::Remote, t0);
+                    return;
+                }
+                Err(e) => tracing::debug!("installing awaited prefetched page {addr:#x}: {e}"),
+            }
+        }
+    }
+    if ours(st) {
+        st.pages.abandon_fetch(addr);
+    }
+    let _ = sh.uffd.wake(addr, PAGE_SIZE);
+}
+
+/// The prefetch thread. Runs until shutdown.
+pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
+    if let Some(h) = &sh.thread_hook {
+        h();
+    }
+    let pf = &sh.pf;
+    let mut reqs: Vec<Req> = Vec::new();
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        {
+            let mut q = pf.queue.lock();
+            if q.is_empty() {
+                pf.queue_cv.wait_for(&mut q, Duration::from_millis(50));
+            }
+            reqs.extend(q.drain(..));
+        }
+        // Pages a demand fault already brought in (counted as waited hits) are not fetched:
+        // a prefetch thread that fell behind catches up instead of fetching stale pages.
+        {
+            let mut i = pf.inner.lock();
+            let before = reqs.len();
+            reqs.retain(|r| {
+                let consumed = i.in_flight.get(&r.addr).is_some_and(|f| f.consumed);
+                if consumed {
+                    i.in_flight.remove(&r.addr);
+                }
+                !consumed
+            });
+            i.dropped += (before - reqs.len()) as u64;
+        }
+        if reqs.is_empty() {
+            continue;
+        }
+        // Group by donor; pages whose slab is unknown cannot be remote: drop them.
+        let mut groups: Vec<Vec<(PageAddr, Req)>> =
+            (0..pf.clients.len()).map(|_| Vec::new()).collect();
+        let mut lost = Vec::new();
+        for r in reqs.drain(..) {
+            match sh.far.locate(r.far) {
+                Some((d, a)) if d < groups.len() => groups[d].push((a, r)),
+                _ => lost.push(r),
+            }
+        }
+        let mut batches: Vec<(Vec<Req>, Result<Pending, String>)> = Vec::new();
+        for (d, g) in groups.into_iter().enumerate() {
+            let mut g = g.into_iter().peekable();
+            while g.peek().is_some() {
+                let chunk: Vec<(PageAddr, Req)> =
+                    g.by_ref().take(farmem_transport::MAX_BATCH_PAGES).collect();
+                let addrs: Vec<PageAddr> = chunk.iter().map(|(a, _)| *a).collect();
+                let reqs: Vec<Req> = chunk.into_iter().map(|(_, r)| r).collect();
+                let p = pf.clients[d].submit_read(&addrs).map_err(|e| e.to_string());
+                batches.push((reqs, p));
+            }
+        }
+        if !lost.is_empty() {
+            arrive(&sh, lost, None);
+        }
+        for (reqs, p) in batches {
+            let result = p.and_then(|p| p.wait().map_err(|e| e.to_string()));
+            match result {
+                Ok(Completion::Pages(data)) if data.len() == reqs.len() * PAGE_SIZE => {
+                    sh.pf.inner.lock().batches += 1;
+                    sh.stats.lock().s.bytes_received += data.len() as u64;
+                    arrive(&sh, reqs, Some(&data));
+                }
+                other => {
+                    let why = match other {
+                        Err(e) => e,
+                        Ok(_) => "the donor answered with the wrong amount of data".into(),
+                    };
+                    tracing::warn!("prefetching {} pages failed: {why}", reqs.len());
+                    arrive(&sh, reqs, None);
+                }
+            }
+        }
+    }
+}
+
+/// Pages of one batch arrived (`data`, in request order) or failed (`None`): keep each if
+/// still wanted.
+fn arrive(sh: &Shared, reqs: Vec<Req>, data: Option<&[u8]>) {
+    let pf = &sh.pf;
+    let mut st = sh.state.lock();
+    for (k, r) in reqs.into_iter().enumerate() {
+        let flight = {
+            let mut i = pf.inner.lock();
+            let f = i.in_flight.remove(&r.addr);
+            if f.as_ref().is_some_and(|f| !f.consumed) {
+                i.live -= 1;
+            }
+            f
+        };
+        let page = data.map(|d| &d[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
+        if let Some(t0) = flight.as_ref().and_then(|f| f.waiter) {
+            arrive_awaited(sh, &mut st, r.addr, r.far, t0, page);
+            continue;
+        }
+        let Some(page_data) = page else {
+            continue; // failed: nothing counted (never prefetched)
+        };
+        let wanted = match &flight {
+            Some(f) => !f.consumed && f.far == r.far,
+            None => false,
+        };
+        let current = st.pages.get(r.addr);
+        let still = current.is_some_and(|e| e.state == PageState::Remote && e.far == r.far);
+        if !wanted || !still || st.paused {
+            let mut i = pf.inner.lock();
+            i.dropped += 1;
+            if wanted {
+                // Not consumed by a counted waited hit: a late (or released) prefetch.
+                i.measures.late();
+            }
+            continue;
+        }
+        keep(sh, &mut st, &r, page_data);
+    }
+}
+
+/// Makes an arrived, still wanted prefetched page local: in marker mode straight into its
+/// region (unless it is its window's marker or resident pages are at the high watermark),
+/// else into a pool slot.
+fn keep(sh: &Shared, st: &mut State, r: &Req, page_data: &[u8]) {
+    let pf = &sh.pf;
+    let now = pf.now_ns();
+    let marker = r.addr == r.window;
+    if pf.mode == PrefetchInstall::Marker && !marker && st.pages.resident() < sh.high_water {
+        match sh.uffd.copy(r.addr, page_data, false, true) {
+            Ok(()) => {
+                st.pages.install_prefetched(r.addr);
+                sh.kick_evictor(st);
+                let mut i = pf.inner.lock();
+                i.measures.prefetched(page_of(r.addr), now);
+                if i.windows.len() > MAX_WINDOWS {
+                    i.windows.clear();
+                }
+                i.windows.entry(r.window).or_default().push(r.addr);
+                return;
+            }
+            Err(UffdError::Exists { .. }) => {
+                // Present although the table says remote: never overwrite it.
+                pf.inner.lock().dropped += 1;
+                return;
+            }
+            Err(_) => {} // pending events (EAGAIN) or the mapping changed: use the pool
+        }
+    }
+    let Some(slot) = st.slots.take(&mut st.pages, &sh.pool, pf) else {
+        pf.inner.lock().dropped += 1;
+        return;
+    };
+    match sh
+        .pool_uffd
+        .copy(sh.slot_addr(slot), page_data, false, false)
+    {
+        Ok(()) => {
+            st.slots.set_owner(slot, r.addr);
+            st.slots.cache(slot);
+            st.pages.prefetch_to_pool(r.addr, slot);
+            let mut i = pf.inner.lock();
+            i.measures.prefetched(page_of(r.addr), now);
+            if pf.mode == PrefetchInstall::Marker && marker {
+                if i.markers.len() > MAX_WINDOWS {
+                    i.markers.clear();
+                }
+                i.markers.insert(r.addr, r.thread);
+            }
+        }
+        Err(e) => {
+            tracing::debug!("copying a prefetched page into the pool: {e}");
+            st.slots.release_empty(slot);
+            pf.inner.lock().dropped += 1;
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The sender (`farmem-send`): drains the staging queue in batches of up to 256 pages per
+//! donor, places slabs on first write, and marks acknowledged pages sent ([`Pages::mark_sent`]:
+//! `PoolSent`, reclaimable cache that the evictor frees oldest first when it needs pool slots).
+//!
+//! # Design
+//!
+//! A staged page is sent only if it is still wanted: still in its pool slot unsent, or moved
+//! back unmodified while its send was pending (`ResidentSending`, matched by generation).
+//! Send failures are retried with back-off while the pages stay in the pool (the program keeps
+//! running; the pool fills and resident memory may exceed the budget); the error is logged
+//! and kept in [`crate::Stats::last_error`].
+//!
+//! [`Pages::mark_sent`]: crate::pages::Pages::mark_sent
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use farmem_transport::PageWrite;
+
+use crate::pages::PageState;
+use crate::shared::{Shared, Staged, State};
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
+/// was moved back unmodified while its send was pending.
+fn staged_live(st: &State, s: &Staged) -> bool {
+    let in_pool = st
+        .slots
+        .owner(s.slot)
+        .and_then(|o| st.pages.get(o))
+        .is_some_and(|e| e.state == PageState::PoolUnsent && e.slot == s.slot && e.gen == s.gen);
+    in_pool
+        || st
+            .pages
+            .get(s.addr)
+            .is_some_and(|e| e.state == PageState::ResidentSending && e.gen == s.gen)
+}
+
+/// The sender. Runs until shutdown.
+pub(crate) fn send_loop(sh: Arc<Shared>) {
+    if let Some(h) = &sh.thread_hook {
+        h();
+    }
+    let mut backoff = Duration::from_millis(10);
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        let mut st = sh.state.lock();
+        if st.staging.is_empty() {
+            sh.stage_cv.wait_for(&mut st, Duration::from_millis(50));
+            continue;
+        }
+        // Take up to 256 still-wanted pages, oldest first.
+        let mut batch: Vec<Staged> = Vec::new();
+        while batch.len() < farmem_transport::MAX_BATCH_PAGES {
+            let Some(s) = st.staging.pop_front() else {
+                break;
+            };
+            if staged_live(&st, &s) {
+                batch.push(s);
+            }
+        }
+        drop(st);
+        if batch.is_empty() {
+            continue;
+        }
+        if let Err(e) = write_batch(&sh, &batch) {
+            sh.report(
+                format!(
+                    "write-back of {} evicted pages failed (kept in the write-back pool, \
+                     retrying): {e}",
+                    batch.len()
+                ),
+                false,
+            );
+            sh.send_failing.store(true, Ordering::Relaxed);
+            sh.commit_cv.notify_all();
+            let mut st = sh.state.lock();
+            for s in batch.into_iter().rev() {
+                st.staging.push_front(s);
+            }
+            drop(st);
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            continue;
+        }
+        backoff = Duration::from_millis(10);
+        sh.send_failing.store(false, Ordering::Relaxed);
+        acknowledge(&sh, &batch);
+    }
+}
+
+/// Writes a batch to the donors, grouped by donor, placing slabs on first write.
+fn write_batch(sh: &Shared, batch: &[Staged]) -> Result<(), RuntimeError> {
+    let mut groups: Vec<Vec<(farmem_transport::PageAddr, usize)>> =
+        vec![Vec::new(); sh.far.donors.len()];
+    for (i, s) in batch.iter().enumerate() {
+        let (d, a) = sh.far.place(s.far)?;
+        groups[d].push((a, i));
+    }
+    for (d, g) in groups.iter().enumerate() {
+        if g.is_empty() {
+            continue;
+        }
+        let writes: Vec<PageWrite<'_>> = g
+            .iter()
+            .map(|(a, i)| PageWrite {
+                addr: *a,
+                data: &batch[*i].data,
+            })
+            .collect();
+        sh.far.write(d, &writes)?;
+    }
+    Ok(())
+}
+
+/// The donors hold the batch: its pages still in the pool become reclaimable, those moved
+/// back unmodified become clean.
+fn acknowledge(sh: &Shared, batch: &[Staged]) {
+    let mut st = sh.state.lock();
+    for s in batch {
+        if let Some(owner) = st.slots.owner(s.slot) {
+            if st.pages.mark_sent(owner, Some(s.slot), s.gen) {
+                st.slots.cache(s.slot);
+            }
+        }
+        st.pages.mark_sent(s.addr, None, s.gen);
+    }
+    drop(st);
+    sh.slots_cv.notify_all();
+    let sent = batch.len() as u64;
+    let mut stats = sh.stats.lock();
+    stats.s.evicted_sent_dirty += sent;
+    stats.s.bytes_sent += sent * PAGE_SIZE as u64;
+}

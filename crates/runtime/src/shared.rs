@@ -1,0 +1,255 @@
+//! The runtime's shared core: the state behind the state mutex ([`State`]: page states, pool
+//! slots, far pages, the staging queue) and everything the runtime threads share
+//! ([`Shared`]: userfaultfds, the pool, condition variables, donors, counters, prefetching).
+//! Built by [`Shared::start`]; used by the fault loop, the evictor, the sender, the prefetch
+//! thread and fork handling, which sit above it.
+//!
+//! Lock order: the state mutex, then the prefetcher's `inner` mutex, then the stats mutex.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_mm::{Advice, Mapping};
+use farmem_uffd::{Features, Uffd};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::far::Far;
+use crate::farpages::FarPages;
+use crate::pages::{Pages, Released};
+use crate::prefetch::Prefetch;
+use crate::slots::{PoolMemory, Slots};
+use crate::stats::{FaultKind, StatsCell};
+use crate::{RuntimeConfig, RuntimeError, PAGE_SIZE};
+
+/// A page copied out of the pool, waiting to be sent.
+pub(crate) struct Staged {
+    /// The page's address when staged (for an ack after it moved back: `ResidentSending`).
+    pub(crate) addr: usize,
+    pub(crate) slot: u32,
+    pub(crate) gen: u32,
+    pub(crate) far: u64,
+    pub(crate) data: Box<[u8]>,
+}
+
+/// Everything behind the state mutex.
+pub(crate) struct State {
+    pub(crate) pages: Pages,
+    pub(crate) slots: Slots,
+    pub(crate) far_pages: FarPages,
+    pub(crate) stage_gen: u32,
+    /// Eviction is paused (fork in progress).
+    pub(crate) paused: bool,
+    pub(crate) staging: VecDeque<Staged>,
+}
+
+impl State {
+    /// Gives back what a released page held: its pool slot (discarded later) and far page.
+    pub(crate) fn settle_released(&mut self, pf: &Prefetch, addr: usize, r: Released) {
+        if let Some(slot) = r.slot {
+            self.slots.release_stale(slot);
+            pf.left(addr);
+        }
+        if let Some(far) = r.far {
+            self.far_pages.free(far);
+        }
+    }
+}
+
+/// The runtime's shared core.
+pub(crate) struct Shared {
+    pub(crate) uffd: Uffd,
+    pub(crate) pool_uffd: Uffd,
+    pub(crate) pool: PoolMemory,
+    pub(crate) state: Arc<Mutex<State>>,
+    /// The evictor waits here for work.
+    pub(crate) evict_cv: Condvar,
+    /// Signalled when an eviction round commits.
+    pub(crate) commit_cv: Condvar,
+    /// The sender waits here for staged pages.
+    pub(crate) stage_cv: Condvar,
+    /// Signalled when the sender acknowledged pages (pool slots became reclaimable).
+    pub(crate) slots_cv: Condvar,
+    pub(crate) far: Arc<Far>,
+    pub(crate) stats: Mutex<StatsCell>,
+    pub(crate) shutdown: AtomicBool,
+    /// Set in a forked child: no runtime threads exist there, never touch the uffd.
+    pub(crate) in_child: AtomicBool,
+    pub(crate) budget_pages: u64,
+    /// The evictor brings resident pages down to this (budget minus a headroom)...
+    pub(crate) low_water: u64,
+    /// ...once they reach this (halfway between it and the budget), so it works in batches
+    /// and the fault path rarely has to wake it.
+    pub(crate) high_water: u64,
+    pub(crate) fetch_attempts: u32,
+    pub(crate) thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
+    pub(crate) zero: Box<[u8]>,
+    /// Fault-loop iterations completed (lets callers wait until events already read by the
+    /// kernel's count — e.g. the UNMAP of a munmap that has returned — are processed).
+    pub(crate) loop_seq: AtomicU64,
+    /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
+    /// pool slots, so faults must not wait for it.
+    pub(crate) send_failing: AtomicBool,
+    /// The evictor cannot make progress right now (its last round moved no victim: pages
+    /// shared with a forked child that could not be unshared) or is unsharing pages, which
+    /// needs the fault thread: faults must not wait for it (the budget is exceeded meanwhile).
+    pub(crate) evictor_blocked: AtomicBool,
+    /// Prefetching and the access trace ([`crate::prefetch`]).
+    pub(crate) pf: Prefetch,
+}
+
+fn required_features() -> Features {
+    Features::PAGEFAULT_FLAG_WP
+        | Features::EVENT_REMOVE
+        | Features::EVENT_UNMAP
+        | Features::EVENT_REMAP
+        | Features::MOVE
+}
+
+/// Opens the region and pool userfaultfds and maps and registers the pool.
+fn open_uffds(cfg: &RuntimeConfig) -> Result<(Uffd, Uffd, PoolMemory), RuntimeError> {
+    let uffd = Uffd::open(required_features(), Features::THREAD_ID | Features::POISON).map_err(
+        |source| RuntimeError::Uffd {
+            step: "opening the region userfaultfd",
+            source,
+        },
+    )?;
+    // The pool's userfaultfd has no events (freeing pool pages never blocks) and SIGBUS
+    // instead of fault messages: a runtime bug touching an empty slot crashes loudly.
+    let pool_uffd =
+        Uffd::open(Features::MOVE | Features::SIGBUS, Features::empty()).map_err(|source| {
+            RuntimeError::Uffd {
+                step: "opening the pool userfaultfd",
+                source,
+            }
+        })?;
+    let pool_bytes = cfg
+        .pool_bytes
+        .unwrap_or((cfg.budget_bytes / 4).clamp(1 << 20, 64 << 20));
+    let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
+    let pool_len = pool_slots as usize * PAGE_SIZE;
+    let pool = Mapping::anonymous(pool_len).map_err(|source| RuntimeError::Mmap {
+        op: "mapping the write-back pool",
+        len_bytes: pool_len,
+        source,
+    })?;
+    pool.advise(Advice::NoHugePage);
+    // A forked child never needs the pool (it has no runtime), and a pool page shared
+    // copy-on-write with a child could not be MOVEd back (EBUSY) until written: a fork that
+    // runs no fork handlers (raw clone) or another runtime's fork would leave such pages
+    // behind. Not inherited, the pool's pages stay exclusive to this process.
+    pool.advise(Advice::DontFork);
+    crate::mm::register_pool(&pool_uffd, &pool).map_err(|source| RuntimeError::Uffd {
+        step: "registering the write-back pool",
+        source,
+    })?;
+    Ok((uffd, pool_uffd, PoolMemory::new(pool)))
+}
+
+impl Shared {
+    /// Builds the shared core: userfaultfds, the pool, donor connections, the prefetcher.
+    /// The caller has checked the configuration.
+    pub(crate) fn start(cfg: &RuntimeConfig) -> Result<Arc<Shared>, RuntimeError> {
+        let policy = farmem_policy::evict::by_name(&cfg.evict)
+            .map_err(|e| RuntimeError::Config(e.to_string()))?;
+        let (uffd, pool_uffd, pool) = open_uffds(cfg)?;
+        let budget_pages = cfg.budget_bytes / PAGE_SIZE as u64;
+        let far = Arc::new(Far::connect(cfg)?);
+        let pf = Prefetch::new(cfg, &far)?;
+        let headroom = (budget_pages / 16).clamp(2, 256);
+        let slots = Slots::new(pool.slots());
+        Ok(Arc::new(Shared {
+            uffd,
+            pool_uffd,
+            pool,
+            state: Arc::new(Mutex::new(State {
+                pages: Pages::new(policy),
+                slots,
+                far_pages: FarPages::default(),
+                stage_gen: 0,
+                paused: false,
+                staging: VecDeque::new(),
+            })),
+            evict_cv: Condvar::new(),
+            commit_cv: Condvar::new(),
+            stage_cv: Condvar::new(),
+            slots_cv: Condvar::new(),
+            far,
+            stats: Mutex::new(StatsCell::new()),
+            shutdown: AtomicBool::new(false),
+            in_child: AtomicBool::new(false),
+            budget_pages,
+            low_water: budget_pages - headroom,
+            high_water: budget_pages - headroom / 2,
+            fetch_attempts: cfg.fetch_attempts,
+            thread_hook: cfg.thread_hook.clone(),
+            zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
+            loop_seq: AtomicU64::new(0),
+            send_failing: AtomicBool::new(false),
+            evictor_blocked: AtomicBool::new(false),
+            pf,
+        }))
+    }
+
+    pub(crate) fn slot_addr(&self, slot: u32) -> usize {
+        self.pool.slot_addr(slot)
+    }
+
+    /// Records an error: counted, logged loudly, kept as `last_error`.
+    pub(crate) fn report(&self, msg: String, fetch: bool) {
+        tracing::error!("{msg}");
+        let mut s = self.stats.lock();
+        if fetch {
+            s.s.fetch_errors += 1;
+        } else {
+            s.s.send_errors += 1;
+        }
+        s.s.last_error = Some(msg);
+    }
+
+    /// Counts a served fault of `kind` that started at `t0`. Call without the state lock.
+    pub(crate) fn count_fault(&self, kind: FaultKind, t0: Instant) {
+        self.stats
+            .lock()
+            .fault(kind, t0.elapsed().as_micros() as u64);
+    }
+
+    /// Waits until no eviction is half-done (release events move or drop entries and must not
+    /// race the evictor's commit).
+    pub(crate) fn settle_evictions<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+    ) -> MutexGuard<'a, State> {
+        while st.pages.evicting() > 0 {
+            self.commit_cv.wait_for(&mut st, Duration::from_millis(5));
+        }
+        st
+    }
+
+    /// Before a page is installed: if resident pages are at the budget, wake the evictor and
+    /// wait for it (the headroom normally makes this rare). Not when write-back is failing
+    /// (the evictor cannot free pool slots), where waiting would only stall the program: the
+    /// budget is then exceeded and the error is in the stats. Nor when the evictor cannot
+    /// make progress or is unsharing pages (`evictor_blocked`): unsharing needs this thread.
+    pub(crate) fn make_room(&self, st: &mut MutexGuard<'_, State>) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while st.pages.resident() >= self.budget_pages
+            && !st.paused
+            && !self.send_failing.load(Ordering::Relaxed)
+            && !self.evictor_blocked.load(Ordering::Relaxed)
+            && Instant::now() < deadline
+        {
+            self.evict_cv.notify_one();
+            self.commit_cv.wait_for(st, Duration::from_millis(2));
+        }
+    }
+
+    /// After a page was installed: wakes the evictor once resident pages reach the high
+    /// watermark.
+    pub(crate) fn kick_evictor(&self, st: &State) {
+        if st.pages.resident() >= self.high_water {
+            self.evict_cv.notify_one();
+        }
+    }
+}
