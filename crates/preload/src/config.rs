@@ -50,6 +50,7 @@ mod tests {
             evict: None,
             prefetch: None,
             prefetch_install: None,
+            seal: farmem_runtime::SealMode::Auto,
             stats_file: None,
             record_trace: None,
             mmap_threshold_bytes: 1 << 20,

@@ -49,6 +49,7 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
         thread_hook: Some(Arc::new(crate::mark_runtime_thread)),
         farmem_bin: cfg.farmem_bin.clone(),
         record_trace: cfg.record_trace.clone(),
+        seal: cfg.seal,
         ..Default::default()
     };
     if let Some(e) = &cfg.evict {

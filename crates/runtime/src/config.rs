@@ -67,6 +67,37 @@ pub struct RuntimeConfig {
     pub link_delay_us: u64,
     /// Tries for a demand fetch before the page is poisoned; default 2.
     pub fetch_attempts: u32,
+    /// Whether pages are sealed (encrypted and authenticated) before they leave the process;
+    /// default [`SealMode::Auto`]: sealed when any donor is on another host.
+    pub seal: SealMode,
+}
+
+/// Whether pages leaving the process are sealed ([`crate::seal`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SealMode {
+    /// Sealed when any donor's address is not one of this host's (the embedded donor and
+    /// loopback donors are on this host: their memory is this machine's anyway).
+    #[default]
+    Auto,
+    /// Always sealed.
+    On,
+    /// Never sealed.
+    Off,
+}
+
+impl std::str::FromStr for SealMode {
+    type Err = crate::RuntimeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(SealMode::Auto),
+            "on" => Ok(SealMode::On),
+            "off" => Ok(SealMode::Off),
+            other => Err(crate::RuntimeError::Config(format!(
+                "unknown seal mode {other:?}: choose auto, on or off"
+            ))),
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -87,6 +118,7 @@ impl Default for RuntimeConfig {
             request_timeout: Duration::from_secs(5),
             link_delay_us: 0,
             fetch_attempts: 2,
+            seal: SealMode::Auto,
         }
     }
 }
@@ -101,6 +133,7 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("prefetch_install", &self.prefetch_install)
             .field("record_trace", &self.record_trace)
             .field("pool_bytes", &self.pool_bytes)
+            .field("seal", &self.seal)
             .finish_non_exhaustive()
     }
 }

@@ -243,6 +243,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                     gen,
                     far,
                     data,
+                    sealed: false,
                 });
                 c.staged += 1;
             }

@@ -393,10 +393,24 @@ fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
             },
         };
         match result {
-            Ok(Completion::Pages(data)) if data.len() == PAGE_SIZE => {
+            Ok(Completion::Pages(mut data)) if data.len() == PAGE_SIZE => {
                 sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
-                install_fetched(sh, f.msg, data.into_boxed_slice(), q);
-                return;
+                match sh.far.open(f.far, &mut data) {
+                    Ok(()) => {
+                        install_fetched(sh, f.msg, data.into_boxed_slice(), q);
+                        return;
+                    }
+                    Err(e) => {
+                        sh.stats.lock().s.seal_rejected += 1;
+                        sh.report(
+                            format!(
+                                "fetching page {:#x} (try {} of {}): {e}",
+                                f.msg.addr, f.attempts, sh.fetch_attempts
+                            ),
+                            true,
+                        );
+                    }
+                }
             }
             Ok(_) => {
                 sh.report(

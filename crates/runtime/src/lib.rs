@@ -66,6 +66,7 @@ mod pages;
 mod prefetch;
 mod prefetch_thread;
 pub mod run_settings;
+mod seal;
 mod send;
 mod shared;
 mod slots;
@@ -80,8 +81,9 @@ use farmem_mm::Mapping;
 use farmem_uffd::UffdError;
 use parking_lot::Mutex;
 
-pub use config::{split_local_memory, RuntimeConfig, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES};
+pub use config::{split_local_memory, RuntimeConfig, SealMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES};
 pub use prefetch::PrefetchInstall;
+pub use seal::SealError;
 pub use stats::{FaultLatency, LatencySummary, PreloadCounters, Stats, StatsFile, StatsSummary};
 
 use shared::Shared;
@@ -154,6 +156,8 @@ pub enum RuntimeError {
     },
     #[error("the runtime cannot be used in a forked child (its threads exist only in the parent)")]
     InChild,
+    #[error("sealing pages")]
+    Seal(#[source] SealError),
     #[error("internal error: {0}")]
     Internal(&'static str),
 }
@@ -365,6 +369,7 @@ impl Runtime {
         s.budget_pages = sh.budget_pages;
         s.pool_capacity_pages = u64::from(sh.pool.slots());
         s.slabs_placed = sh.far.slabs_placed();
+        s.sealed = sh.far.sealer.is_some();
         if sh.in_child.load(Ordering::Relaxed) {
             return s; // the prefetch thread does not exist here; its lock may be held
         }

@@ -132,10 +132,10 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         for (reqs, p) in batches {
             let result = p.and_then(|p| p.wait().map_err(|e| e.to_string()));
             match result {
-                Ok(Completion::Pages(data)) if data.len() == reqs.len() * PAGE_SIZE => {
+                Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
                     sh.pf.inner.lock().batches += 1;
                     sh.stats.lock().s.bytes_received += data.len() as u64;
-                    arrive(&sh, reqs, Some(&data));
+                    arrive_opened(&sh, reqs, &mut data);
                 }
                 other => {
                     let why = match other {
@@ -148,6 +148,39 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
             }
         }
     }
+}
+
+/// Pages of one batch arrived (`data`, in request order): opens each when pages are sealed;
+/// pages that fail their integrity check are treated as not arrived (never kept: a fault on
+/// one fetches it again on the demand path, which reports it).
+fn arrive_opened(sh: &Shared, reqs: Vec<Req>, data: &mut [u8]) {
+    let rejected: Vec<bool> = reqs
+        .iter()
+        .zip(data.chunks_exact_mut(PAGE_SIZE))
+        .map(|(r, page)| sh.far.open(r.far, page).is_err())
+        .collect();
+    let bad = rejected.iter().filter(|r| **r).count();
+    if bad == 0 {
+        arrive(sh, reqs, Some(data));
+        return;
+    }
+    sh.stats.lock().s.seal_rejected += bad as u64;
+    tracing::error!("{bad} prefetched pages failed their integrity check and were dropped");
+    let (mut good, mut failed, mut good_data) = (Vec::new(), Vec::new(), Vec::new());
+    for ((r, page), rejected) in reqs
+        .into_iter()
+        .zip(data.chunks_exact(PAGE_SIZE))
+        .zip(rejected)
+    {
+        if rejected {
+            failed.push(r);
+        } else {
+            good_data.extend_from_slice(page);
+            good.push(r);
+        }
+    }
+    arrive(sh, good, Some(&good_data));
+    arrive(sh, failed, None);
 }
 
 /// Pages of one batch arrived (`data`, in request order) or failed (`None`): keep each if

@@ -51,6 +51,8 @@ pub struct RunSettings {
     pub prefetch: Option<String>,
     /// How prefetched pages are made local: `buffer` or `marker`.
     pub prefetch_install: Option<String>,
+    /// Whether pages leaving the process are sealed.
+    pub seal: crate::SealMode,
     /// JSON stats file, rewritten every second and at exit.
     pub stats_file: Option<PathBuf>,
     /// Trace file the runtime records accesses into.
@@ -148,6 +150,7 @@ mod tests {
             evict: Some("clock".into()),
             prefetch: None,
             prefetch_install: Some("marker".into()),
+            seal: crate::SealMode::On,
             stats_file: Some("/tmp/stats.json".into()),
             record_trace: None,
             mmap_threshold_bytes: 4096,

@@ -63,6 +63,7 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
         if batch.is_empty() {
             continue;
         }
+        seal_batch(&sh, &mut batch);
         if let Err(e) = write_batch(&sh, &batch) {
             sh.report(
                 format!(
@@ -86,6 +87,18 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
         backoff = Duration::from_millis(10);
         sh.send_failing.store(false, Ordering::Relaxed);
         acknowledge(&sh, &batch);
+    }
+}
+
+/// Seals the pages of a batch not sealed yet (a retried batch keeps its sealed bytes, so a
+/// retry sends exactly what the recorded seal covers).
+fn seal_batch(sh: &Shared, batch: &mut [Staged]) {
+    let Some(sealer) = &sh.far.sealer else {
+        return;
+    };
+    for s in batch.iter_mut().filter(|s| !s.sealed) {
+        sealer.seal(s.far, &mut s.data);
+        s.sealed = true;
     }
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct Staged {
     pub(crate) gen: u32,
     pub(crate) far: u64,
     pub(crate) data: Box<[u8]>,
+    /// `data` is sealed already: a send that failed is retried with the same sealed bytes.
+    pub(crate) sealed: bool,
 }
 
 /// Everything behind the state mutex.

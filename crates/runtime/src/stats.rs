@@ -81,6 +81,11 @@ pub struct Stats {
     pub fetch_errors: u64,
     /// Failed sends (retried; pages stay in the pool meanwhile).
     pub send_errors: u64,
+    /// Pages are sealed (encrypted and authenticated) before they leave the process.
+    pub sealed: bool,
+    /// Pages fetched from a donor that failed their integrity check (altered, swapped or an
+    /// older version) and were not installed; each also counts as a failed fetch.
+    pub seal_rejected: u64,
     /// Pages brought in by prefetching (landed, or faulted while in flight).
     pub prefetched_pages: u64,
     /// First touches of prefetched pages (prefetch hits), including those that waited and
