@@ -3,15 +3,14 @@
 //! `farmem donor` process stopped with SIGSTOP (its connections stay open and nothing answers,
 //! which a donor in this process cannot be made to do).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use farmem_donor::RunningDonor;
 use farmem_runtime::{Runtime, RuntimeConfig};
 use farmem_testkit::donor::{in_process, Donor};
-use farmem_testkit::pages::{fill, mismatches, read_u64, MIB, PAGE};
-use farmem_testkit::runtime::{config, start, wait_for_stats};
+use farmem_testkit::pages::{fill, first_absent, mismatches, read_u64, MIB, PAGE};
+use farmem_testkit::runtime::{config, start, wait_for_sends_to_settle, wait_for_stats};
+use farmem_testkit::scenario::{self, Scenario};
 
 #[test]
 fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
@@ -118,38 +117,13 @@ fn donor_failure_scenario() {
     let pages = region.len() / PAGE;
     fill(base, pages, 4);
     // Wait until everything evicted is on the donor.
-    let mut last = u64::MAX;
-    loop {
-        std::thread::sleep(Duration::from_millis(100));
-        let s = rt.stats();
-        if s.evicted_sent_dirty == last {
-            break;
-        }
-        last = s.evicted_sent_dirty;
-    }
-    println!("READY");
-    std::io::stdout().flush().unwrap();
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
+    wait_for_sends_to_settle(&rt);
+    scenario::ready();
     // The lowest page not in the region was evicted among the first (FIFO; the pool caches
     // only the last 16), so it is only on the (now unusable) donor. Not simply page 0: an
     // eviction the kernel refused for a moment (a MOVE that met a locked page) puts the page
     // back at the end of the queue, and it may still be resident.
-    let mut present = vec![0u8; pages];
-    // SAFETY: mincore writes one byte per page of the mapped region into `present`, which
-    // has exactly that many; it does not touch the pages.
-    let r = unsafe {
-        libc::mincore(
-            base as *mut libc::c_void,
-            pages * PAGE,
-            present.as_mut_ptr(),
-        )
-    };
-    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
-    let victim = present
-        .iter()
-        .position(|b| b & 1 == 0)
-        .expect("pages beyond the budget were evicted");
+    let victim = first_absent(base, pages).expect("pages beyond the budget were evicted");
     assert!(victim < pages / 2, "page {victim} is the first evicted one");
     let v = read_u64(base + victim * PAGE);
     println!("READ {v:#x}");
@@ -179,32 +153,10 @@ fn donor_failure(failure: Failure) {
         FailingDonor::Process(d) => d.addr,
         FailingDonor::InProcess(d) => d.local_addr(),
     };
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "donor_failure_scenario",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("FARMEM_TEST_DONOR", addr.to_string())
-        .env("FARMEM_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "scenario ended early"
-        );
-        if line.trim() == "READY" {
-            break;
-        }
-    }
+    let scenario = Scenario::start(
+        "donor_failure_scenario",
+        &[("FARMEM_TEST_DONOR", addr.to_string())],
+    );
     let _stalled = match donor {
         FailingDonor::Process(d) => {
             d.signal("-STOP");
@@ -215,21 +167,8 @@ fn donor_failure(failure: Failure) {
             None
         }
     };
-    writeln!(child.stdin.take().unwrap(), "GO").unwrap();
     // Bounded: 2 tries of 500 ms each, plus slack; a hang fails here.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the faulting process hung on an unusable donor");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    let (status, rest, _) = scenario.go(Duration::from_secs(20));
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
         status.signal(),

@@ -4,18 +4,18 @@
 //! version of a page in place of the newer one.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use farmem_runtime::{Runtime, RuntimeConfig, SealMode};
 use farmem_testkit::donor::in_process;
-use farmem_testkit::pages::{fill, mismatches, read_u64, word, MIB, PAGE};
-use farmem_testkit::runtime::{config, start, wait_for_stats};
+use farmem_testkit::pages::{fill, first_absent, mismatches, read_u64, word, MIB, PAGE};
+use farmem_testkit::runtime::{config, start, wait_for_sends_to_settle, wait_for_stats};
+use farmem_testkit::scenario::{self, Scenario};
 
 /// What the proxy does to the traffic.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -238,35 +238,10 @@ fn tamper_scenario() {
     // Two rounds: under the replay attack the donor keeps round 1 where round 2 was written.
     fill(base, pages, 1);
     fill(base, pages, 2);
-    let mut last = u64::MAX;
-    loop {
-        std::thread::sleep(Duration::from_millis(100));
-        let s = rt.stats();
-        if s.evicted_sent_dirty == last {
-            break;
-        }
-        last = s.evicted_sent_dirty;
-    }
-    println!("READY");
-    std::io::stdout().flush().unwrap();
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    // The first page written is on the donor only (FIFO eviction; the pool keeps the last 16).
-    let mut present = vec![0u8; pages];
-    // SAFETY: mincore writes one byte per page of the mapped region into `present`, which has
-    // exactly that many; it does not touch the pages.
-    let r = unsafe {
-        libc::mincore(
-            base as *mut libc::c_void,
-            pages * PAGE,
-            present.as_mut_ptr(),
-        )
-    };
-    assert_eq!(r, 0);
-    let victim = present
-        .iter()
-        .position(|b| b & 1 == 0)
-        .expect("evicted pages");
+    wait_for_sends_to_settle(&rt);
+    scenario::ready();
+    // The first page evicted is on the donor only (FIFO eviction; the pool keeps the last 16).
+    let victim = first_absent(base, pages).expect("evicted pages");
     let v = read_u64(base + victim * PAGE);
     let round = (1..=2).find(|r| word(victim, *r) == v);
     println!("READ round {round:?}");
@@ -281,48 +256,17 @@ fn tamper(attack: Attack, seal: &str) -> (std::process::ExitStatus, String, Stri
     if attack == Attack::Replay {
         proxy.set(Attack::Replay);
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "tamper_scenario", "--ignored", "--nocapture"])
-        .env("FARMEM_TEST_DONOR", proxy.addr.to_string())
-        .env("FARMEM_TEST_SEAL", seal)
-        .env("FARMEM_LOG", "error")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "scenario ended early"
-        );
-        if line.trim() == "READY" {
-            break;
-        }
-    }
+    let scenario = Scenario::start(
+        "tamper_scenario",
+        &[
+            ("FARMEM_TEST_DONOR", proxy.addr.to_string()),
+            ("FARMEM_TEST_SEAL", seal.to_string()),
+        ],
+    );
     if attack == Attack::Flip {
         proxy.set(Attack::Flip);
     }
-    writeln!(child.stdin.take().unwrap(), "GO").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the scenario hung");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stdout = String::new();
-    let _ = out.read_to_string(&mut stdout);
-    let mut stderr = String::new();
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-    (status, stdout, stderr)
+    scenario.go(Duration::from_secs(30))
 }
 
 #[test]

@@ -10,6 +10,8 @@
 //!   directories, the stats file.
 //! - [`clients`]: free ports, connecting with retries, a RESP (redis) client, deterministic
 //!   values.
+//! - [`scenario`]: a scenario run in a process of its own (one that may end with a signal),
+//!   stopped at `READY` until the test says `GO`.
 //! - [`sigpipe`]: running a scenario in a child process whose SIGPIPE action is the default.
 //!
 //! Every helper fails the test with a message saying what is missing or what went wrong; none
@@ -21,4 +23,5 @@ pub mod donor;
 pub mod pages;
 pub mod run;
 pub mod runtime;
+pub mod scenario;
 pub mod sigpipe;

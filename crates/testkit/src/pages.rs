@@ -74,3 +74,20 @@ pub fn mismatches(base: usize, pages: usize, r: u64) -> usize {
         })
         .count()
 }
+
+/// The first of the `pages` pages at `base` that is not present in memory (evicted), found with
+/// mincore, which does not touch the pages.
+pub fn first_absent(base: usize, pages: usize) -> Option<usize> {
+    let mut present = vec![0u8; pages];
+    // SAFETY: mincore writes one byte per page of the range into `present`, which has exactly
+    // that many; the caller passes a mapped range; it does not touch the pages.
+    let r = unsafe {
+        libc::mincore(
+            base as *mut libc::c_void,
+            pages * PAGE,
+            present.as_mut_ptr(),
+        )
+    };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    present.iter().position(|b| b & 1 == 0)
+}

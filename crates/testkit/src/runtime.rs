@@ -42,3 +42,17 @@ pub fn wait_for_stats(
         std::thread::sleep(poll);
     }
 }
+
+/// Waits until the runtime's write-back has stopped sending (no page sent for 100 ms): every
+/// page evicted so far is on its donor.
+pub fn wait_for_sends_to_settle(rt: &Runtime) {
+    let mut last = u64::MAX;
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let sent = rt.stats().evicted_sent_dirty;
+        if sent == last {
+            return;
+        }
+        last = sent;
+    }
+}
