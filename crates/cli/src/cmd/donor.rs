@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use farmem_donor::{DonorConfig, DonorServer};
+use farmem_donor::{DonorConfig, DonorServer, Tenant};
 use farmem_transport::MAX_TOKEN_LEN;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -27,9 +27,29 @@ Once listening, prints exactly one line to stdout, `farmem donor listening on AD
 real port when --listen ends in :0); logs go to stderr (FARMEM_LOG=debug for more). SIGINT or \
 SIGTERM stops it cleanly with exit status 0.
 
-Security: without --token-file any local process may connect, so only loopback addresses are \
-accepted; to serve other hosts, give --token-file (the same file on the clients) or, on a \
-trusted network only, --insecure. Client ids are names, not credentials.
+Security: without --token-file or --tenants any local process may connect, so only loopback \
+addresses are accepted; to serve other hosts, give --token-file (the same file on the clients) \
+or --tenants, or, on a trusted network only, --insecure. The token never crosses the wire: \
+clients prove it with an HMAC of a per-connection nonce. A token file holds the token's bytes \
+(1 to 256) with one trailing newline stripped, so `echo secret > tok` works; it must not be \
+readable by group or others (`chmod 600 FILE`). A client's slabs belong to a secret key only it \
+holds: another client with the same token cannot read, overwrite or free them.
+
+--capacity may not exceed this machine's memory (MemTotal) or the donor's memory cgroup limit; \
+while the host's available memory (MemAvailable) is below 5 % of MemTotal (at least 256 MiB), \
+the donor lends no new slabs (clients are told the donor is under memory pressure). Slabs \
+already lent are not migrated away yet (a later version).
+
+Tenants (--tenants FILE, TOML; unknown keys are an error): each tenant has its own token file \
+and a quota bounding all its clients together:
+  [[tenant]]
+  name = \"alice\"
+  token_file = \"/etc/farmem/alice.token\"   # relative paths are relative to FILE's folder
+  quota = \"4GiB\"                           # optional
+
+Connections that have not authenticated are limited (256 in all, 64 per source address, 3 s to \
+authenticate); a flood of them cannot lock clients out. A connection beyond the connection \
+limit is told \"donor full\".
 
 A client that disconnects keeps its slabs for --orphan-grace, so a reconnect finds its pages.
 
@@ -51,9 +71,13 @@ pub struct DonorArgs {
     /// Size of one slab (a multiple of 4 KiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub slab_size: u64,
-    /// File holding the auth token clients must present (its bytes, exactly, at most 256).
-    #[arg(long, value_name = "FILE")]
+    /// File holding the auth token clients must prove (1 to 256 bytes; one trailing newline
+    /// is stripped; mode 600).
+    #[arg(long, value_name = "FILE", conflicts_with = "tenants")]
     pub token_file: Option<PathBuf>,
+    /// TOML file of tenants, each with its own token file and quota (see below).
+    #[arg(long, value_name = "FILE")]
+    pub tenants: Option<PathBuf>,
     /// Most memory one client id may hold.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub quota: Option<u64>,
@@ -88,26 +112,115 @@ fn exit_with_parent(pid: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads an auth token file: the token is the file's bytes, exactly (1 to 256 bytes).
+/// Reads an auth token file: the token is the file's bytes with one trailing newline stripped
+/// (1 to 256 bytes). A file readable by group or others is refused.
 pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let token = std::fs::read(path)
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
         .with_context(|| format!("reading the token file {}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "the token file {} is readable by others (mode {mode:04o}); run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        );
+    }
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    let token = farmem_transport::token_from_file_bytes(&bytes);
     if token.is_empty() {
         bail!(
-            "the token file {} is empty; put a secret of 1 to {} bytes in it",
-            path.display(),
-            MAX_TOKEN_LEN
+            "the token file {} is empty; put a secret of 1 to {MAX_TOKEN_LEN} bytes in it",
+            path.display()
         );
     }
     if token.len() > MAX_TOKEN_LEN {
         bail!(
-            "the token file {} holds {} bytes; a token is at most {} bytes",
+            "the token file {} holds a {}-byte token; a token is at most {MAX_TOKEN_LEN} bytes",
             path.display(),
-            token.len(),
-            MAX_TOKEN_LEN
+            token.len()
         );
     }
-    Ok(token)
+    Ok(token.to_vec())
+}
+
+/// One `[[tenant]]` of a tenants file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    name: String,
+    token_file: PathBuf,
+    quota: Option<String>,
+}
+
+/// A tenants file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantsFile {
+    tenant: Vec<TenantEntry>,
+}
+
+/// A tenant as parsed from a tenants file, before its token file is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// Its name.
+    pub name: String,
+    /// Its token file, as written in the file.
+    pub token_file: PathBuf,
+    /// Its quota in bytes, if any.
+    pub quota_bytes: Option<u64>,
+}
+
+/// Parses the text of a tenants file (TOML; unknown keys, duplicate or empty names, and bad
+/// sizes are errors).
+pub fn parse_tenants(text: &str) -> anyhow::Result<Vec<TenantSpec>> {
+    let file: TenantsFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if file.tenant.is_empty() {
+        bail!("no [[tenant]] given");
+    }
+    let mut out: Vec<TenantSpec> = Vec::new();
+    for t in file.tenant {
+        if t.name.trim().is_empty() {
+            bail!("a tenant has an empty name");
+        }
+        if out.iter().any(|o| o.name == t.name) {
+            bail!("two tenants are named {:?}", t.name);
+        }
+        let quota_bytes = t
+            .quota
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("tenant {:?}: quota: {e}", t.name))?;
+        out.push(TenantSpec {
+            name: t.name,
+            token_file: t.token_file,
+            quota_bytes,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a tenants file and every token file it names (relative to the file's folder).
+pub fn read_tenants(path: &Path) -> anyhow::Result<Vec<Tenant>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the tenants file {}", path.display()))?;
+    let specs = parse_tenants(&text)
+        .with_context(|| format!("the tenants file {} is invalid", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    specs
+        .into_iter()
+        .map(|s| {
+            let token = read_token_file(&dir.join(&s.token_file))
+                .with_context(|| format!("tenant {:?}", s.name))?;
+            Ok(Tenant {
+                name: s.name,
+                token,
+                quota_bytes: s.quota_bytes,
+            })
+        })
+        .collect()
 }
 
 /// Runs the donor until SIGINT/SIGTERM.
@@ -120,11 +233,16 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(read_token_file)
         .transpose()?;
+    let tenants = match &args.tenants {
+        Some(f) => read_tenants(f)?,
+        None => Vec::new(),
+    };
     let cfg = DonorConfig {
         listen: args.listen.clone(),
         capacity_bytes: args.capacity,
         slab_size_bytes: args.slab_size,
         token,
+        tenants,
         quota_bytes: args.quota,
         orphan_grace: args.orphan_grace,
         insecure: args.insecure,
