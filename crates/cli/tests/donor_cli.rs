@@ -198,7 +198,11 @@ fn hello_stream(addr: SocketAddr, client: u64) -> std::net::TcpStream {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // HELLO (protocol version 2), then AUTH registering `client` (this donor has no token, so
     // any token proof passes) with a reconnect key.
-    assert_eq!(exchange(&mut s, &req(1, &2u16.to_le_bytes())).unwrap().0, 0, "HELLO");
+    assert_eq!(
+        exchange(&mut s, &req(1, &2u16.to_le_bytes())).unwrap().0,
+        0,
+        "HELLO"
+    );
     let mut p = client.to_le_bytes().to_vec();
     p.push(0);
     p.extend_from_slice(&[0u8; 32]);
