@@ -145,68 +145,11 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(token.to_vec())
 }
 
-/// One `[[tenant]]` of a tenants file.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TenantEntry {
-    name: String,
-    token_file: PathBuf,
-    quota: Option<String>,
-}
-
-/// A tenants file.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TenantsFile {
-    tenant: Vec<TenantEntry>,
-}
-
-/// A tenant as parsed from a tenants file, before its token file is read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TenantSpec {
-    /// Its name.
-    pub name: String,
-    /// Its token file, as written in the file.
-    pub token_file: PathBuf,
-    /// Its quota in bytes, if any.
-    pub quota_bytes: Option<u64>,
-}
-
-/// Parses the text of a tenants file (TOML; unknown keys, duplicate or empty names, and bad
-/// sizes are errors).
-pub fn parse_tenants(text: &str) -> anyhow::Result<Vec<TenantSpec>> {
-    let file: TenantsFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if file.tenant.is_empty() {
-        bail!("no [[tenant]] given");
-    }
-    let mut out: Vec<TenantSpec> = Vec::new();
-    for t in file.tenant {
-        if t.name.trim().is_empty() {
-            bail!("a tenant has an empty name");
-        }
-        if out.iter().any(|o| o.name == t.name) {
-            bail!("two tenants are named {:?}", t.name);
-        }
-        let quota_bytes = t
-            .quota
-            .as_deref()
-            .map(parse_size)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("tenant {:?}: quota: {e}", t.name))?;
-        out.push(TenantSpec {
-            name: t.name,
-            token_file: t.token_file,
-            quota_bytes,
-        });
-    }
-    Ok(out)
-}
-
 /// Reads a tenants file and every token file it names (relative to the file's folder).
 pub fn read_tenants(path: &Path) -> anyhow::Result<Vec<Tenant>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the tenants file {}", path.display()))?;
-    let specs = parse_tenants(&text)
+    let specs = crate::cmd::tenants::parse_tenants(&text)
         .with_context(|| format!("the tenants file {} is invalid", path.display()))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     specs
