@@ -628,9 +628,6 @@ impl Connection {
             }
             None => {}
         }
-        if let Some(r) = self.shared.memory_pressure() {
-            return self.refuse(op, id, &r, Flow::Close);
-        }
         let store = Arc::clone(&self.shared.store);
         let joined = match mode {
             AuthMode::Register => store.register(client_id, tenant, ReconnectKey(*key_or_proof)),

@@ -263,7 +263,7 @@ impl Shared {
         }
     }
 
-    /// The refusal AUTH and ALLOC_SLAB answer while the host is under memory pressure.
+    /// The refusal ALLOC_SLAB answers while the host is under memory pressure.
     pub(crate) fn memory_pressure(&self) -> Option<Refusal> {
         if self.memory_watermark_bytes == 0 {
             return None;

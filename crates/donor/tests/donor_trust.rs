@@ -269,3 +269,24 @@ fn an_authenticated_client_trickling_a_request_is_cut_at_the_stall_timeout() {
     );
     w.check();
 }
+
+#[test]
+fn a_donor_under_memory_pressure_lends_no_new_slabs() {
+    // A watermark no host reaches: the donor is under pressure from the start.
+    let donor = start(DonorConfig {
+        memory_watermark_bytes: Some(u64::MAX),
+        ..config()
+    });
+    let mut c = Raw::hello(donor.local_addr(), 1, b"");
+    match c.alloc() {
+        Reply::Error(Status::MemoryPressure, m) => {
+            assert!(
+                m.contains("memory pressure") && m.contains("watermark"),
+                "{m}"
+            )
+        }
+        other => panic!("expected a memory-pressure refusal, got {other:?}"),
+    }
+    // The client keeps its connection: STATS is still answered (`stats` panics otherwise).
+    c.stats();
+}
