@@ -20,6 +20,16 @@ usage() {
     exit 2
 }
 
+# With -jobs, libFuzzer's worker writes its output to fuzz-N.log in the current folder.
+collect_worker_logs() {
+    local f
+    for f in fuzz-*.log; do
+        [ -e "$f" ] || continue
+        cat "$f" >>"$1"
+        rm -f "$f"
+    done
+}
+
 run_one() {
     local target=$1 secs=$2 log
     log=$(mktemp)
@@ -34,11 +44,13 @@ run_one() {
     if ! cargo +nightly fuzz run "$target" "corpus/$target" -- \
         -max_total_time="$secs" -jobs=1 -workers=1 -print_final_stats=1 "${extra[@]}" \
         >"$log" 2>&1; then
+        collect_worker_logs "$log"
         tail -n 40 "$log"
         echo "fuzz target $target failed (see the crash input under fuzz/artifacts/$target/)" >&2
         rm -f "$log"
         return 1
     fi
+    collect_worker_logs "$log"
     grep -E '^#[0-9]+' "$log" | tail -n 1
     grep -E '^stat::number_of_executed_units' "$log" || true
     rm -f "$log"

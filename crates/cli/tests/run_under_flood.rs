@@ -107,7 +107,7 @@ fn a_connection_flood_does_not_stop_a_paging_program_or_new_clients() {
         &text[..text.len().min(4000)]
     );
     assert!(
-        text.contains("closed unauthenticated connections to make room"),
+        text.contains("closed the oldest unauthenticated connection to make room"),
         "{text}"
     );
     assert!(!text.contains("flood-test-token"), "the token was logged");

@@ -148,7 +148,7 @@ impl Connection {
                 Ok(false) => break,
                 Err(e) => {
                     if !self.shared.stop.load(Ordering::Acquire) {
-                        tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: {e}");
+                        self.warn(&format!("closing the connection: {e}"));
                     }
                     break;
                 }
@@ -294,8 +294,29 @@ impl Connection {
         Ok(())
     }
 
+    /// Logs a warning about this connection: in full once authenticated; before that through
+    /// the donor-wide rate limit, so floods of bad connections cannot flood the log.
+    fn warn(&self, message: &str) {
+        if self.client.is_some() {
+            tracing::warn!(peer = %self.peer, client = ?self.client, "{message}");
+        } else {
+            self.shared.note_refusal(&format!(
+                "unauthenticated connection from {}: {message}",
+                self.peer
+            ));
+        }
+    }
+
     fn log_refusal(&mut self, op: u8, status: Status, message: &str) {
         self.errors += 1;
+        if self.client.is_none() {
+            let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
+            self.warn(&format!(
+                "refused a {op} request ({}): {message}",
+                status.name()
+            ));
+            return;
+        }
         if self.errors <= ERRORS_LOGGED_IN_FULL || self.errors.is_multiple_of(1000) {
             let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
             tracing::warn!(
@@ -369,7 +390,7 @@ impl Connection {
         let served = match served {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: {e}");
+                self.warn(&format!("closing the connection: {e}"));
                 return Flow::Close;
             }
         };
@@ -606,7 +627,7 @@ impl Connection {
         };
         self.auth_attempts += 1;
         let Some(tenant) = self.tenant_for(&nonce, client_id, proof) else {
-            tracing::warn!(peer = %self.peer, "authentication failed: wrong or missing auth token; closing the connection");
+            self.warn("authentication failed: wrong or missing auth token; closing the connection");
             let r = Refusal {
                 status: Status::AuthFailed,
                 message: "wrong or missing auth token: give the donor's token (--token-file)"
@@ -637,7 +658,7 @@ impl Connection {
             let retry = matches!(r.status, Status::UnknownClient | Status::ClientIdTaken)
                 && self.auth_attempts < MAX_AUTH_ATTEMPTS;
             if r.status == Status::AuthFailed {
-                tracing::warn!(peer = %self.peer, client = client_id, "authentication failed: wrong reconnect key; closing the connection");
+                self.warn(&format!("authentication failed: wrong reconnect key for client {client_id}; closing the connection"));
             }
             let flow = if retry { Flow::Continue } else { Flow::Close };
             return self.refuse(op, id, &r, flow);

@@ -15,7 +15,8 @@
 //! before the flood cycles through the slots, and authenticated connections are never evicted.
 //! A connection refused because every slot is taken gets an error frame saying so
 //! ([`Status::DonorFull`](farmem_proto::Status::DonorFull)). Refusals and evictions are counted
-//! (Prometheus) and logged at most once per [`REFUSAL_LOG_INTERVAL`].
+//! (Prometheus) and logged at a bounded rate ([`REFUSALS_LOGGED_PER_INTERVAL`] lines per
+//! [`REFUSAL_LOG_INTERVAL`], then a count), as are failures of unauthenticated connections.
 //!
 //! An authenticated client may stay idle between requests as long as it likes, but once a
 //! request's first byte arrives the whole request must arrive within
@@ -48,8 +49,11 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_UNAUTHENTICATED: usize = 256;
 /// Most connections from one source address that have not completed the handshake.
 pub const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 64;
-/// Refused and evicted connections are logged at most once per this interval, with a count.
+/// Refused, evicted and failed unauthenticated connections are logged in full at most
+/// [`REFUSALS_LOGGED_PER_INTERVAL`] times per this interval; the rest are counted.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// See [`REFUSAL_LOG_INTERVAL`].
+pub const REFUSALS_LOGGED_PER_INTERVAL: u64 = 16;
 /// Default of [`DonorConfig::hello_timeout`]: how long a new connection may take, in total, to
 /// complete the handshake (HELLO and AUTH) before it is closed.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
@@ -233,8 +237,8 @@ pub(crate) struct Shared {
     max_connections: usize,
     /// Unauthenticated connections, oldest first: (connection id, source address).
     pending: Mutex<VecDeque<(u64, IpAddr)>>,
-    /// When refusals were last logged, and how many happened since.
-    refusal_log: Mutex<(Option<Instant>, u64)>,
+    /// Refusal logging: when the current interval began, refusals in it, and those not logged.
+    refusal_log: Mutex<(Option<Instant>, u64, u64)>,
     pub(crate) hello_timeout: Duration,
     pub(crate) stall_timeout: Duration,
     listener: TcpListener,
@@ -283,25 +287,34 @@ impl Shared {
         self.pending.lock().retain(|&(c, _)| c != id);
     }
 
-    /// Counts a refused or evicted connection and logs, at most once per
-    /// [`REFUSAL_LOG_INTERVAL`], how many there were.
-    fn note_refusal(&self, what: &str) {
+    /// Logs a refused, evicted or failed unauthenticated connection: the first
+    /// [`REFUSALS_LOGGED_PER_INTERVAL`] of each [`REFUSAL_LOG_INTERVAL`] in full, the rest only
+    /// counted, and their number reported with the first line of the next interval.
+    pub(crate) fn note_refusal(&self, what: &str) {
         let mut log = self.refusal_log.lock();
-        log.1 += 1;
         let now = Instant::now();
         if log
             .0
             .is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_INTERVAL)
         {
-            let (full, evicted) = self.metrics.refusals();
-            tracing::warn!(
-                since_last_report = log.1,
-                refused_full_total = full,
-                evicted_unauthenticated_total = evicted,
-                "{what} (logged at most once per {} s)",
-                REFUSAL_LOG_INTERVAL.as_secs()
-            );
-            *log = (Some(now), 0);
+            if log.2 > 0 {
+                let (full, evicted) = self.metrics.refusals();
+                tracing::warn!(
+                    not_logged = log.2,
+                    refused_full_total = full,
+                    evicted_unauthenticated_total = evicted,
+                    "{} more refused or failed unauthenticated connections were not logged in the last {} s",
+                    log.2,
+                    REFUSAL_LOG_INTERVAL.as_secs()
+                );
+            }
+            *log = (Some(now), 0, 0);
+        }
+        log.1 += 1;
+        if log.1 <= REFUSALS_LOGGED_PER_INTERVAL {
+            tracing::warn!("{what}");
+        } else {
+            log.2 += 1;
         }
     }
 
@@ -328,7 +341,9 @@ impl Shared {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             self.metrics.evicted_unauthenticated();
-            self.note_refusal("closed unauthenticated connections to make room for newer ones");
+            self.note_refusal(
+                "closed the oldest unauthenticated connection to make room for a newer one",
+            );
         }
     }
 
@@ -565,7 +580,7 @@ impl DonorServer {
                 memory_watermark_bytes,
                 max_connections: cfg.max_connections,
                 pending: Mutex::new(VecDeque::new()),
-                refusal_log: Mutex::new((None, 0)),
+                refusal_log: Mutex::new((None, 0, 0)),
                 hello_timeout: cfg.hello_timeout,
                 stall_timeout: cfg.stall_timeout,
                 listener,
@@ -744,7 +759,7 @@ fn refuse_full(shared: &Shared, stream: TcpStream, open: usize) {
     let _ = (&stream).write_all(&frame);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     shared.metrics.refused_full();
-    shared.note_refusal("refused connections: every connection slot is taken");
+    shared.note_refusal(&format!("refused a connection: {message}"));
 }
 
 /// Counts a connection open for as long as it lives and unregisters it however its thread ends.
