@@ -136,6 +136,9 @@ impl TransportError {
 
 fn refused_message(addr: &str, status: Status, message: &str) -> String {
     match status {
+        Status::AuthFailed if message.contains("reconnect key") => format!(
+            "donor {addr} refused this client's reconnect key ({message}): another client holds that client id; use a fresh ClientConfig (a new random id and key)"
+        ),
         Status::AuthFailed => format!(
             "donor {addr} refused the auth token ({message}): check --token-file on both sides"
         ),

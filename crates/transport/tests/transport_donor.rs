@@ -120,6 +120,7 @@ fn the_donor_refuses_a_wrong_or_missing_token_with_a_clear_error() {
     for token in [None, Some(b"wrong".to_vec())] {
         let err = DonorClient::connect(&addr, ClientConfig { token, ..config(2) }).unwrap_err();
         assert_eq!(err.status(), Some(Status::AuthFailed), "{err}");
+    assert!(err.to_string().contains("reconnect key"), "{err}");
         assert!(err.to_string().contains("--token-file"), "{err}");
     }
     let client = DonorClient::connect(

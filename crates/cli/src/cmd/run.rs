@@ -67,7 +67,8 @@ pub struct RunArgs {
     /// Donor to page to (`host:port`); repeat for several. Default: an embedded local donor.
     #[arg(long = "donor", value_name = "ADDR")]
     pub donors: Vec<String>,
-    /// File holding the donors' token.
+    /// File holding the donors' token (1 to 256 bytes, one trailing newline stripped; mode
+    /// 600: a file readable by others is refused).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Prefetcher (see `farmem sim --help` for the names).
