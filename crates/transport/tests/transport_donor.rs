@@ -120,7 +120,6 @@ fn the_donor_refuses_a_wrong_or_missing_token_with_a_clear_error() {
     for token in [None, Some(b"wrong".to_vec())] {
         let err = DonorClient::connect(&addr, ClientConfig { token, ..config(2) }).unwrap_err();
         assert_eq!(err.status(), Some(Status::AuthFailed), "{err}");
-    assert!(err.to_string().contains("reconnect key"), "{err}");
         assert!(err.to_string().contains("--token-file"), "{err}");
     }
     let client = DonorClient::connect(
@@ -165,6 +164,7 @@ fn a_new_connection_with_the_same_client_id_finds_its_slabs() {
     };
     let err = DonorClient::connect(&addr, thief).unwrap_err();
     assert_eq!(err.status(), Some(Status::AuthFailed), "{err}");
+    assert!(err.to_string().contains("reconnect key"), "{err}");
 
     // Another client id may not read it.
     let other = DonorClient::connect(&addr, config(78)).unwrap();
