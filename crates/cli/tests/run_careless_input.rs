@@ -150,3 +150,27 @@ fn a_trailing_newline_in_a_token_file_is_not_part_of_the_token() {
     let _ = donor.wait();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+#[test]
+fn an_embedded_donor_lowers_a_computed_capacity_to_the_machine() {
+    use std::io::BufRead;
+    // Embedded donors (started with --exit-with-parent by farmem run and the runtime) get a
+    // computed capacity; above the machine it is lowered rather than refused.
+    let script = format!(
+        "{} donor --capacity 1000TiB --listen 127.0.0.1:0 --exit-with-parent $$",
+        farmem().display()
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.starts_with("farmem donor listening on"), "{line:?}");
+}

@@ -91,7 +91,8 @@ pub struct DonorArgs {
     #[arg(long)]
     pub insecure: bool,
     /// Die with process PID (for embedded donors: the runtime names its own pid, and the
-    /// donor dies when the thread that started it does).
+    /// donor dies when the thread that started it does). An embedded donor's --capacity is a
+    /// computed default, so it is lowered to the host's memory instead of refused.
     #[arg(long, value_name = "PID", hide = true)]
     pub exit_with_parent: Option<i32>,
 }
@@ -180,9 +181,16 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         Some(f) => read_tenants(f)?,
         None => Vec::new(),
     };
+    let capacity_bytes = match (
+        args.exit_with_parent,
+        farmem_donor::host::memory_limit_bytes(),
+    ) {
+        (Some(_), Some((limit, _))) => args.capacity.min(limit),
+        _ => args.capacity,
+    };
     let cfg = DonorConfig {
         listen: args.listen.clone(),
-        capacity_bytes: args.capacity,
+        capacity_bytes,
         slab_size_bytes: args.slab_size,
         token,
         tenants,
