@@ -70,6 +70,12 @@ fn a_wrong_token_is_refused_and_logged() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, b"correct horse battery staple").unwrap();
+    // Token files must be private (mode 600).
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let mut d = spawn_donor(&[
         "--capacity",
         "16MiB",
@@ -170,7 +176,7 @@ fn frame(version: u8, opcode: u8, request_id: u64, payload_len: u32, payload: &[
 }
 
 fn req(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    frame(1, opcode, 7, payload.len() as u32, payload)
+    frame(2, opcode, 7, payload.len() as u32, payload)
 }
 
 /// Sends `f` and returns the response's status and payload; `None` if the donor closed.
@@ -188,10 +194,18 @@ fn exchange(s: &mut std::net::TcpStream, f: &[u8]) -> Option<(u16, Vec<u8>)> {
 fn hello_stream(addr: SocketAddr, client: u64) -> std::net::TcpStream {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut p = 1u16.to_le_bytes().to_vec();
-    p.extend_from_slice(&client.to_le_bytes());
-    p.extend_from_slice(&0u16.to_le_bytes());
-    assert_eq!(exchange(&mut s, &req(1, &p)).unwrap().0, 0, "HELLO");
+    // HELLO (protocol version 2), then AUTH registering `client` (this donor has no token, so
+    // any token proof passes) with a reconnect key.
+    assert_eq!(
+        exchange(&mut s, &req(1, &2u16.to_le_bytes())).unwrap().0,
+        0,
+        "HELLO"
+    );
+    let mut p = client.to_le_bytes().to_vec();
+    p.push(0);
+    p.extend_from_slice(&[0u8; 32]);
+    p.extend_from_slice(&[client as u8; 32]);
+    assert_eq!(exchange(&mut s, &req(7, &p)).unwrap().0, 0, "AUTH");
     s
 }
 
@@ -226,7 +240,7 @@ fn every_bad_input_gets_a_log_line() {
     assert_eq!(exchange(&mut v, &frame(9, 6, 1, 0, b"")).unwrap().0, 1);
     let mut l = hello_stream(d.addr, 3);
     assert_eq!(
-        exchange(&mut l, &frame(1, 4, 1, u32::MAX, b"")).unwrap().0,
+        exchange(&mut l, &frame(2, 4, 1, u32::MAX, b"")).unwrap().0,
         5
     );
     // A truncated frame: the client goes away mid-header.

@@ -83,6 +83,9 @@ fn donor_refusing_the_token_is_reported() {
     let bad = dir.path("bad.token");
     std::fs::write(&good, "the-right-secret-token-0123456789").unwrap();
     std::fs::write(&bad, "a-wrong-secret-token-9876543210xx").unwrap();
+    // Token files must be private (mode 600).
+    std::fs::set_permissions(&bad, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&good, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let donor = farmem_testkit::donor::Donor::spawn(&[
         "--capacity",
         "256MiB",

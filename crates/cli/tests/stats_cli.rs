@@ -33,6 +33,12 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, b"stats-test-token").unwrap();
+    // Token files must be private (mode 600).
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let (_donor, addr) = start_donor(&token_file);
 
     // A client that holds one slab and has written and read 8 pages.
@@ -128,9 +134,17 @@ fn stats_without_the_token_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, b"right").unwrap();
+    // Token files must be private (mode 600).
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let (_donor, addr) = start_donor(&token_file);
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, b"wrong").unwrap();
+    // Token files must be private (mode 600).
+    std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     for extra in [vec![], vec!["--token-file", wrong.to_str().unwrap()]] {
         let mut args = vec!["stats", "--donor", addr.as_str(), "--json"];
         args.extend(extra);

@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    encode_error, encode_hello_ok, encode_pages_header, encode_slab_allocated, encode_stats_reply,
-    encode_success, DonorInfo, FrameError, Header, Opcode, PageAddr, Request, Status, HEADER_LEN,
-    MAX_BATCH_PAGES, PAGE_ADDR_LEN, PAGE_SIZE, PROTOCOL_VERSION,
+    encode_challenge, encode_error, encode_pages_header, encode_slab_allocated, encode_stats_reply,
+    encode_success, encode_welcome, proofs_match, random_bytes, token_proof, AuthMode, DonorInfo,
+    FrameError, Header, Opcode, PageAddr, ReconnectKey, Request, Status, HEADER_LEN,
+    MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN, PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
-use subtle::ConstantTimeEq;
 
 use crate::mem;
 use crate::server::{Shared, WRITE_TIMEOUT};
@@ -47,6 +47,9 @@ fn is_timeout(e: &io::Error) -> bool {
 
 /// Error lines logged in full per connection before rate limiting starts.
 const ERRORS_LOGGED_IN_FULL: u64 = 16;
+/// AUTH attempts a connection may make (register, then attach, or the reverse, with a retry)
+/// before it is closed.
+const MAX_AUTH_ATTEMPTS: u32 = 4;
 
 /// Whether to keep the connection after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,15 +69,24 @@ pub(crate) struct Connection {
     stream: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
+    /// This connection's id in the server's connection table.
+    id: u64,
     client: Option<u64>,
+    /// HELLO's challenge, once sent: AUTH must answer it.
+    nonce: Option<[u8; NONCE_LEN]>,
+    auth_attempts: u32,
+    /// When the request being read must have fully arrived (authenticated connections only).
+    frame_deadline: Option<Instant>,
+    /// The socket's read timeout was shortened for a request: restore the idle one.
+    frame_armed: bool,
     payload: Vec<u8>,
     out: Vec<u8>,
     scratch: Vec<u8>,
     slabs: Vec<Arc<Slab>>,
     pages: Vec<(usize, u32)>,
     errors: u64,
-    /// When an unauthenticated connection is closed: HELLO must be done by then, however the
-    /// peer spreads its bytes or how many other requests it sends.
+    /// When an unauthenticated connection is closed: the handshake must be done by then,
+    /// however the peer spreads its bytes or how many other requests it sends.
     hello_deadline: Instant,
     /// The last request was a single-page read: poll for the next one before sleeping.
     spin_next: bool,
@@ -90,13 +102,23 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    pub(crate) fn new(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) -> Connection {
+    pub(crate) fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        id: u64,
+        shared: Arc<Shared>,
+    ) -> Connection {
         let hello_deadline = Instant::now() + shared.hello_timeout;
         Connection {
             stream,
             peer,
             shared,
+            id,
             client: None,
+            nonce: None,
+            auth_attempts: 0,
+            frame_deadline: None,
+            frame_armed: false,
             payload: Vec::new(),
             out: Vec::with_capacity(256),
             scratch: Vec::new(),
@@ -126,7 +148,7 @@ impl Connection {
                 Ok(false) => break,
                 Err(e) => {
                     if !self.shared.stop.load(Ordering::Acquire) {
-                        tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: {e}");
+                        self.warn(&format!("closing the connection: {e}"));
                     }
                     break;
                 }
@@ -140,9 +162,14 @@ impl Connection {
         tracing::debug!(peer = %self.peer, client = ?self.client, "connection closed");
     }
 
-    /// Before HELLO: the deadline every read must respect. After: none.
-    fn read_deadline(&self) -> Option<Instant> {
-        self.client.is_none().then_some(self.hello_deadline)
+    /// Before the handshake: the deadline every read must respect. After: the deadline of the
+    /// request being read (none while idle between requests).
+    fn read_deadline(&mut self) -> Option<Instant> {
+        if self.client.is_none() {
+            return Some(self.hello_deadline);
+        }
+        self.frame_armed |= self.frame_deadline.is_some();
+        self.frame_deadline
     }
 
     /// Sets the socket's receive timeout to the time left before `deadline` (the HELLO deadline
@@ -153,26 +180,41 @@ impl Connection {
         };
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Self::no_hello());
+            return Err(Self::deadline_passed());
         }
         stream.set_read_timeout(Some(left))
     }
 
-    fn no_hello() -> io::Error {
+    fn deadline_passed() -> io::Error {
         io::Error::new(
             io::ErrorKind::TimedOut,
-            "no successful HELLO within the HELLO timeout",
+            "no complete handshake within the HELLO timeout, or no complete request within the stall timeout",
         )
     }
 
     /// Reads a frame header. `Ok(false)`: the peer closed cleanly between frames.
     fn read_head(&mut self, head: &mut [u8; HEADER_LEN]) -> io::Result<bool> {
-        let deadline = self.read_deadline();
+        let authenticated = self.client.is_some();
+        if authenticated {
+            self.frame_deadline = None;
+            if std::mem::take(&mut self.frame_armed) {
+                // Idle between requests: wait as long as the client likes (the stall timeout
+                // only paces the checks of this loop).
+                self.stream
+                    .set_read_timeout(Some(self.shared.stall_timeout))?;
+            }
+        }
+        let mut deadline = self.read_deadline();
         if deadline.is_none() && self.spin_next {
             spin_until_readable(&self.stream);
         }
         let mut filled = 0;
         while filled < HEADER_LEN {
+            if filled > 0 && authenticated && self.frame_deadline.is_none() {
+                // The request has begun: all of it must arrive within the stall timeout.
+                self.frame_deadline = Some(Instant::now() + self.shared.stall_timeout);
+                deadline = self.read_deadline();
+            }
             Self::arm(&self.stream, deadline)?;
             match self.stream.read(&mut head[filled..]) {
                 Ok(0) if filled == 0 => return Ok(false),
@@ -186,22 +228,27 @@ impl Connection {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if deadline.is_some() && is_timeout(&e) => return Err(Self::no_hello()),
                 // Authenticated and idle between requests: wait on.
-                Err(e) if filled == 0 && is_timeout(&e) => {}
-                Err(e) if is_timeout(&e) => return Err(self.stalled("a frame header")),
+                Err(e) if authenticated && filled == 0 && is_timeout(&e) => {}
+                Err(e) if authenticated && is_timeout(&e) => {
+                    return Err(self.stalled("a frame header"))
+                }
+                Err(e) if is_timeout(&e) => return Err(Self::deadline_passed()),
                 Err(e) => return Err(e),
             }
+        }
+        if authenticated && self.frame_deadline.is_none() {
+            self.frame_deadline = Some(Instant::now() + self.shared.stall_timeout);
         }
         Ok(true)
     }
 
-    /// An authenticated client paused inside a request for the whole stall timeout.
+    /// An authenticated client took longer than the stall timeout to send a whole request.
     fn stalled(&self, inside: &str) -> io::Error {
         io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
-                "the client stalled for {} ms inside {inside}",
+                "the client took more than {} ms to send {inside}",
                 self.shared.stall_timeout.as_millis()
             ),
         )
@@ -226,13 +273,7 @@ impl Connection {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if deadline.is_some() && is_timeout(&e) => return Err(Self::no_hello()),
-                Err(e) if is_timeout(&e) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client stalled inside a request payload for the whole stall timeout",
-                    ))
-                }
+                Err(e) if is_timeout(&e) => return Err(Self::deadline_passed()),
                 Err(e) => return Err(e),
             }
         }
@@ -253,8 +294,29 @@ impl Connection {
         Ok(())
     }
 
+    /// Logs a warning about this connection: in full once authenticated; before that through
+    /// the donor-wide rate limit, so floods of bad connections cannot flood the log.
+    fn warn(&self, message: &str) {
+        if self.client.is_some() {
+            tracing::warn!(peer = %self.peer, client = ?self.client, "{message}");
+        } else {
+            self.shared.note_refusal(&format!(
+                "unauthenticated connection from {}: {message}",
+                self.peer
+            ));
+        }
+    }
+
     fn log_refusal(&mut self, op: u8, status: Status, message: &str) {
         self.errors += 1;
+        if self.client.is_none() {
+            let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
+            self.warn(&format!(
+                "refused a {op} request ({}): {message}",
+                status.name()
+            ));
+            return;
+        }
         if self.errors <= ERRORS_LOGGED_IN_FULL || self.errors.is_multiple_of(1000) {
             let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
             tracing::warn!(
@@ -328,7 +390,7 @@ impl Connection {
         let served = match served {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: {e}");
+                self.warn(&format!("closing the connection: {e}"));
                 return Flow::Close;
             }
         };
@@ -413,26 +475,32 @@ impl Connection {
 
     fn dispatch(&mut self, header: &Header, req: Request<'_>) -> Served {
         let (op, id) = (header.opcode, header.request_id);
-        if let Request::Hello {
-            version,
-            client_id,
-            token,
-        } = req
-        {
-            return self.hello(op, id, version, client_id, token);
+        match req {
+            Request::Hello { version } => return self.hello(op, id, version),
+            Request::Auth {
+                client_id,
+                mode,
+                token_proof,
+                key_or_proof,
+            } => return self.auth(op, id, client_id, mode, &token_proof, &key_or_proof),
+            _ => {}
         }
         let Some(client) = self.client else {
             let r = Refusal {
                 status: Status::NotAuthenticated,
-                message: "send HELLO first".into(),
+                message: "complete the handshake (HELLO, then AUTH) first".into(),
             };
             return self.refuse(op, id, &r, Flow::Continue);
         };
         let store = Arc::clone(&self.shared.store);
         self.out.clear();
         match req {
-            Request::Hello { .. } => unreachable!("handled above"),
-            Request::AllocSlab => match store.alloc(client) {
+            Request::Hello { .. } | Request::Auth { .. } => unreachable!("handled above"),
+            Request::AllocSlab => match self
+                .shared
+                .memory_pressure()
+                .map_or_else(|| store.alloc(client), Err)
+            {
                 Ok(slab) => {
                     tracing::debug!(client, slab, "slab allocated");
                     encode_slab_allocated(&mut self.out, id, slab);
@@ -494,7 +562,8 @@ impl Connection {
         }
     }
 
-    fn hello(&mut self, op: u8, id: u64, version: u16, client_id: u64, token: &[u8]) -> Served {
+    /// HELLO: checks the version and answers with this connection's challenge nonce.
+    fn hello(&mut self, op: u8, id: u64, version: u16) -> Served {
         if version != u16::from(PROTOCOL_VERSION) {
             let r = Refusal {
                 status: Status::BadVersion,
@@ -504,21 +573,72 @@ impl Connection {
             };
             return self.refuse(op, id, &r, Flow::Close);
         }
-        if let Some(expected) = &self.shared.token {
-            // Constant time in the token's contents (a length mismatch is not hidden).
-            let good: bool = expected.as_slice().ct_eq(token).into();
-            if !good {
-                tracing::warn!(peer = %self.peer, client = client_id, "authentication failed: wrong or missing auth token; closing the connection");
-                let r = Refusal {
-                    status: Status::AuthFailed,
-                    message: "wrong or missing auth token: give the donor's token (--token-file)"
-                        .into(),
-                };
-                return self.refuse(op, id, &r, Flow::Close);
+        // A repeated HELLO gets a fresh nonce (the old one can no longer be answered).
+        let mut nonce = [0u8; NONCE_LEN];
+        if let Err(e) = random_bytes(&mut nonce) {
+            let r = Refusal {
+                status: Status::Internal,
+                message: e.to_string(),
+            };
+            return self.refuse(op, id, &r, Flow::Close);
+        }
+        self.nonce = Some(nonce);
+        self.out.clear();
+        encode_challenge(&mut self.out, id, &nonce);
+        self.ok()
+    }
+
+    /// The tenant whose token `proof` proves for this connection's nonce, if any. Every
+    /// tenant's proof is computed and compared in constant time.
+    fn tenant_for(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        client_id: u64,
+        proof: &[u8; PROOF_LEN],
+    ) -> Option<usize> {
+        let Some(tokens) = &self.shared.tokens else {
+            return Some(0);
+        };
+        let mut found = None;
+        for (i, t) in tokens.iter().enumerate() {
+            if proofs_match(&token_proof(t, nonce, client_id), proof) && found.is_none() {
+                found = Some(i);
             }
         }
+        found
+    }
+
+    /// AUTH: checks the token proof, then registers or attaches the client.
+    fn auth(
+        &mut self,
+        op: u8,
+        id: u64,
+        client_id: u64,
+        mode: AuthMode,
+        proof: &[u8; PROOF_LEN],
+        key_or_proof: &[u8; PROOF_LEN],
+    ) -> Served {
+        let Some(nonce) = self.nonce else {
+            let r = Refusal {
+                status: Status::NotAuthenticated,
+                message: "send HELLO before AUTH".into(),
+            };
+            return self.refuse(op, id, &r, Flow::Close);
+        };
+        self.auth_attempts += 1;
+        let Some(tenant) = self.tenant_for(&nonce, client_id, proof) else {
+            self.warn("authentication failed: wrong or missing auth token; closing the connection");
+            let r = Refusal {
+                status: Status::AuthFailed,
+                message: "wrong or missing auth token: give the donor's token (--token-file)"
+                    .into(),
+            };
+            return self.refuse(op, id, &r, Flow::Close);
+        };
         match self.client {
-            Some(c) if c != client_id => {
+            // Authenticated already (as this client): nothing changes.
+            Some(c) if c == client_id => return self.welcome(id),
+            Some(c) => {
                 let r = Refusal {
                     status: Status::Malformed,
                     message: format!(
@@ -527,26 +647,51 @@ impl Connection {
                 };
                 return self.refuse(op, id, &r, Flow::Continue);
             }
-            Some(_) => {}
-            None => {
-                // From now on a read may wait forever between requests but at most the stall
-                // timeout inside one (see `read_head`).
-                let stall = Some(self.shared.stall_timeout);
-                if let Err(e) = self.stream.set_read_timeout(stall) {
-                    tracing::warn!(peer = %self.peer, "closing the connection: setting the read timeout failed: {e}");
-                    return Served {
-                        status: Status::Internal,
-                        bytes_out: 0,
-                        flow: Flow::Close,
-                    };
-                }
-                self.shared.store.connect(client_id);
-                self.client = Some(client_id);
-                tracing::info!(peer = %self.peer, client = client_id, "client authenticated");
-            }
+            None => {}
         }
+        let store = Arc::clone(&self.shared.store);
+        let joined = match mode {
+            AuthMode::Register => store.register(client_id, tenant, ReconnectKey(*key_or_proof)),
+            AuthMode::Attach => store.attach(client_id, tenant, &nonce, key_or_proof),
+        };
+        if let Err(r) = joined {
+            let retry = matches!(r.status, Status::UnknownClient | Status::ClientIdTaken)
+                && self.auth_attempts < MAX_AUTH_ATTEMPTS;
+            if r.status == Status::AuthFailed {
+                self.warn(&format!("authentication failed: wrong reconnect key for client {client_id}; closing the connection"));
+            }
+            let flow = if retry { Flow::Continue } else { Flow::Close };
+            return self.refuse(op, id, &r, flow);
+        }
+        self.client = Some(client_id);
+        self.shared.authenticated(self.id);
+        // From now on a read may wait forever between requests but a request must arrive
+        // whole within the stall timeout (see `read_head`).
+        if let Err(e) = self
+            .stream
+            .set_read_timeout(Some(self.shared.stall_timeout))
+        {
+            tracing::warn!(peer = %self.peer, "closing the connection: setting the read timeout failed: {e}");
+            return Served {
+                status: Status::Internal,
+                bytes_out: 0,
+                flow: Flow::Close,
+            };
+        }
+        tracing::info!(
+            peer = %self.peer,
+            client = client_id,
+            tenant = %self.shared.tenant_names[tenant],
+            mode = ?mode,
+            "client authenticated"
+        );
+        self.welcome(id)
+    }
+
+    /// AUTH's success response.
+    fn welcome(&mut self, id: u64) -> Served {
         self.out.clear();
-        encode_hello_ok(
+        encode_welcome(
             &mut self.out,
             id,
             DonorInfo {
@@ -601,7 +746,7 @@ impl Connection {
             self.drain(remaining)?;
             let r = Refusal {
                 status: Status::NotAuthenticated,
-                message: "send HELLO first".into(),
+                message: "complete the handshake (HELLO, then AUTH) first".into(),
             };
             return Ok(self.refuse(op, id, &r, Flow::Continue));
         };
@@ -618,6 +763,9 @@ impl Connection {
             return Ok(self.refuse(op, id, &r, Flow::Continue));
         }
         self.shared.store.note_writes(&self.slabs, &self.pages);
+        // The page data too must arrive before the request's deadline.
+        let deadline = self.read_deadline();
+        Self::arm(&self.stream, deadline)?;
         let slabs = &self.slabs;
         let received = mem::recv_pages(
             &self.stream,

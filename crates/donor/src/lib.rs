@@ -25,9 +25,11 @@
 //! - [`metrics`]: counters, STATS, and the Prometheus text endpoint.
 //!
 //! Memory is committed when a slab page is first written and returned to the operating system
-//! when the slab is freed (`munmap`). Slabs belong to the client id given in HELLO; several
-//! connections may share one client id, and a client that reconnects within the orphan grace
-//! period finds its slabs intact (see [`store`]).
+//! when the slab is freed (`munmap`). Slabs belong to a client's reconnect key, registered with
+//! its client id by its first connection and proven (not sent) by every later one; several
+//! connections may attach to one client, and a client that reconnects within the orphan grace
+//! period finds its slabs intact (see [`store`]). [`host`] keeps the capacity within what the
+//! machine holds.
 //!
 //! # Limitations
 //! No reclaim or migration yet when the donor's host needs its memory back (a later issue, which
@@ -36,6 +38,7 @@
 
 pub mod child;
 mod conn;
+pub mod host;
 #[allow(unsafe_code)]
 mod mem;
 pub mod metrics;
@@ -44,7 +47,8 @@ pub mod store;
 
 pub use child::{ChildDonor, ChildDonorCommand, ChildDonorError, DonorBanner, DonorStderr};
 pub use server::{
-    DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, HELLO_TIMEOUT,
-    MAX_CONNECTIONS, STALL_TIMEOUT, WRITE_TIMEOUT,
+    DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, Tenant, HELLO_TIMEOUT,
+    MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
+    REFUSALS_LOGGED_PER_INTERVAL, REFUSAL_LOG_INTERVAL, STALL_TIMEOUT, WRITE_TIMEOUT,
 };
-pub use store::{SlabInfo, SlabStore};
+pub use store::{SlabInfo, SlabStore, TenantQuota};

@@ -59,6 +59,8 @@ pub struct Metrics {
     pages_written: AtomicU64,
     connections: AtomicU64,
     connections_total: AtomicU64,
+    refused_full: AtomicU64,
+    evicted_unauthenticated: AtomicU64,
     buckets: [AtomicU64; SERVICE_BUCKETS_S.len() + 1],
     service_sum_ns: AtomicU64,
     service_count: AtomicU64,
@@ -84,6 +86,8 @@ impl Metrics {
             pages_written: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
+            refused_full: AtomicU64::new(0),
+            evicted_unauthenticated: AtomicU64::new(0),
             buckets: Default::default(),
             service_sum_ns: AtomicU64::new(0),
             service_count: AtomicU64::new(0),
@@ -127,6 +131,24 @@ impl Metrics {
     pub fn pages(&self, read: u64, written: u64) {
         self.pages_read.fetch_add(read, Ordering::Relaxed);
         self.pages_written.fetch_add(written, Ordering::Relaxed);
+    }
+
+    /// A connection was refused because every connection slot was taken.
+    pub fn refused_full(&self) {
+        self.refused_full.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An unauthenticated connection was closed to make room for a newer one.
+    pub fn evicted_unauthenticated(&self) {
+        self.evicted_unauthenticated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections refused for want of a slot, and unauthenticated ones evicted.
+    pub fn refusals(&self) -> (u64, u64) {
+        (
+            self.refused_full.load(Ordering::Relaxed),
+            self.evicted_unauthenticated.load(Ordering::Relaxed),
+        )
     }
 
     /// A connection opened (`+1`) or closed (`-1`).
@@ -233,6 +255,12 @@ impl Metrics {
             "farmem_donor_connections_total",
             "Connections accepted.",
             self.connections_total.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP farmem_donor_connections_refused_total Connections closed unserved: every slot taken (full), or unauthenticated and evicted for a newer one (evicted).\n# TYPE farmem_donor_connections_refused_total counter\nfarmem_donor_connections_refused_total{{reason=\"full\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"evicted\"}} {}",
+            self.refused_full.load(Ordering::Relaxed),
+            self.evicted_unauthenticated.load(Ordering::Relaxed),
         );
         counter(
             &mut o,

@@ -5,37 +5,58 @@
 //! writes its socket, so a client that stops reading (its thread blocks in `sendmsg` until the
 //! send timeout closes the connection) or sends garbage (its connection is closed) cannot stall
 //! another: the shared state (the slab store, the counters) is never locked across socket I/O.
-//! The number of connections is capped ([`MAX_CONNECTIONS`]) and a connection must complete
-//! HELLO within [`DonorConfig::hello_timeout`] (default [`HELLO_TIMEOUT`]) counted from its
-//! accept, however it spreads its bytes or how many other requests it sends, so idle or
-//! dribbling sockets cannot exhaust the donor's threads. An authenticated client may stay idle
-//! between requests as long as it likes, but may not pause inside one for longer than
-//! [`DonorConfig::stall_timeout`] (default [`STALL_TIMEOUT`]): a half-sent request would
-//! otherwise hold its thread, and the slabs it names, forever.
+//! The number of connections is capped ([`DonorConfig::max_connections`]); a connection must
+//! complete the handshake (HELLO and AUTH) within [`DonorConfig::hello_timeout`] (default
+//! [`HELLO_TIMEOUT`]) counted from its accept, however it spreads its bytes. Unauthenticated
+//! connections have slots of their own, bounded overall ([`MAX_UNAUTHENTICATED`]) and per
+//! source address ([`MAX_UNAUTHENTICATED_PER_SOURCE`]): a new connection beyond either bound
+//! evicts the oldest unauthenticated one (of its source first), so a flood of idle sockets
+//! cannot lock clients out: a real client completes its handshake in a round trip or two, long
+//! before the flood cycles through the slots, and authenticated connections are never evicted.
+//! A connection refused because every slot is taken gets an error frame saying so
+//! ([`Status::DonorFull`](farmem_proto::Status::DonorFull)). Refusals and evictions are counted
+//! (Prometheus) and logged at a bounded rate ([`REFUSALS_LOGGED_PER_INTERVAL`] lines per
+//! [`REFUSAL_LOG_INTERVAL`], then a count), as are failures of unauthenticated connections.
+//!
+//! An authenticated client may stay idle between requests as long as it likes, but once a
+//! request's first byte arrives the whole request must arrive within
+//! [`DonorConfig::stall_timeout`] (default [`STALL_TIMEOUT`]), however its bytes trickle: a
+//! half-sent request would otherwise hold its thread, and the slabs it names, forever.
 //!
 //! Shutdown ([`ShutdownHandle::shutdown`]) sets a flag, shuts the listening sockets down (which
 //! wakes the blocked `accept`) and shuts every open connection down (which wakes its blocked
 //! read); `run` then joins every thread it started and returns.
-use std::collections::HashMap;
-use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use farmem_proto::PAGE_SIZE;
+use farmem_proto::{encode_error, Opcode, Status, MAX_TOKEN_LEN, PAGE_SIZE};
 use parking_lot::{Condvar, Mutex};
 
 use crate::conn::Connection;
+use crate::host;
 use crate::metrics::{self, Metrics};
-use crate::store::SlabStore;
+use crate::store::{Refusal, SlabStore, TenantQuota};
 
-/// Most connections served at once; more are accepted and closed at once, with a log line.
+/// Default of [`DonorConfig::max_connections`]: most connections served at once; more are
+/// answered with a "donor full" error frame and closed.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Most connections that have not completed the handshake, from all sources together.
+pub const MAX_UNAUTHENTICATED: usize = 256;
+/// Most connections from one source address that have not completed the handshake.
+pub const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 64;
+/// Refused, evicted and failed unauthenticated connections are logged in full at most
+/// [`REFUSALS_LOGGED_PER_INTERVAL`] times per this interval; the rest are counted.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// See [`REFUSAL_LOG_INTERVAL`].
+pub const REFUSALS_LOGGED_PER_INTERVAL: u64 = 16;
 /// Default of [`DonorConfig::hello_timeout`]: how long a new connection may take, in total, to
-/// complete HELLO before it is closed.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// complete the handshake (HELLO and AUTH) before it is closed.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default of [`DonorConfig::stall_timeout`]: how long an authenticated client may pause inside
 /// a request before its connection is closed.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,7 +65,29 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stack size of a connection thread (the data path needs little: buffers live on the heap).
 const CONN_STACK_BYTES: usize = 256 * 1024;
 
-/// The donor's configuration. Its `Debug` output hides the token.
+/// A tenant: the clients that authenticate with its token, and the most bytes they may hold
+/// together. Its `Debug` output hides the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// Its name (in logs and messages).
+    pub name: String,
+    /// Its auth token (1 to [`MAX_TOKEN_LEN`] bytes).
+    pub token: Vec<u8>,
+    /// Most bytes its clients may hold together; `None`: no limit beyond capacity.
+    pub quota_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.name)
+            .field("token", &"<redacted>")
+            .field("quota_bytes", &self.quota_bytes)
+            .finish()
+    }
+}
+
+/// The donor's configuration. Its `Debug` output hides the tokens.
 #[derive(Clone)]
 pub struct DonorConfig {
     /// Address to listen on, e.g. `127.0.0.1:7070` (`:0` picks a free port).
@@ -53,9 +96,12 @@ pub struct DonorConfig {
     pub capacity_bytes: u64,
     /// Size of one slab (a multiple of 4096), default 64 MiB.
     pub slab_size_bytes: u64,
-    /// Auth token clients must present in HELLO; `None` accepts any client (loopback only
-    /// unless `insecure`).
+    /// Auth token clients must prove in AUTH (one tenant, "default"); `None` with no
+    /// `tenants` accepts any client (loopback only unless `insecure`).
     pub token: Option<Vec<u8>>,
+    /// Tenants, each with its own token and quota (`farmem donor --tenants`); exclusive with
+    /// `token`.
+    pub tenants: Vec<Tenant>,
     /// Most bytes one client id may hold, `None` for no limit beyond capacity.
     pub quota_bytes: Option<u64>,
     /// How long the slabs of a disconnected client are kept for it to reconnect, default 60 s.
@@ -64,9 +110,15 @@ pub struct DonorConfig {
     pub insecure: bool,
     /// Address of the Prometheus text endpoint, if any.
     pub metrics_listen: Option<String>,
-    /// How long a new connection may take, in total, to complete HELLO before it is closed;
-    /// default [`HELLO_TIMEOUT`].
+    /// How long a new connection may take, in total, to complete the handshake before it is
+    /// closed; default [`HELLO_TIMEOUT`].
     pub hello_timeout: Duration,
+    /// Most connections served at once; default [`MAX_CONNECTIONS`].
+    pub max_connections: usize,
+    /// The donor lends no new slab while the host's `MemAvailable` is below this many bytes;
+    /// `None`: [`host::default_watermark_bytes`] of `MemTotal` (5 %, at least 256 MiB);
+    /// `Some(0)`: never.
+    pub memory_watermark_bytes: Option<u64>,
     /// How long an authenticated client may pause inside a request (between two of its bytes)
     /// before its connection is closed; pauses between requests are unlimited. Default
     /// [`STALL_TIMEOUT`].
@@ -80,12 +132,15 @@ impl std::fmt::Debug for DonorConfig {
             .field("capacity_bytes", &self.capacity_bytes)
             .field("slab_size_bytes", &self.slab_size_bytes)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tenants", &self.tenants)
             .field("quota_bytes", &self.quota_bytes)
             .field("orphan_grace", &self.orphan_grace)
             .field("insecure", &self.insecure)
             .field("metrics_listen", &self.metrics_listen)
             .field("hello_timeout", &self.hello_timeout)
             .field("stall_timeout", &self.stall_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("memory_watermark_bytes", &self.memory_watermark_bytes)
             .finish()
     }
 }
@@ -97,12 +152,15 @@ impl Default for DonorConfig {
             capacity_bytes: 1 << 30,
             slab_size_bytes: 64 << 20,
             token: None,
+            tenants: Vec::new(),
             quota_bytes: None,
             orphan_grace: Duration::from_secs(60),
             insecure: false,
             metrics_listen: None,
             hello_timeout: HELLO_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+            memory_watermark_bytes: None,
         }
     }
 }
@@ -113,6 +171,16 @@ pub enum DonorError {
     /// A configuration value is unusable.
     #[error("invalid donor configuration: {0}")]
     Config(String),
+    /// The capacity is more than the host can hold.
+    #[error("--capacity {capacity} bytes is more than {what} ({limit} bytes): a donor filled past it would be killed by the kernel and every client's pages lost; give a smaller --capacity")]
+    CapacityAboveHost {
+        /// The capacity asked for.
+        capacity: u64,
+        /// The host's limit.
+        limit: u64,
+        /// Which limit.
+        what: &'static str,
+    },
     /// The listen address did not resolve.
     #[error("cannot resolve address {addr:?} (use HOST:PORT, e.g. 127.0.0.1:7070)")]
     Resolve {
@@ -161,8 +229,16 @@ pub enum DonorError {
 pub(crate) struct Shared {
     pub(crate) store: Arc<SlabStore>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) token: Option<Vec<u8>>,
+    /// Each tenant's token, by tenant index; `None`: an open donor (one tenant, no token).
+    pub(crate) tokens: Option<Vec<Vec<u8>>>,
+    pub(crate) tenant_names: Vec<String>,
     pub(crate) stop: AtomicBool,
+    memory_watermark_bytes: u64,
+    max_connections: usize,
+    /// Unauthenticated connections, oldest first: (connection id, source address).
+    pending: Mutex<VecDeque<(u64, IpAddr)>>,
+    /// Refusal logging: when the current interval began, refusals in it, and those not logged.
+    refusal_log: Mutex<(Option<Instant>, u64, u64)>,
     pub(crate) hello_timeout: Duration,
     pub(crate) stall_timeout: Duration,
     listener: TcpListener,
@@ -188,6 +264,86 @@ impl Shared {
             if self.orphan_grace.is_zero() {
                 self.reaper_wake.notify_all();
             }
+        }
+    }
+
+    /// The refusal ALLOC_SLAB answers while the host is under memory pressure.
+    pub(crate) fn memory_pressure(&self) -> Option<Refusal> {
+        if self.memory_watermark_bytes == 0 {
+            return None;
+        }
+        let available = host::mem_available_bytes()?;
+        (available < self.memory_watermark_bytes).then(|| Refusal {
+            status: Status::MemoryPressure,
+            message: format!(
+                "donor host under memory pressure: {available} bytes available, below the {}-byte watermark; it lends no new slabs: use another donor",
+                self.memory_watermark_bytes
+            ),
+        })
+    }
+
+    /// Connection `id` completed its handshake: it no longer holds an unauthenticated slot.
+    pub(crate) fn authenticated(&self, id: u64) {
+        self.pending.lock().retain(|&(c, _)| c != id);
+    }
+
+    /// Logs a refused, evicted or failed unauthenticated connection: the first
+    /// [`REFUSALS_LOGGED_PER_INTERVAL`] of each [`REFUSAL_LOG_INTERVAL`] in full, the rest only
+    /// counted, and their number reported with the first line of the next interval.
+    pub(crate) fn note_refusal(&self, what: &str) {
+        let mut log = self.refusal_log.lock();
+        let now = Instant::now();
+        if log
+            .0
+            .is_none_or(|t| now.duration_since(t) >= REFUSAL_LOG_INTERVAL)
+        {
+            if log.2 > 0 {
+                let (full, evicted) = self.metrics.refusals();
+                tracing::warn!(
+                    not_logged = log.2,
+                    refused_full_total = full,
+                    evicted_unauthenticated_total = evicted,
+                    "{} more refused or failed unauthenticated connections were not logged in the last {} s",
+                    log.2,
+                    REFUSAL_LOG_INTERVAL.as_secs()
+                );
+            }
+            *log = (Some(now), 0, 0);
+        }
+        log.1 += 1;
+        if log.1 <= REFUSALS_LOGGED_PER_INTERVAL {
+            tracing::warn!("{what}");
+        } else {
+            log.2 += 1;
+        }
+    }
+
+    /// Makes room for a new unauthenticated connection `id` from `source`: evicts the oldest
+    /// unauthenticated connection of that source if it has [`MAX_UNAUTHENTICATED_PER_SOURCE`],
+    /// else the oldest of all if there are [`MAX_UNAUTHENTICATED`]; then records `id`.
+    fn admit_unauthenticated(&self, id: u64, source: IpAddr) {
+        let victim = {
+            let mut pending = self.pending.lock();
+            let from_source = pending.iter().filter(|(_, ip)| *ip == source).count();
+            let victim = if from_source >= MAX_UNAUTHENTICATED_PER_SOURCE {
+                pending.iter().position(|(_, ip)| *ip == source)
+            } else if pending.len() >= MAX_UNAUTHENTICATED {
+                Some(0)
+            } else {
+                None
+            };
+            let victim = victim.and_then(|i| pending.remove(i));
+            pending.push_back((id, source));
+            victim
+        };
+        if let Some((old, _)) = victim {
+            if let Some(s) = self.conns.lock().get(&old) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            self.metrics.evicted_unauthenticated();
+            self.note_refusal(
+                "closed the oldest unauthenticated connection to make room for a newer one",
+            );
         }
     }
 
@@ -294,20 +450,77 @@ impl DonorServer {
                     .into(),
             ));
         }
-        if let Some(t) = &cfg.token {
-            if t.is_empty() {
-                return Err(DonorError::Config("the auth token is empty".into()));
-            }
-            if t.len() > farmem_proto::MAX_TOKEN_LEN {
+        if cfg.token.is_some() && !cfg.tenants.is_empty() {
+            return Err(DonorError::Config(
+                "both a token and tenants were given: put the token in the tenants file instead"
+                    .into(),
+            ));
+        }
+        let mut tenants: Vec<Tenant> = match &cfg.token {
+            Some(t) => vec![Tenant {
+                name: "default".into(),
+                token: t.clone(),
+                quota_bytes: None,
+            }],
+            None => cfg.tenants.clone(),
+        };
+        for t in &mut tenants {
+            t.token = farmem_proto::token_from_file_bytes(&t.token).to_vec();
+        }
+        for (i, t) in tenants.iter().enumerate() {
+            if t.token.is_empty() {
                 return Err(DonorError::Config(format!(
-                    "the auth token is {} bytes; the protocol allows at most {}",
-                    t.len(),
-                    farmem_proto::MAX_TOKEN_LEN
+                    "tenant {}: the auth token is empty",
+                    t.name
+                )));
+            }
+            if t.token.len() > MAX_TOKEN_LEN {
+                return Err(DonorError::Config(format!(
+                    "tenant {}: the auth token is {} bytes; at most {MAX_TOKEN_LEN} are allowed",
+                    t.name,
+                    t.token.len()
+                )));
+            }
+            if let Some(q) = t.quota_bytes {
+                if q < cfg.slab_size_bytes {
+                    return Err(DonorError::Config(format!(
+                        "tenant {} has a quota of {q} bytes, smaller than one slab ({} bytes)",
+                        t.name, cfg.slab_size_bytes
+                    )));
+                }
+            }
+            if let Some(d) = tenants[..i].iter().find(|o| o.name == t.name) {
+                return Err(DonorError::Config(format!(
+                    "two tenants are named {}",
+                    d.name
+                )));
+            }
+            if tenants[..i].iter().any(|o| o.token == t.token) {
+                return Err(DonorError::Config(format!(
+                    "tenant {} has the same token as another tenant: give each its own",
+                    t.name
                 )));
             }
         }
+        if cfg.max_connections == 0 {
+            return Err(DonorError::Config(
+                "the connection limit is zero: no client could connect".into(),
+            ));
+        }
+        if let Some((limit, what)) = host::memory_limit_bytes() {
+            if cfg.capacity_bytes > limit {
+                return Err(DonorError::CapacityAboveHost {
+                    capacity: cfg.capacity_bytes,
+                    limit,
+                    what,
+                });
+            }
+        }
+        let memory_watermark_bytes = cfg
+            .memory_watermark_bytes
+            .unwrap_or_else(|| host::mem_total_bytes().map_or(0, host::default_watermark_bytes));
         let addrs = resolve(&cfg.listen)?;
-        if cfg.token.is_none() && !cfg.insecure {
+        if tenants.is_empty() && !cfg.insecure {
             if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
                 return Err(DonorError::InsecureListen {
                     addr: a.to_string(),
@@ -335,17 +548,39 @@ impl DonorServer {
             Some(l) => Some(l.local_addr().map_err(DonorError::Socket)?),
             None => None,
         };
-        let store = Arc::new(SlabStore::new(
+        let quotas = if tenants.is_empty() {
+            vec![TenantQuota {
+                name: "default".into(),
+                quota_bytes: None,
+            }]
+        } else {
+            tenants
+                .iter()
+                .map(|t| TenantQuota {
+                    name: t.name.clone(),
+                    quota_bytes: t.quota_bytes,
+                })
+                .collect()
+        };
+        let tenant_names = quotas.iter().map(|t| t.name.clone()).collect();
+        let store = Arc::new(SlabStore::with_tenants(
             cfg.capacity_bytes / cfg.slab_size_bytes * cfg.slab_size_bytes,
             cfg.slab_size_bytes,
             cfg.quota_bytes,
+            quotas,
         ));
+        let tokens = (!tenants.is_empty()).then(|| tenants.into_iter().map(|t| t.token).collect());
         Ok(DonorServer {
             shared: Arc::new(Shared {
                 store,
                 metrics: Arc::new(Metrics::new()),
-                token: cfg.token,
+                tokens,
+                tenant_names,
                 stop: AtomicBool::new(false),
+                memory_watermark_bytes,
+                max_connections: cfg.max_connections,
+                pending: Mutex::new(VecDeque::new()),
+                refusal_log: Mutex::new((None, 0, 0)),
                 hello_timeout: cfg.hello_timeout,
                 stall_timeout: cfg.stall_timeout,
                 listener,
@@ -388,7 +623,8 @@ impl DonorServer {
             addr = %self.local_addr,
             capacity_bytes = shared.store.capacity_bytes(),
             slab_size_bytes = shared.store.slab_size_bytes(),
-            auth = shared.token.is_some(),
+            tenants = shared.tokens.as_ref().map_or(0, Vec::len),
+            memory_watermark_bytes = shared.memory_watermark_bytes,
             "donor serving"
         );
         let reaper = {
@@ -467,9 +703,8 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
             }
         };
         threads.retain(|t| !t.is_finished());
-        if threads.len() >= MAX_CONNECTIONS {
-            tracing::warn!(%peer, "refused a connection: {MAX_CONNECTIONS} connections already open");
-            drop(stream);
+        if threads.len() >= shared.max_connections {
+            refuse_full(shared, stream, threads.len());
             continue;
         }
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -482,6 +717,7 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
                 continue;
             }
         }
+        shared.admit_unauthenticated(id, peer.ip());
         // A shutdown between the flag check and the insert above would miss this socket.
         if shared.stop.load(Ordering::Acquire) {
             let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -492,16 +728,38 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
             .stack_size(CONN_STACK_BYTES)
             .spawn(move || {
                 let _guard = ConnGuard::new(Arc::clone(&sh), id);
-                Connection::new(stream, peer, sh).serve();
+                Connection::new(stream, peer, id, sh).serve();
             });
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
                 tracing::warn!(%peer, "refused a connection: starting its thread failed: {e}");
                 shared.conns.lock().remove(&id);
+                shared.authenticated(id);
             }
         }
     }
+}
+
+/// Tells a connection that every slot is taken, then closes it.
+fn refuse_full(shared: &Shared, stream: TcpStream, open: usize) {
+    let mut frame = Vec::new();
+    let message = format!(
+        "donor full: {open} connections (the most it serves at once); try again later or use another donor"
+    );
+    encode_error(
+        &mut frame,
+        Opcode::Hello as u8,
+        0,
+        Status::DonorFull,
+        &message,
+    );
+    // The frame fits in any socket buffer: this does not block the accept loop.
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = (&stream).write_all(&frame);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    shared.metrics.refused_full();
+    shared.note_refusal(&format!("refused a connection: {message}"));
 }
 
 /// Counts a connection open for as long as it lives and unregisters it however its thread ends.
@@ -521,6 +779,7 @@ impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.shared.metrics.connection(false);
         self.shared.conns.lock().remove(&self.id);
+        self.shared.authenticated(self.id);
     }
 }
 
@@ -635,6 +894,33 @@ mod tests {
             ..base.clone()
         })
         .contains("stall timeout is zero"));
+        let total = host::mem_total_bytes().expect("/proc/meminfo has MemTotal");
+        let e = err(DonorConfig {
+            capacity_bytes: total + (64 << 10),
+            ..base.clone()
+        });
+        assert!(e.contains("--capacity") && e.contains("MemTotal"), "{e}");
+        let tenant = |name: &str, token: &[u8]| Tenant {
+            name: name.into(),
+            token: token.to_vec(),
+            quota_bytes: None,
+        };
+        assert!(err(DonorConfig {
+            tenants: vec![tenant("a", b"x"), tenant("a", b"y")],
+            ..base.clone()
+        })
+        .contains("two tenants are named a"));
+        assert!(err(DonorConfig {
+            tenants: vec![tenant("a", b"x"), tenant("b", b"x\n")],
+            ..base.clone()
+        })
+        .contains("same token"));
+        assert!(err(DonorConfig {
+            tenants: vec![tenant("a", b"x")],
+            token: Some(b"y".to_vec()),
+            ..base.clone()
+        })
+        .contains("both a token and tenants"));
         // Refused before anything is bound (tests never listen beyond loopback).
         assert!(err(DonorConfig {
             listen: "0.0.0.0:0".into(),

@@ -8,12 +8,17 @@
 //! I/O without the lock. Freeing a slab removes it from the map at once (later requests naming it
 //! get `NoSuchSlab`); its memory is unmapped when the last in-flight transfer drops its handle.
 //!
-//! Clients are identified by the client id they send in HELLO. Several connections may use the
-//! same id at once (they share the client's slabs); the orphan clock of a client starts when its
-//! last connection closes, and a HELLO with the same id within the grace period cancels it. This
-//! makes a reconnect work even when the donor has not yet noticed that the old connection died
-//! (a half-open TCP connection). Client ids are names, not credentials: the auth token keeps
-//! strangers out; ownership keeps one client's bugs from touching another's memory.
+//! A client is a client id registered ([`SlabStore::register`]) with a reconnect key by its
+//! first connection; its slabs belong to whoever holds that key. Every further connection
+//! ([`SlabStore::attach`]) proves the key against its connection's nonce, so another holder of
+//! the same auth token cannot take a client's slabs by sending its id, whether the client is
+//! connected or orphaned. Several connections may attach to one client at once (they share its
+//! slabs); the orphan clock of a client starts when its last connection closes, and an attach
+//! within the grace period cancels it. This makes a reconnect work even when the donor has not
+//! yet noticed that the old connection died (a half-open TCP connection).
+//!
+//! Every client belongs to a tenant (the token it authenticated with); a tenant's quota bounds
+//! the bytes all its clients hold together, so many client ids cannot take more than it.
 //!
 //! Activity tag (Valet): every slab records the time of its last write; [`SlabStore::slabs`]
 //! exposes it so reclaim can pick the least recently written slab as the migration victim.
@@ -22,7 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use farmem_proto::{Status, PAGE_SIZE};
+use farmem_proto::{
+    attach_proof, proofs_match, ReconnectKey, Status, NONCE_LEN, PAGE_SIZE, PROOF_LEN,
+};
 use parking_lot::RwLock;
 
 use crate::mem::SlabMemory;
@@ -103,6 +110,8 @@ pub struct SlabInfo {
 
 #[derive(Debug, Default)]
 struct ClientState {
+    tenant: usize,
+    key: Option<ReconnectKey>,
     connections: usize,
     slabs: Vec<u32>,
     used_bytes: u64,
@@ -113,6 +122,7 @@ struct ClientState {
 struct Inner {
     slabs: HashMap<u32, Arc<Slab>>,
     clients: HashMap<u64, ClientState>,
+    tenant_used: Vec<u64>,
     next_id: u32,
     used_bytes: u64,
 }
@@ -132,11 +142,22 @@ impl Refusal {
     }
 }
 
+/// A tenant's name and the most bytes its clients may hold together (`None`: no limit beyond
+/// capacity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantQuota {
+    /// The tenant's name (in messages and logs).
+    pub name: String,
+    /// Its quota in bytes.
+    pub quota_bytes: Option<u64>,
+}
+
 /// The donor's slabs and clients. Shared by all connection threads.
 pub struct SlabStore {
     slab_size_bytes: u64,
     capacity_bytes: u64,
     quota_bytes: Option<u64>,
+    tenants: Vec<TenantQuota>,
     epoch: Instant,
     committed_bytes: Arc<AtomicU64>,
     inner: RwLock<Inner>,
@@ -144,19 +165,47 @@ pub struct SlabStore {
 
 impl SlabStore {
     /// A store lending at most `capacity_bytes` (whole slabs) in slabs of `slab_size_bytes`
-    /// (a non-zero multiple of the page size, checked by the caller), `quota_bytes` per client.
+    /// (a non-zero multiple of the page size, checked by the caller), `quota_bytes` per client,
+    /// with one tenant (index 0) without a quota of its own.
     pub fn new(capacity_bytes: u64, slab_size_bytes: u64, quota_bytes: Option<u64>) -> SlabStore {
+        let default = TenantQuota {
+            name: "default".into(),
+            quota_bytes: None,
+        };
+        SlabStore::with_tenants(capacity_bytes, slab_size_bytes, quota_bytes, vec![default])
+    }
+
+    /// Like [`SlabStore::new`] with the tenants `tenants` (at least one; a client's tenant is
+    /// its index in this list).
+    pub fn with_tenants(
+        capacity_bytes: u64,
+        slab_size_bytes: u64,
+        quota_bytes: Option<u64>,
+        tenants: Vec<TenantQuota>,
+    ) -> SlabStore {
         SlabStore {
             slab_size_bytes,
             capacity_bytes,
             quota_bytes,
-            epoch: Instant::now(),
-            committed_bytes: Arc::new(AtomicU64::new(0)),
             inner: RwLock::new(Inner {
                 next_id: 1,
+                tenant_used: vec![0; tenants.len()],
                 ..Inner::default()
             }),
+            tenants,
+            epoch: Instant::now(),
+            committed_bytes: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Bytes the clients of tenant `tenant` hold.
+    pub fn tenant_used_bytes(&self, tenant: usize) -> u64 {
+        self.inner
+            .read()
+            .tenant_used
+            .get(tenant)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Slab size in bytes.
@@ -236,10 +285,54 @@ impl SlabStore {
             .min_by_key(|s| (s.last_write.unwrap_or(Duration::ZERO), s.id))
     }
 
-    /// A connection authenticated as `client`.
-    pub fn connect(&self, client: u64) {
+    /// A connection of tenant `tenant` registers the new client id `client`, whose slabs will
+    /// belong to `key`. Refused with [`Status::ClientIdTaken`] if the id is registered.
+    pub fn register(&self, client: u64, tenant: usize, key: ReconnectKey) -> Result<(), Refusal> {
         let mut inner = self.inner.write();
-        let c = inner.clients.entry(client).or_default();
+        if inner.clients.contains_key(&client) {
+            return Err(Refusal::new(
+                Status::ClientIdTaken,
+                format!("client id {client} is registered already: attach with its reconnect key, or register another id"),
+            ));
+        }
+        inner.clients.insert(
+            client,
+            ClientState {
+                tenant,
+                key: Some(key),
+                connections: 1,
+                ..ClientState::default()
+            },
+        );
+        Ok(())
+    }
+
+    /// A connection of tenant `tenant` attaches to the registered client `client`, proving its
+    /// reconnect key with `proof` ([`attach_proof`] of the key, `nonce` and `client`).
+    pub fn attach(
+        &self,
+        client: u64,
+        tenant: usize,
+        nonce: &[u8; NONCE_LEN],
+        proof: &[u8; PROOF_LEN],
+    ) -> Result<(), Refusal> {
+        let mut inner = self.inner.write();
+        let Some(c) = inner.clients.get_mut(&client) else {
+            return Err(Refusal::new(
+                Status::UnknownClient,
+                format!("client id {client} is not registered (its slabs, if any, are gone): register it"),
+            ));
+        };
+        let good = match &c.key {
+            Some(key) => proofs_match(&attach_proof(key, nonce, client), proof),
+            None => false,
+        };
+        if !good || c.tenant != tenant {
+            return Err(Refusal::new(
+                Status::AuthFailed,
+                format!("wrong reconnect key for client id {client}"),
+            ));
+        }
         c.connections += 1;
         if c.disconnected_at.take().is_some() {
             tracing::info!(
@@ -248,6 +341,7 @@ impl SlabStore {
                 "client reconnected within the orphan grace period; its slabs are intact"
             );
         }
+        Ok(())
     }
 
     /// A connection of `client` closed. Returns the number of slabs now orphaned (0 if the
@@ -292,6 +386,7 @@ impl SlabStore {
             for slab in c.slabs {
                 if let Some(s) = inner.slabs.remove(&slab) {
                     inner.used_bytes -= self.slab_size_bytes;
+                    inner.tenant_used[c.tenant] -= self.slab_size_bytes;
                     drop(s); // unmapped now, or when its last in-flight transfer ends
                     freed += 1;
                 }
@@ -317,7 +412,23 @@ impl SlabStore {
                 ),
             ));
         }
-        let client_used = inner.clients.get(&client).map_or(0, |c| c.used_bytes);
+        let (client_used, tenant) = inner
+            .clients
+            .get(&client)
+            .map_or((0, 0), |c| (c.used_bytes, c.tenant));
+        let t = &self.tenants[tenant];
+        if let Some(quota) = t.quota_bytes {
+            let used = inner.tenant_used[tenant];
+            if used + slab_size > quota {
+                return Err(Refusal::new(
+                    Status::QuotaExceeded,
+                    format!(
+                        "tenant {} quota exceeded: its clients hold {used} of {quota} bytes, a slab is {slab_size}",
+                        t.name
+                    ),
+                ));
+            }
+        }
         if let Some(quota) = self.quota_bytes {
             if client_used + slab_size > quota {
                 return Err(Refusal::new(
@@ -352,6 +463,7 @@ impl SlabStore {
         });
         inner.slabs.insert(id, slab);
         inner.used_bytes += slab_size;
+        inner.tenant_used[tenant] += slab_size;
         let c = inner.clients.entry(client).or_default();
         c.slabs.push(id);
         c.used_bytes += slab_size;
@@ -367,9 +479,12 @@ impl SlabStore {
         }
         let s = inner.slabs.remove(&slab).expect("checked above");
         inner.used_bytes -= self.slab_size_bytes;
+        let slab_size = self.slab_size_bytes;
         if let Some(c) = inner.clients.get_mut(&client) {
             c.slabs.retain(|&x| x != slab);
-            c.used_bytes -= self.slab_size_bytes;
+            c.used_bytes -= slab_size;
+            let tenant = c.tenant;
+            inner.tenant_used[tenant] -= slab_size;
         }
         drop(inner);
         drop(s); // unmapped now, or when its last in-flight transfer ends
@@ -521,11 +636,15 @@ mod tests {
     #[test]
     fn orphans_are_kept_within_grace_and_reaped_after() {
         let store = SlabStore::new(4 * SLAB, SLAB, None);
-        store.connect(5);
+        let key = ReconnectKey([3; farmem_proto::KEY_LEN]);
+        store.register(5, 0, key.clone()).unwrap();
         let s = store.alloc(5).unwrap();
         assert_eq!(store.disconnect(5), 1);
         assert_eq!(store.reap_orphans(Duration::from_secs(60)), (0, 0));
-        store.connect(5);
+        let nonce = [9; NONCE_LEN];
+        store
+            .attach(5, 0, &nonce, &attach_proof(&key, &nonce, 5))
+            .unwrap();
         assert_eq!(
             store.reap_orphans(Duration::ZERO),
             (0, 0),
@@ -535,5 +654,59 @@ mod tests {
         assert_eq!(store.reap_orphans(Duration::ZERO), (1, 1));
         assert_eq!(store.slab_count(), 0);
         assert_eq!(store.free(5, s).unwrap_err().status, Status::NoSuchSlab);
+    }
+
+    #[test]
+    fn a_client_id_cannot_be_claimed_without_its_key() {
+        let store = SlabStore::new(4 * SLAB, SLAB, None);
+        let key = ReconnectKey([1; farmem_proto::KEY_LEN]);
+        let thief = ReconnectKey([2; farmem_proto::KEY_LEN]);
+        store.register(5, 0, key.clone()).unwrap();
+        let err = store.register(5, 0, thief.clone()).unwrap_err();
+        assert_eq!(err.status, Status::ClientIdTaken);
+        let nonce = [9; NONCE_LEN];
+        let err = store
+            .attach(5, 0, &nonce, &attach_proof(&thief, &nonce, 5))
+            .unwrap_err();
+        assert_eq!(err.status, Status::AuthFailed);
+        let err = store
+            .attach(5, 1, &nonce, &attach_proof(&key, &nonce, 5))
+            .unwrap_err();
+        assert_eq!(err.status, Status::AuthFailed, "another tenant, right key");
+        let err = store
+            .attach(6, 0, &nonce, &attach_proof(&key, &nonce, 6))
+            .unwrap_err();
+        assert_eq!(err.status, Status::UnknownClient);
+    }
+
+    #[test]
+    fn a_tenant_quota_bounds_all_its_clients_together() {
+        let tenants = vec![
+            TenantQuota {
+                name: "a".into(),
+                quota_bytes: Some(2 * SLAB),
+            },
+            TenantQuota {
+                name: "b".into(),
+                quota_bytes: Some(2 * SLAB),
+            },
+        ];
+        let store = SlabStore::with_tenants(8 * SLAB, SLAB, None, tenants);
+        for id in 1..=33u64 {
+            store.register(id, 0, ReconnectKey([id as u8; 32])).unwrap();
+        }
+        store.register(100, 1, ReconnectKey([100; 32])).unwrap();
+        let mut got = 0;
+        for id in 1..=33u64 {
+            match store.alloc(id) {
+                Ok(_) => got += 1,
+                Err(r) => assert_eq!(r.status, Status::QuotaExceeded),
+            }
+        }
+        assert_eq!(got, 2, "33 client ids of tenant a hold its quota, no more");
+        assert_eq!(store.tenant_used_bytes(0), 2 * SLAB);
+        store.alloc(100).unwrap();
+        store.alloc(100).unwrap();
+        assert_eq!(store.alloc(100).unwrap_err().status, Status::QuotaExceeded);
     }
 }

@@ -123,6 +123,7 @@ fn metrics_endpoint_serves_parseable_prometheus_text() {
     );
     assert_eq!(get("farmem_donor_requests_total{type=\"read_pages\"}"), 2.0);
     assert_eq!(get("farmem_donor_requests_total{type=\"hello\"}"), 1.0);
+    assert_eq!(get("farmem_donor_requests_total{type=\"auth\"}"), 1.0);
     assert!(get("farmem_donor_bytes_in_total{type=\"write_pages\"}") > 8192.0);
     assert!(get("farmem_donor_bytes_out_total{type=\"read_pages\"}") > 4096.0);
     assert_eq!(
@@ -157,7 +158,8 @@ fn metrics_endpoint_serves_parseable_prometheus_text() {
         buckets.last().unwrap().1,
         get("farmem_donor_service_seconds_count")
     );
-    assert_eq!(get("farmem_donor_service_seconds_count"), 5.0);
+    // The handshake is two requests (HELLO, AUTH).
+    assert_eq!(get("farmem_donor_service_seconds_count"), 6.0);
     assert!(get("farmem_donor_service_seconds_sum") > 0.0);
 
     let (head, _) = http_get(maddr, "/nope");

@@ -3,9 +3,11 @@
 //! The `*_header` variants write everything but the page bytes, so a sender can pass the pages
 //! themselves to a vectored write instead of copying them into one buffer.
 
+use crate::auth::{NONCE_LEN, PROOF_LEN};
+use crate::message::AUTH_LEN;
 use crate::{
-    DonorInfo, DonorStats, Header, Opcode, PageAddr, Status, MAX_BATCH_PAGES,
-    MAX_ERROR_MESSAGE_LEN, MAX_TOKEN_LEN, PAGE_ADDR_LEN, PAGE_SIZE,
+    AuthMode, DonorInfo, DonorStats, Header, Opcode, PageAddr, Status, MAX_BATCH_PAGES,
+    MAX_ERROR_MESSAGE_LEN, PAGE_ADDR_LEN, PAGE_SIZE,
 };
 
 /// Why a frame could not be encoded (a caller bug: the arguments break a protocol limit).
@@ -22,12 +24,6 @@ pub enum EncodeError {
     PageSize {
         /// Position in the batch.
         index: usize,
-        /// Its length.
-        len: usize,
-    },
-    /// The auth token is longer than [`MAX_TOKEN_LEN`].
-    #[error("auth token of {len} bytes exceeds {MAX_TOKEN_LEN}")]
-    TokenTooLong {
         /// Its length.
         len: usize,
     },
@@ -57,25 +53,28 @@ fn put_addrs(out: &mut Vec<u8>, addrs: impl Iterator<Item = PageAddr>) {
 }
 
 /// HELLO.
-pub fn encode_hello(
+pub fn encode_hello(out: &mut Vec<u8>, request_id: u64) {
+    put_header(out, Header::request(Opcode::Hello, request_id, 2));
+    out.extend_from_slice(&u16::from(crate::PROTOCOL_VERSION).to_le_bytes());
+}
+
+/// AUTH.
+pub fn encode_auth(
     out: &mut Vec<u8>,
     request_id: u64,
     client_id: u64,
-    token: &[u8],
-) -> Result<(), EncodeError> {
-    if token.len() > MAX_TOKEN_LEN {
-        return Err(EncodeError::TokenTooLong { len: token.len() });
-    }
-    let len = 12 + token.len();
+    mode: AuthMode,
+    token_proof: &[u8; PROOF_LEN],
+    key_or_proof: &[u8; PROOF_LEN],
+) {
     put_header(
         out,
-        Header::request(Opcode::Hello, request_id, payload_len(len)),
+        Header::request(Opcode::Auth, request_id, payload_len(AUTH_LEN)),
     );
-    out.extend_from_slice(&u16::from(crate::PROTOCOL_VERSION).to_le_bytes());
     out.extend_from_slice(&client_id.to_le_bytes());
-    out.extend_from_slice(&(token.len() as u16).to_le_bytes());
-    out.extend_from_slice(token);
-    Ok(())
+    out.push(mode as u8);
+    out.extend_from_slice(token_proof);
+    out.extend_from_slice(key_or_proof);
 }
 
 /// ALLOC_SLAB.
@@ -181,11 +180,25 @@ pub fn encode_error(out: &mut Vec<u8>, opcode: u8, request_id: u64, status: Stat
     out.extend_from_slice(message);
 }
 
-/// HELLO's success response.
-pub fn encode_hello_ok(out: &mut Vec<u8>, request_id: u64, info: DonorInfo) {
+/// HELLO's success response: the challenge.
+pub fn encode_challenge(out: &mut Vec<u8>, request_id: u64, nonce: &[u8; NONCE_LEN]) {
     put_header(
         out,
-        Header::response(Opcode::Hello as u8, request_id, Status::Ok, 16),
+        Header::response(
+            Opcode::Hello as u8,
+            request_id,
+            Status::Ok,
+            payload_len(NONCE_LEN),
+        ),
+    );
+    out.extend_from_slice(nonce);
+}
+
+/// AUTH's success response.
+pub fn encode_welcome(out: &mut Vec<u8>, request_id: u64, info: DonorInfo) {
+    put_header(
+        out,
+        Header::response(Opcode::Auth as u8, request_id, Status::Ok, 16),
     );
     out.extend_from_slice(&info.slab_size_bytes.to_le_bytes());
     out.extend_from_slice(&info.capacity_bytes.to_le_bytes());
@@ -252,16 +265,35 @@ mod tests {
     #[test]
     fn requests_round_trip() {
         let mut out = Vec::new();
-        encode_hello(&mut out, 1, 42, b"secret").unwrap();
+        encode_hello(&mut out, 1);
         let (h, p) = split(&out);
         assert_eq!(
             Request::decode(&h, p).unwrap(),
             Request::Hello {
-                version: 1,
-                client_id: 42,
-                token: b"secret"
+                version: u16::from(crate::PROTOCOL_VERSION)
             }
         );
+
+        for mode in [AuthMode::Register, AuthMode::Attach] {
+            out.clear();
+            encode_auth(&mut out, 9, 42, mode, &[1u8; PROOF_LEN], &[2u8; PROOF_LEN]);
+            let (h, p) = split(&out);
+            assert_eq!(
+                Request::decode(&h, p).unwrap(),
+                Request::Auth {
+                    client_id: 42,
+                    mode,
+                    token_proof: [1u8; PROOF_LEN],
+                    key_or_proof: [2u8; PROOF_LEN],
+                }
+            );
+        }
+        // An unknown mode byte is refused.
+        let mut bad = out.clone();
+        bad[HEADER_LEN + 8] = 2;
+        let (h, p) = split(&bad);
+        assert_eq!(Request::decode(&h, p), Err(DecodeError::AuthMode(2)));
+        out.clear();
 
         let page_a = [0xAAu8; PAGE_SIZE];
         let page_b = [0x55u8; PAGE_SIZE];
@@ -300,9 +332,19 @@ mod tests {
             slab_size_bytes: 64 << 20,
             capacity_bytes: 1 << 30,
         };
-        encode_hello_ok(&mut out, 1, info);
+        encode_welcome(&mut out, 1, info);
         let (h, p) = split(&out);
-        assert_eq!(Response::decode(&h, p).unwrap(), Response::Hello(info));
+        assert_eq!(Response::decode(&h, p).unwrap(), Response::Welcome(info));
+
+        out.clear();
+        encode_challenge(&mut out, 1, &[5u8; NONCE_LEN]);
+        let (h, p) = split(&out);
+        assert_eq!(
+            Response::decode(&h, p).unwrap(),
+            Response::Challenge {
+                nonce: [5u8; NONCE_LEN]
+            }
+        );
 
         out.clear();
         encode_pages_header(&mut out, 2, 2).unwrap();
@@ -361,7 +403,6 @@ mod tests {
             encode_write_pages(&mut out, 1, &[(addrs[0], &[0u8; 10])]),
             Err(EncodeError::PageSize { index: 0, len: 10 })
         ));
-        assert!(encode_hello(&mut out, 1, 1, &[0u8; MAX_TOKEN_LEN + 1]).is_err());
         assert!(out.is_empty(), "a refused encode writes nothing");
 
         // A hand-made READ_PAGES claiming 257 pages is refused with BatchTooLarge.

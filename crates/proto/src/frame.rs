@@ -13,7 +13,7 @@ pub const RESPONSE_BIT: u8 = 0x80;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
-    /// Authenticate and learn the donor's geometry; must come first on a connection.
+    /// Open the handshake: the donor answers with a challenge nonce; must come first.
     Hello = 1,
     /// Allocate one slab for this client.
     AllocSlab = 2,
@@ -25,17 +25,20 @@ pub enum Opcode {
     ReadPages = 5,
     /// Ask for the donor's counters.
     Stats = 6,
+    /// Prove the auth token (and, to reattach, the client's reconnect key); follows HELLO.
+    Auth = 7,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 6] = [
+    pub const ALL: [Opcode; 7] = [
         Opcode::Hello,
         Opcode::AllocSlab,
         Opcode::FreeSlab,
         Opcode::WritePages,
         Opcode::ReadPages,
         Opcode::Stats,
+        Opcode::Auth,
     ];
 
     /// The request opcode with wire value `value` (response bit cleared), if it is one.
@@ -53,6 +56,7 @@ impl Opcode {
             Opcode::WritePages => "write_pages",
             Opcode::ReadPages => "read_pages",
             Opcode::Stats => "stats",
+            Opcode::Auth => "auth",
         }
     }
 }

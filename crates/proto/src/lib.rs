@@ -22,6 +22,7 @@
 //! decoder panic or over-allocate (see the property tests and `fuzz/`).
 #![forbid(unsafe_code)]
 
+mod auth;
 mod codec;
 mod frame;
 mod io;
@@ -29,14 +30,19 @@ mod message;
 mod stats;
 mod status;
 
+pub use auth::{
+    attach_proof, proofs_match, random_bytes, random_client_id, token_from_file_bytes, token_proof,
+    RandomError, ReconnectKey, KEY_LEN, NONCE_LEN, PROOF_LEN,
+};
 pub use codec::{
-    encode_alloc_slab, encode_error, encode_free_slab, encode_hello, encode_hello_ok,
+    encode_alloc_slab, encode_auth, encode_challenge, encode_error, encode_free_slab, encode_hello,
     encode_pages_header, encode_read_pages, encode_slab_allocated, encode_stats,
-    encode_stats_reply, encode_success, encode_write_pages, encode_write_pages_header, EncodeError,
+    encode_stats_reply, encode_success, encode_welcome, encode_write_pages,
+    encode_write_pages_header, EncodeError,
 };
 pub use frame::{FrameError, Header, Opcode, HEADER_LEN, MAGIC, RESPONSE_BIT};
 pub use io::{read_frame, ReadFrameError};
-pub use message::{AddrList, DecodeError, DonorInfo, Request, Response, WriteBatch};
+pub use message::{AddrList, AuthMode, DecodeError, DonorInfo, Request, Response, WriteBatch};
 pub use stats::DonorStats;
 pub use status::Status;
 
@@ -45,8 +51,8 @@ pub const PAGE_SIZE: usize = 4096;
 /// The most pages one READ_PAGES or WRITE_PAGES request may carry.
 pub const MAX_BATCH_PAGES: usize = 256;
 /// The framing version this crate speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
-/// The longest auth token HELLO may carry, in bytes.
+pub const PROTOCOL_VERSION: u8 = 2;
+/// The longest auth token a donor or client accepts, in bytes (it never crosses the wire).
 pub const MAX_TOKEN_LEN: usize = 256;
 /// The longest error message an error response may carry, in bytes.
 pub const MAX_ERROR_MESSAGE_LEN: usize = 1024;

@@ -1,8 +1,9 @@
 //! Decoded requests and responses. Both borrow their variable parts from the frame buffer.
 
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::{
     DonorStats, FrameError, Header, Opcode, PageAddr, Status, MAX_BATCH_PAGES,
-    MAX_ERROR_MESSAGE_LEN, MAX_TOKEN_LEN, PAGE_ADDR_LEN, PAGE_SIZE,
+    MAX_ERROR_MESSAGE_LEN, PAGE_ADDR_LEN, PAGE_SIZE,
 };
 
 /// Why a payload could not be decoded. [`DecodeError::status`] is the status to answer with.
@@ -33,12 +34,9 @@ pub enum DecodeError {
         /// Pages in the batch.
         count: usize,
     },
-    /// HELLO's token is longer than [`MAX_TOKEN_LEN`].
-    #[error("auth token of {len} bytes exceeds {MAX_TOKEN_LEN}")]
-    TokenTooLong {
-        /// Declared token length.
-        len: usize,
-    },
+    /// AUTH's mode byte is neither register (0) nor attach (1).
+    #[error("unknown AUTH mode {0}")]
+    AuthMode(u8),
 }
 
 impl DecodeError {
@@ -106,7 +104,8 @@ impl<'a> AddrList<'a> {
 /// A decoded request.
 ///
 /// Payload layouts (little-endian):
-/// - HELLO: `proto_version u16, client_id u64, token_len u16, token[token_len]`
+/// - HELLO: `proto_version u16`
+/// - AUTH: `client_id u64, mode u8, token_proof[32], key_or_proof[32]` (see [`AuthMode`])
 /// - ALLOC_SLAB: empty
 /// - FREE_SLAB: `slab u32`
 /// - WRITE_PAGES: `count u16, count × (slab u32, page u32), count × 4096 bytes`
@@ -114,14 +113,21 @@ impl<'a> AddrList<'a> {
 /// - STATS: empty
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// Authenticate; must be the first request on a connection.
+    /// Open the handshake; must be the first request on a connection.
     Hello {
         /// The protocol version the client speaks.
         version: u16,
-        /// Stable id of the client; reconnecting with the same id finds the same slabs.
+    },
+    /// Authenticate, answering the nonce of HELLO's response.
+    Auth {
+        /// The client's id; its slabs belong to the reconnect key registered with it.
         client_id: u64,
-        /// The auth token (empty when the client has none).
-        token: &'a [u8],
+        /// Whether this registers a new client id or attaches to a registered one.
+        mode: AuthMode,
+        /// [`crate::token_proof`] of the client's token (an empty token when it has none).
+        token_proof: [u8; PROOF_LEN],
+        /// Register: the client's reconnect key. Attach: [`crate::attach_proof`] of that key.
+        key_or_proof: [u8; PROOF_LEN],
     },
     /// Allocate a slab.
     AllocSlab,
@@ -147,19 +153,23 @@ impl<'a> Request<'a> {
             .ok_or(DecodeError::UnknownOpcode(header.opcode))?;
         match op {
             Opcode::Hello => {
-                let fixed = 2 + 8 + 2;
-                if payload.len() < fixed {
-                    return Err(length("hello", fixed, payload.len()));
-                }
-                let token_len = usize::from(u16::from_le_bytes([payload[10], payload[11]]));
-                if token_len > MAX_TOKEN_LEN {
-                    return Err(DecodeError::TokenTooLong { len: token_len });
-                }
-                exact("hello", fixed + token_len, payload)?;
+                exact("hello", 2, payload)?;
                 Ok(Request::Hello {
                     version: u16::from_le_bytes([payload[0], payload[1]]),
-                    client_id: u64::from_le_bytes(payload[2..10].try_into().expect("8 bytes")),
-                    token: &payload[fixed..],
+                })
+            }
+            Opcode::Auth => {
+                exact("auth", AUTH_LEN, payload)?;
+                let mode = match payload[8] {
+                    0 => AuthMode::Register,
+                    1 => AuthMode::Attach,
+                    m => return Err(DecodeError::AuthMode(m)),
+                };
+                Ok(Request::Auth {
+                    client_id: u64::from_le_bytes(payload[0..8].try_into().expect("8 bytes")),
+                    mode,
+                    token_proof: payload[9..9 + PROOF_LEN].try_into().expect("32 bytes"),
+                    key_or_proof: payload[9 + PROOF_LEN..].try_into().expect("32 bytes"),
                 })
             }
             Opcode::AllocSlab => exact("alloc_slab", 0, payload).map(|()| Request::AllocSlab),
@@ -190,7 +200,20 @@ impl<'a> Request<'a> {
     }
 }
 
-/// What HELLO tells the client about the donor.
+/// Length of AUTH's payload.
+pub(crate) const AUTH_LEN: usize = 8 + 1 + 2 * PROOF_LEN;
+
+/// What an AUTH request does with its client id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AuthMode {
+    /// Register a new client id with a reconnect key (sent once, in this request).
+    Register = 0,
+    /// Attach to a registered client id, proving its reconnect key without sending it.
+    Attach = 1,
+}
+
+/// What AUTH tells the client about the donor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DonorInfo {
     /// Size of every slab, in bytes (a multiple of [`PAGE_SIZE`]).
@@ -203,15 +226,21 @@ pub struct DonorInfo {
 ///
 /// Payload layouts for status OK (little-endian); an error response's payload is a UTF-8
 /// message of at most [`MAX_ERROR_MESSAGE_LEN`] bytes:
-/// - HELLO: `slab_size_bytes u64, capacity_bytes u64`
+/// - HELLO: `nonce[32]`
+/// - AUTH: `slab_size_bytes u64, capacity_bytes u64`
 /// - ALLOC_SLAB: `slab u32`
 /// - FREE_SLAB, WRITE_PAGES: empty
 /// - READ_PAGES: `count u16, count × 4096 bytes`
 /// - STATS: `n u16, n × u64` (see [`DonorStats`])
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Response<'a> {
-    /// HELLO succeeded.
-    Hello(DonorInfo),
+    /// HELLO's challenge: the nonce AUTH must answer.
+    Challenge {
+        /// The donor's random nonce for this connection.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// AUTH succeeded.
+    Welcome(DonorInfo),
     /// A slab was allocated.
     SlabAllocated {
         /// Its id.
@@ -255,8 +284,14 @@ impl<'a> Response<'a> {
             .ok_or(DecodeError::UnknownOpcode(header.opcode))?;
         match op {
             Opcode::Hello => {
-                exact("hello response", 16, payload)?;
-                Ok(Response::Hello(DonorInfo {
+                exact("hello response", NONCE_LEN, payload)?;
+                Ok(Response::Challenge {
+                    nonce: payload.try_into().expect("32 bytes"),
+                })
+            }
+            Opcode::Auth => {
+                exact("auth response", 16, payload)?;
+                Ok(Response::Welcome(DonorInfo {
                     slab_size_bytes: u64::from_le_bytes(payload[0..8].try_into().expect("8")),
                     capacity_bytes: u64::from_le_bytes(payload[8..16].try_into().expect("8")),
                 }))

@@ -32,11 +32,19 @@ pub enum Status {
     Internal = 11,
     /// The donor is shutting down.
     ShuttingDown = 12,
+    /// The donor serves as many connections as it can; this one was closed.
+    DonorFull = 13,
+    /// The donor's host is short of memory: the donor lends no more slabs for now.
+    MemoryPressure = 14,
+    /// AUTH asked to attach to a client id the donor does not know (register it instead).
+    UnknownClient = 15,
+    /// AUTH asked to register a client id that is already registered (attach with its key).
+    ClientIdTaken = 16,
 }
 
 impl Status {
     /// Every status, in code order.
-    pub const ALL: [Status; 13] = [
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::BadVersion,
         Status::AuthFailed,
@@ -50,6 +58,10 @@ impl Status {
         Status::CapacityExhausted,
         Status::Internal,
         Status::ShuttingDown,
+        Status::DonorFull,
+        Status::MemoryPressure,
+        Status::UnknownClient,
+        Status::ClientIdTaken,
     ];
 
     /// The status with wire code `code`, if it is one.
@@ -78,6 +90,10 @@ impl Status {
             Status::CapacityExhausted => "capacity_exhausted",
             Status::Internal => "internal",
             Status::ShuttingDown => "shutting_down",
+            Status::DonorFull => "donor_full",
+            Status::MemoryPressure => "memory_pressure",
+            Status::UnknownClient => "unknown_client",
+            Status::ClientIdTaken => "client_id_taken",
         }
     }
 }
@@ -97,7 +113,7 @@ mod tests {
         for s in Status::ALL {
             assert_eq!(Status::from_code(s.code()), Some(s));
         }
-        assert_eq!(Status::from_code(13), None);
+        assert_eq!(Status::from_code(17), None);
         assert_eq!(Status::from_code(u16::MAX), None);
     }
 }

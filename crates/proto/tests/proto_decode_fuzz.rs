@@ -2,8 +2,8 @@
 //! frame that breaks a protocol limit, and every valid frame survives a round trip.
 
 use farmem_proto::{
-    encode_hello, encode_read_pages, encode_write_pages, read_frame, Header, PageAddr, Request,
-    Response, HEADER_LEN, MAX_BATCH_PAGES, PAGE_SIZE,
+    encode_auth, encode_hello, encode_read_pages, encode_write_pages, read_frame, AuthMode, Header,
+    PageAddr, Request, Response, HEADER_LEN, MAX_BATCH_PAGES, PAGE_SIZE, PROOF_LEN,
 };
 use proptest::prelude::*;
 
@@ -37,7 +37,16 @@ fn valid_frames() -> Vec<Vec<u8>> {
     let page = [7u8; PAGE_SIZE];
     let mut frames = Vec::new();
     let mut f = Vec::new();
-    encode_hello(&mut f, 1, 99, b"token").unwrap();
+    encode_hello(&mut f, 1);
+    frames.push(std::mem::take(&mut f));
+    encode_auth(
+        &mut f,
+        4,
+        99,
+        AuthMode::Attach,
+        &[1; PROOF_LEN],
+        &[2; PROOF_LEN],
+    );
     frames.push(std::mem::take(&mut f));
     encode_read_pages(&mut f, 2, &[a, a, a]).unwrap();
     frames.push(std::mem::take(&mut f));

@@ -83,14 +83,9 @@ fn on_this_host(addr: &str) -> bool {
 impl Far {
     /// Connects to the configured donors, or starts the embedded one.
     pub(crate) fn connect(cfg: &RuntimeConfig) -> Result<Far, RuntimeError> {
-        let client_id = {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            (u64::from(std::process::id()) << 32) ^ nanos
-        };
+        // A random client id and reconnect key (ClientConfig::default), shared by every
+        // connection of this runtime: they attach to one client on each donor.
         let ccfg = ClientConfig {
-            client_id,
             token: cfg.token.clone(),
             request_timeout: cfg.request_timeout,
             link_delay_us: cfg.link_delay_us,
@@ -215,7 +210,11 @@ impl Far {
                 Err(e) => {
                     let full = matches!(
                         e.status(),
-                        Some(Status::CapacityExhausted) | Some(Status::QuotaExceeded)
+                        Some(
+                            Status::CapacityExhausted
+                                | Status::QuotaExceeded
+                                | Status::MemoryPressure
+                        )
                     );
                     last = Some((d, e, full));
                 }

@@ -196,6 +196,7 @@ impl Prefetch {
                 let addr = d.read.addr().to_string();
                 let ccfg = ClientConfig {
                     client_id: d.read.client_id(),
+                    reconnect_key: d.read.reconnect_key().clone(),
                     token: cfg.token.clone(),
                     request_timeout: cfg.request_timeout,
                     link_delay_us: cfg.link_delay_us,

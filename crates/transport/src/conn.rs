@@ -28,13 +28,14 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    encode_hello, read_frame, DonorInfo, DonorStats, EncodeError, Header, Opcode, ReadFrameError,
-    Response, Status, HEADER_LEN, MAX_BATCH_PAGES, PAGE_SIZE,
+    attach_proof, encode_auth, encode_hello, read_frame, token_proof, AuthMode, DonorInfo,
+    DonorStats, EncodeError, Header, Opcode, ReadFrameError, Response, Status, HEADER_LEN,
+    MAX_BATCH_PAGES, PAGE_SIZE,
 };
 
 use crate::{ClientConfig, TransportError};
@@ -154,28 +155,18 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 impl Conn {
-    /// Connects to `addr` and performs HELLO with `hello_id`.
+    /// Connects to `addr` and performs the handshake: HELLO (the donor answers with a nonce),
+    /// then AUTH proving the token and registering the client id with its reconnect key
+    /// (`registered == false`) or proving that key to attach to it. If the donor does not know
+    /// the id (its slabs were reaped) the client registers it; if the id is registered (by
+    /// another connection of this client) it attaches. Request ids come from `ids`.
     pub(crate) fn open(
         addr: &Arc<str>,
         cfg: &ClientConfig,
-        hello_id: u64,
+        ids: &AtomicU64,
+        registered: bool,
     ) -> Result<(Arc<Conn>, DonorInfo), TransportError> {
         let stream = connect(addr, cfg.connect_timeout)?;
-        let lost = |e: io::Error| -> TransportError {
-            if is_timeout(&e) {
-                TransportError::Timeout {
-                    addr: addr.to_string(),
-                    op: "hello",
-                    after: cfg.request_timeout,
-                }
-            } else {
-                TransportError::Disconnected {
-                    addr: addr.to_string(),
-                    op: "hello",
-                    reason: e.to_string(),
-                }
-            }
-        };
         let setup = |e: io::Error| TransportError::Connect {
             addr: addr.to_string(),
             source: e,
@@ -188,62 +179,74 @@ impl Conn {
             .set_read_timeout(Some(cfg.request_timeout))
             .map_err(setup)?;
 
-        let mut hello = Vec::new();
-        let token = cfg.token.as_deref().unwrap_or(&[]);
-        encode_hello(&mut hello, hello_id, cfg.client_id, token).map_err(|source| {
-            TransportError::Invalid {
-                op: "hello",
-                source,
-            }
-        })?;
-        (&stream).write_all(&hello).map_err(lost)?;
-        let mut payload = Vec::new();
-        let protocol = |detail: String| TransportError::Protocol {
+        let refused = |status: Status, message: String| TransportError::Refused {
             addr: addr.to_string(),
-            op: "hello",
-            detail,
+            status,
+            message,
         };
-        let header = match read_frame(&mut &stream, &mut payload) {
-            Ok(h) => h,
-            Err(ReadFrameError::Closed) => {
-                return Err(TransportError::Disconnected {
-                    addr: addr.to_string(),
-                    op: "hello",
-                    reason: "the donor closed the connection before answering HELLO".into(),
-                })
-            }
-            Err(ReadFrameError::Io(e)) => return Err(lost(e)),
-            Err(ReadFrameError::Frame { error, .. }) => return Err(protocol(error.to_string())),
+        let mut frame = Vec::new();
+        let hello_id = ids.fetch_add(1, Ordering::Relaxed);
+        encode_hello(&mut frame, hello_id);
+        let nonce = exchange(
+            &stream,
+            addr,
+            cfg,
+            Opcode::Hello,
+            hello_id,
+            &frame,
+            |r| match r {
+                Response::Challenge { nonce } => Some(nonce),
+                _ => None,
+            },
+        )?
+        .map_err(|(status, message)| refused(status, message))?;
+
+        let token = cfg.token.as_deref().unwrap_or(&[]);
+        let client_id = cfg.client_id;
+        let proof = token_proof(token, &nonce, client_id);
+        let mut mode = if registered {
+            AuthMode::Attach
+        } else {
+            AuthMode::Register
         };
-        if !header.is_response() || header.op() != Some(Opcode::Hello) {
-            return Err(protocol(format!(
-                "expected the HELLO response, got opcode {:#04x}",
-                header.opcode
-            )));
-        }
-        if header.request_id != hello_id {
-            return Err(protocol(format!(
-                "HELLO response carries request id {} instead of {hello_id}",
-                header.request_id
-            )));
-        }
-        let info = match Response::decode(&header, &payload) {
-            Ok(Response::Hello(info)) => info,
-            Ok(Response::Error { status, message }) => {
-                return Err(TransportError::Refused {
-                    addr: addr.to_string(),
-                    status,
-                    message: message.to_string(),
-                })
+        let mut attempts = 0;
+        let info = loop {
+            attempts += 1;
+            let key_or_proof = match mode {
+                AuthMode::Register => cfg.reconnect_key.0,
+                AuthMode::Attach => attach_proof(&cfg.reconnect_key, &nonce, client_id),
+            };
+            frame.clear();
+            let auth_id = ids.fetch_add(1, Ordering::Relaxed);
+            encode_auth(&mut frame, auth_id, client_id, mode, &proof, &key_or_proof);
+            let answer = exchange(
+                &stream,
+                addr,
+                cfg,
+                Opcode::Auth,
+                auth_id,
+                &frame,
+                |r| match r {
+                    Response::Welcome(info) => Some(info),
+                    _ => None,
+                },
+            )?;
+            match answer {
+                Ok(info) => break info,
+                Err((Status::UnknownClient, _)) if attempts < 3 => mode = AuthMode::Register,
+                Err((Status::ClientIdTaken, _)) if attempts < 3 => mode = AuthMode::Attach,
+                Err((status, message)) => return Err(refused(status, message)),
             }
-            Ok(other) => return Err(protocol(format!("unexpected HELLO response {other:?}"))),
-            Err(e) => return Err(protocol(e.to_string())),
         };
         if info.slab_size_bytes == 0 || info.slab_size_bytes % PAGE_SIZE as u64 != 0 {
-            return Err(protocol(format!(
-                "slab size {} is not a positive multiple of {PAGE_SIZE}",
-                info.slab_size_bytes
-            )));
+            return Err(TransportError::Protocol {
+                addr: addr.to_string(),
+                op: "auth",
+                detail: format!(
+                    "slab size {} is not a positive multiple of {PAGE_SIZE}",
+                    info.slab_size_bytes
+                ),
+            });
         }
 
         let reader_stream = stream.try_clone().map_err(setup)?;
@@ -484,6 +487,83 @@ impl Conn {
 }
 
 /// Resolves `addr` and connects to the first address that answers within `timeout`.
+/// Sends one handshake request `frame` (opcode `op`, request id `id`) and reads its answer:
+/// `Ok(Ok(value))` when `take` accepts the success response, `Ok(Err((status, message)))` when
+/// the donor refused (also a refusal frame with request id 0, as the donor sends before closing
+/// a connection it cannot serve: "donor full").
+fn exchange<T>(
+    stream: &TcpStream,
+    addr: &str,
+    cfg: &ClientConfig,
+    op: Opcode,
+    id: u64,
+    frame: &[u8],
+    take: impl FnOnce(Response<'_>) -> Option<T>,
+) -> Result<Result<T, (Status, String)>, TransportError> {
+    let lost = |e: io::Error| -> TransportError {
+        if is_timeout(&e) {
+            TransportError::Timeout {
+                addr: addr.to_string(),
+                op: op.name(),
+                after: cfg.request_timeout,
+            }
+        } else {
+            TransportError::Disconnected {
+                addr: addr.to_string(),
+                op: op.name(),
+                reason: e.to_string(),
+            }
+        }
+    };
+    let protocol = |detail: String| TransportError::Protocol {
+        addr: addr.to_string(),
+        op: op.name(),
+        detail,
+    };
+    let mut stream = stream;
+    stream.write_all(frame).map_err(lost)?;
+    let mut payload = Vec::new();
+    let header = match read_frame(&mut stream, &mut payload) {
+        Ok(h) => h,
+        Err(ReadFrameError::Closed) => {
+            return Err(TransportError::Disconnected {
+                addr: addr.to_string(),
+                op: op.name(),
+                reason: format!(
+                    "the donor closed the connection before answering {}",
+                    op.name()
+                ),
+            })
+        }
+        Err(ReadFrameError::Io(e)) => return Err(lost(e)),
+        Err(ReadFrameError::Frame { error, .. }) => return Err(protocol(error.to_string())),
+    };
+    let response = Response::decode(&header, &payload).map_err(|e| protocol(e.to_string()))?;
+    if let Response::Error { status, message } = response {
+        if header.request_id == id || header.request_id == 0 {
+            return Ok(Err((status, message.to_string())));
+        }
+    }
+    if !header.is_response() || header.op() != Some(op) {
+        return Err(protocol(format!(
+            "expected the {} response, got opcode {:#04x}",
+            op.name(),
+            header.opcode
+        )));
+    }
+    if header.request_id != id {
+        return Err(protocol(format!(
+            "{} response carries request id {} instead of {id}",
+            op.name(),
+            header.request_id
+        )));
+    }
+    let shown = format!("{response:?}");
+    take(response)
+        .map(Ok)
+        .ok_or_else(|| protocol(format!("unexpected {} response {shown}", op.name())))
+}
+
 fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, TransportError> {
     let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
         .map_err(|e| TransportError::BadAddress {
@@ -654,7 +734,7 @@ fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, Read
         Ok(Response::Error { status, message }) => {
             return Ok((header.request_id, Err((status, message.to_string()))))
         }
-        Ok(Response::Hello(_) | Response::Pages { .. }) => {
+        Ok(Response::Challenge { .. } | Response::Welcome(_) | Response::Pages { .. }) => {
             return Err(protocol(format!(
                 "unexpected {} response in the middle of a session",
                 op.map_or("unknown", Opcode::name)

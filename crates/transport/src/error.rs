@@ -90,6 +90,16 @@ pub enum TransportError {
         #[source]
         source: EncodeError,
     },
+    /// The configured auth token is empty or longer than [`farmem_proto::MAX_TOKEN_LEN`];
+    /// nothing was sent.
+    #[error(
+        "the auth token is {len} bytes; it must be 1 to {} bytes: fix the token file",
+        farmem_proto::MAX_TOKEN_LEN
+    )]
+    TokenLength {
+        /// Its length.
+        len: usize,
+    },
     /// `read_pages` was given an output buffer of the wrong size; nothing was sent.
     #[error("read_pages output buffer is {got} bytes but must be exactly {expected} (4096 per page asked for)")]
     OutputBuffer {
@@ -126,12 +136,17 @@ impl TransportError {
 
 fn refused_message(addr: &str, status: Status, message: &str) -> String {
     match status {
+        Status::AuthFailed if message.contains("reconnect key") => format!(
+            "donor {addr} refused this client's reconnect key ({message}): another client holds that client id; use a fresh ClientConfig (a new random id and key)"
+        ),
         Status::AuthFailed => format!(
             "donor {addr} refused the auth token ({message}): check --token-file on both sides"
         ),
         Status::BadVersion => format!(
             "donor {addr} speaks another protocol version ({message}): run the same farmem version on both sides"
         ),
+        Status::DonorFull => format!("donor {addr} is full and refused the connection: {message}"),
+        Status::MemoryPressure => format!("donor {addr} lends no memory now: {message}"),
         _ => format!("donor {addr} refused the connection: {status}: {message}"),
     }
 }

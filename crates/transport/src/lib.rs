@@ -31,8 +31,14 @@
 //! - Failure: a read error, close, protocol violation, failed write or request timeout closes
 //!   the connection and fails every request in flight on it ([`TransportError::Disconnected`],
 //!   or [`TransportError::Protocol`] if the donor broke the protocol). The next call reconnects
-//!   and repeats HELLO with the same client id, so the donor hands back the same slabs within
-//!   its orphan grace period. Requests are never retried behind the caller's back once sent.
+//!   and attaches to the same client id, proving its reconnect key, so the donor hands back the
+//!   same slabs within its orphan grace period. Requests are never retried behind the caller's
+//!   back once sent.
+//! - Handshake: HELLO, answered with a donor nonce; then AUTH with an HMAC of the nonce under
+//!   the token (the token never crosses the wire) and, on the first connection of a client id,
+//!   its [`ReconnectKey`] (registering the id), on every later one an HMAC of the nonce under
+//!   that key (attaching to it). Clients sharing a [`ClientConfig`] (its `client_id` and
+//!   `reconnect_key`) share slabs; nobody else can claim them.
 //! - `link_delay_us` (the memory-blade study's link-latency knob) delays each response's
 //!   delivery to its waiter by that much after it arrived, on the waiting thread, so it adds
 //!   latency without serializing the pipeline.
@@ -56,7 +62,7 @@ mod conn;
 mod error;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,7 +73,8 @@ use farmem_proto::{
 
 pub use error::TransportError;
 pub use farmem_proto::{
-    DonorInfo, DonorStats, PageAddr, Status, MAX_BATCH_PAGES, MAX_TOKEN_LEN, PAGE_SIZE,
+    token_from_file_bytes, DonorInfo, DonorStats, PageAddr, ReconnectKey, Status, MAX_BATCH_PAGES,
+    MAX_TOKEN_LEN, PAGE_SIZE,
 };
 
 use conn::{Conn, Failure, Reply, SendError, Waited};
@@ -75,10 +82,14 @@ use conn::{Conn, Failure, Reply, SendError, Waited};
 /// How a [`DonorClient`] connects and behaves.
 #[derive(Clone)]
 pub struct ClientConfig {
-    /// Stable id of this client: reconnecting with the same id finds the same slabs (within the
-    /// donor's orphan grace period). The default is derived from the process id and the clock.
+    /// Id of this client: reconnecting with the same id and [`ClientConfig::reconnect_key`]
+    /// finds the same slabs (within the donor's orphan grace period). The default is random.
     pub client_id: u64,
-    /// The auth token presented in HELLO (`--token-file`), if the donor wants one.
+    /// The secret the client's slabs belong to (registered with the id by the first connection,
+    /// proven by the others). The default is random; clients that share slabs share it.
+    pub reconnect_key: ReconnectKey,
+    /// The auth token proven in AUTH (`--token-file`), if the donor wants one. It never crosses
+    /// the wire.
     pub token: Option<Vec<u8>>,
     /// Limit for establishing the TCP connection. Default 3 s.
     pub connect_timeout: Duration,
@@ -99,12 +110,15 @@ pub struct ClientConfig {
 }
 
 impl Default for ClientConfig {
+    /// A configuration with a fresh random client id and reconnect key.
+    ///
+    /// # Panics
+    /// If the operating system's random number generator fails (`getrandom`), which Linux
+    /// does not do once booted.
     fn default() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
         ClientConfig {
-            client_id: (u64::from(std::process::id()) << 40) ^ nanos,
+            client_id: farmem_proto::random_client_id().expect("getrandom failed"),
+            reconnect_key: ReconnectKey::random().expect("getrandom failed"),
             token: None,
             connect_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(5),
@@ -119,6 +133,7 @@ impl fmt::Debug for ClientConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientConfig")
             .field("client_id", &self.client_id)
+            .field("reconnect_key", &self.reconnect_key)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -180,6 +195,8 @@ struct Inner {
     next_id: AtomicU64,
     conn: Mutex<Option<Arc<Conn>>>,
     info: Mutex<DonorInfo>,
+    /// This client's id is registered with the donor: reconnects attach to it.
+    registered: AtomicBool,
     counters: Counters,
 }
 
@@ -206,7 +223,9 @@ impl Inner {
         if let Some(conn) = current.as_ref().filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(conn));
         }
-        let (conn, info) = Conn::open(&self.addr, &self.cfg, self.next_id())?;
+        let registered = self.registered.load(Ordering::Relaxed);
+        let (conn, info) = Conn::open(&self.addr, &self.cfg, &self.next_id, registered)?;
+        self.registered.store(true, Ordering::Relaxed);
         let mut known = lock(&self.info);
         if *known != info {
             tracing::warn!(donor = %self.addr, before = ?*known, after = ?info, "donor geometry changed across a reconnect");
@@ -240,16 +259,14 @@ impl DonorClient {
     /// Connects to the donor at `addr` (`HOST:PORT`) and authenticates with HELLO.
     pub fn connect(addr: &str, cfg: ClientConfig) -> Result<DonorClient, TransportError> {
         if let Some(token) = &cfg.token {
-            if token.len() > MAX_TOKEN_LEN {
-                return Err(TransportError::Invalid {
-                    op: "hello",
-                    source: EncodeError::TokenTooLong { len: token.len() },
-                });
+            let token = farmem_proto::token_from_file_bytes(token);
+            if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+                return Err(TransportError::TokenLength { len: token.len() });
             }
         }
         let addr: Arc<str> = Arc::from(addr);
         let next_id = AtomicU64::new(1);
-        let (conn, info) = Conn::open(&addr, &cfg, next_id.fetch_add(1, Ordering::Relaxed))?;
+        let (conn, info) = Conn::open(&addr, &cfg, &next_id, false)?;
         Ok(DonorClient {
             inner: Arc::new(Inner {
                 addr,
@@ -257,6 +274,7 @@ impl DonorClient {
                 next_id,
                 conn: Mutex::new(Some(conn)),
                 info: Mutex::new(info),
+                registered: AtomicBool::new(true),
                 counters: Counters::default(),
             }),
         })
@@ -267,9 +285,15 @@ impl DonorClient {
         &self.inner.addr
     }
 
-    /// This client's id, as sent in HELLO.
+    /// This client's id, as sent in AUTH.
     pub fn client_id(&self) -> u64 {
         self.inner.cfg.client_id
+    }
+
+    /// The secret this client's slabs belong to: another client given the same id and key
+    /// (e.g. a second connection of one runtime) shares them.
+    pub fn reconnect_key(&self) -> &ReconnectKey {
+        &self.inner.cfg.reconnect_key
     }
 
     /// The donor's geometry, as told by its last HELLO answer.

@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::page;
 use farmem_donor::{DonorConfig, DonorServer, RunningDonor};
 use farmem_proto::{PageAddr, Status, MAX_BATCH_PAGES, PAGE_SIZE};
-use farmem_transport::{ClientConfig, Completion, DonorClient, PageWrite, TransportError};
+use farmem_transport::{
+    ClientConfig, Completion, DonorClient, PageWrite, ReconnectKey, TransportError,
+};
 
 const SLAB_PAGES: u32 = 256;
 
@@ -26,9 +28,12 @@ fn donor(token: Option<&[u8]>) -> RunningDonor {
     .spawn()
 }
 
+/// A client `client_id` whose reconnect key is derived from its id, so that two configs with
+/// one id are the same client (tests of stolen ids set another key).
 fn config(client_id: u64) -> ClientConfig {
     ClientConfig {
         client_id,
+        reconnect_key: ReconnectKey([client_id as u8; 32]),
         request_timeout: Duration::from_secs(10),
         ..ClientConfig::default()
     }
@@ -151,6 +156,15 @@ fn a_new_connection_with_the_same_client_id_finds_its_slabs() {
         .read_pages(&[PageAddr { slab, page: 5 }], &mut out)
         .unwrap();
     assert_eq!(out, data);
+
+    // The same id with another key is refused: the id is a name, the key is the credential.
+    let thief = ClientConfig {
+        reconnect_key: ReconnectKey([0xEE; 32]),
+        ..config(77)
+    };
+    let err = DonorClient::connect(&addr, thief).unwrap_err();
+    assert_eq!(err.status(), Some(Status::AuthFailed), "{err}");
+    assert!(err.to_string().contains("reconnect key"), "{err}");
 
     // Another client id may not read it.
     let other = DonorClient::connect(&addr, config(78)).unwrap();

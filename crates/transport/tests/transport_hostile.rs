@@ -220,7 +220,7 @@ fn a_response_of_the_wrong_kind_is_a_protocol_error() {
 #[test]
 fn a_wrong_token_is_refused_with_a_clear_error() {
     let peer = spawn_peer(|mut stream, _| {
-        let _ = handshake(&mut stream, |t| t == b"right");
+        let _ = handshake(&mut stream, |h| h.proves(b"right"));
     });
     let cfg = ClientConfig {
         token: Some(b"wrong".to_vec()),
@@ -347,9 +347,10 @@ fn requests_over_the_protocol_limits_are_rejected_before_sending() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, TransportError::Invalid { op: "hello", .. }),
+        matches!(err, TransportError::TokenLength { len: 300 }),
         "{err}"
     );
+    assert!(err.to_string().contains("1 to 256 bytes"), "{err}");
 
     // Nothing above reached the peer; a valid request still does.
     assert_eq!(requests.load(Ordering::SeqCst), 0);

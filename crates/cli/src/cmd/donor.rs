@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use farmem_donor::{DonorBanner, DonorConfig, DonorServer};
+use farmem_donor::{DonorBanner, DonorConfig, DonorServer, Tenant};
 use farmem_transport::MAX_TOKEN_LEN;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -28,9 +28,29 @@ Once listening, prints exactly one line to stdout, `farmem donor listening on AD
 real port when --listen ends in :0); logs go to stderr (FARMEM_LOG=debug for more). SIGINT or \
 SIGTERM stops it cleanly with exit status 0.
 
-Security: without --token-file any local process may connect, so only loopback addresses are \
-accepted; to serve other hosts, give --token-file (the same file on the clients) or, on a \
-trusted network only, --insecure. Client ids are names, not credentials.
+Security: without --token-file or --tenants any local process may connect, so only loopback \
+addresses are accepted; to serve other hosts, give --token-file (the same file on the clients) \
+or --tenants, or, on a trusted network only, --insecure. The token never crosses the wire: \
+clients prove it with an HMAC of a per-connection nonce. A token file holds the token's bytes \
+(1 to 256) with one trailing newline stripped, so `echo secret > tok` works; it must not be \
+readable by group or others (`chmod 600 FILE`). A client's slabs belong to a secret key only it \
+holds: another client with the same token cannot read, overwrite or free them.
+
+--capacity may not exceed this machine's memory (MemTotal) or the donor's memory cgroup limit; \
+while the host's available memory (MemAvailable) is below 5 % of MemTotal (at least 256 MiB), \
+the donor lends no new slabs (clients are told the donor is under memory pressure). Slabs \
+already lent are not migrated away yet (a later version).
+
+Tenants (--tenants FILE, TOML; unknown keys are an error): each tenant has its own token file \
+and a quota bounding all its clients together:
+  [[tenant]]
+  name = \"alice\"
+  token_file = \"/etc/farmem/alice.token\"   # relative paths are relative to FILE's folder
+  quota = \"4GiB\"                           # optional
+
+Connections that have not authenticated are limited (256 in all, 64 per source address, 3 s to \
+authenticate); a flood of them cannot lock clients out. A connection beyond the connection \
+limit is told \"donor full\".
 
 A client that disconnects keeps its slabs for --orphan-grace, so a reconnect finds its pages.
 
@@ -52,9 +72,13 @@ pub struct DonorArgs {
     /// Size of one slab (a multiple of 4 KiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub slab_size: u64,
-    /// File holding the auth token clients must present (its bytes, exactly, at most 256).
-    #[arg(long, value_name = "FILE")]
+    /// File holding the auth token clients must prove (1 to 256 bytes; one trailing newline
+    /// is stripped; mode 600).
+    #[arg(long, value_name = "FILE", conflicts_with = "tenants")]
     pub token_file: Option<PathBuf>,
+    /// TOML file of tenants, each with its own token file and quota (see below).
+    #[arg(long, value_name = "FILE")]
+    pub tenants: Option<PathBuf>,
     /// Most memory one client id may hold.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub quota: Option<u64>,
@@ -68,7 +92,8 @@ pub struct DonorArgs {
     #[arg(long)]
     pub insecure: bool,
     /// Die with process PID (for embedded donors: the runtime names its own pid, and the
-    /// donor dies when the thread that started it does).
+    /// donor dies when the thread that started it does). An embedded donor's --capacity is a
+    /// computed default, so it is lowered to the host's memory instead of refused.
     #[arg(long, value_name = "PID", hide = true)]
     pub exit_with_parent: Option<i32>,
 }
@@ -89,26 +114,58 @@ fn exit_with_parent(pid: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads an auth token file: the token is the file's bytes, exactly (1 to 256 bytes).
+/// Reads an auth token file: the token is the file's bytes with one trailing newline stripped
+/// (1 to 256 bytes). A file readable by group or others is refused.
 pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let token = std::fs::read(path)
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
         .with_context(|| format!("reading the token file {}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "the token file {} is readable by others (mode {mode:04o}); run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        );
+    }
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    let token = farmem_transport::token_from_file_bytes(&bytes);
     if token.is_empty() {
         bail!(
-            "the token file {} is empty; put a secret of 1 to {} bytes in it",
-            path.display(),
-            MAX_TOKEN_LEN
+            "the token file {} is empty; put a secret of 1 to {MAX_TOKEN_LEN} bytes in it",
+            path.display()
         );
     }
     if token.len() > MAX_TOKEN_LEN {
         bail!(
-            "the token file {} holds {} bytes; a token is at most {} bytes",
+            "the token file {} holds a {}-byte token; a token is at most {MAX_TOKEN_LEN} bytes",
             path.display(),
-            token.len(),
-            MAX_TOKEN_LEN
+            token.len()
         );
     }
-    Ok(token)
+    Ok(token.to_vec())
+}
+
+/// Reads a tenants file and every token file it names (relative to the file's folder).
+pub fn read_tenants(path: &Path) -> anyhow::Result<Vec<Tenant>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the tenants file {}", path.display()))?;
+    let specs = crate::cmd::tenants::parse_tenants(&text)
+        .with_context(|| format!("the tenants file {} is invalid", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    specs
+        .into_iter()
+        .map(|s| {
+            let token = read_token_file(&dir.join(&s.token_file))
+                .with_context(|| format!("tenant {:?}", s.name))?;
+            Ok(Tenant {
+                name: s.name,
+                token,
+                quota_bytes: s.quota_bytes,
+            })
+        })
+        .collect()
 }
 
 /// Runs the donor until SIGINT/SIGTERM.
@@ -121,11 +178,23 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(read_token_file)
         .transpose()?;
+    let tenants = match &args.tenants {
+        Some(f) => read_tenants(f)?,
+        None => Vec::new(),
+    };
+    let capacity_bytes = match (
+        args.exit_with_parent,
+        farmem_donor::host::memory_limit_bytes(),
+    ) {
+        (Some(_), Some((limit, _))) => args.capacity.min(limit),
+        _ => args.capacity,
+    };
     let cfg = DonorConfig {
         listen: args.listen.clone(),
-        capacity_bytes: args.capacity,
+        capacity_bytes,
         slab_size_bytes: args.slab_size,
         token,
+        tenants,
         quota_bytes: args.quota,
         orphan_grace: args.orphan_grace,
         insecure: args.insecure,

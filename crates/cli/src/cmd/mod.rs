@@ -4,4 +4,5 @@ pub mod donor;
 pub mod run;
 pub mod sim;
 pub mod stats;
+pub mod tenants;
 pub mod units;

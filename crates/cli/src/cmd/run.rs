@@ -53,7 +53,8 @@ pub struct RunArgs {
     /// Donor to page to (`host:port`); repeat for several. Default: an embedded local donor.
     #[arg(long = "donor", value_name = "ADDR")]
     pub donors: Vec<String>,
-    /// File holding the donors' token.
+    /// File holding the donors' token (1 to 256 bytes, one trailing newline stripped; mode
+    /// 600: a file readable by others is refused).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Prefetcher (see `farmem sim --help` for the names).
@@ -373,12 +374,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.allocator_only {
         preflight::check_userfaultfd()?;
     }
-    let token = match &args.token_file {
-        Some(f) => Some(
-            std::fs::read(f).with_context(|| format!("reading the token file {}", f.display()))?,
-        ),
-        None => None,
-    };
+    let token = args
+        .token_file
+        .as_deref()
+        .map(crate::cmd::donor::read_token_file)
+        .transpose()?;
+    if let Some(p) = &args.stats {
+        preflight::check_writable("--stats", p)?;
+    }
+    if let Some(p) = &args.record_trace {
+        preflight::check_writable("--record-trace", p)?;
+    }
     if let Some(p) = &args.prefetch {
         preflight::check_prefetch(p)?;
     }
@@ -540,7 +546,44 @@ mod preflight {
                 fmt_bytes(min)
             );
         }
+        if let Some(total) = farmem_donor::host::mem_total_bytes() {
+            if budget_bytes > total {
+                bail!(
+                    "--local-mem {} is more than this machine's memory ({}): give at most {}",
+                    fmt_bytes(budget_bytes),
+                    fmt_bytes(total),
+                    fmt_bytes(total)
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Checks, before the program starts, that the output file `path` of `flag` can be
+    /// written: opens (or creates) it for appending and, for a new file or a character device
+    /// (`/dev/full`), writes one byte; then removes what it created. An existing file is left
+    /// as it is.
+    pub fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::FileTypeExt as _;
+        let existing = std::fs::metadata(path).ok().map(|m| m.file_type());
+        let probe_write = existing.is_none_or(|t| t.is_char_device());
+        let probe = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| {
+                if probe_write {
+                    f.write_all(b"\n").and_then(|()| f.flush())
+                } else {
+                    Ok(())
+                }
+            });
+        let existed = existing.is_some();
+        if !existed && path.is_file() {
+            let _ = std::fs::remove_file(path);
+        }
+        probe.map_err(|e| anyhow::anyhow!("{flag} {}: cannot write there: {e}", path.display()))
     }
 
     pub fn check_userfaultfd() -> anyhow::Result<()> {

@@ -28,7 +28,8 @@ pub struct StatsArgs {
     /// The donor to ask, HOST:PORT (e.g. 127.0.0.1:7070).
     #[arg(long, value_name = "ADDR")]
     pub donor: String,
-    /// File holding the donor's auth token (the same file as `farmem donor --token-file`).
+    /// File holding the donor's auth token (the same file as `farmem donor --token-file`; one
+    /// trailing newline stripped; mode 600).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Print JSON instead of a table.

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use farmem_donor::{DonorConfig, DonorServer, RunningDonor};
 use farmem_proto::{
-    encode_alloc_slab, encode_free_slab, encode_hello, encode_read_pages, encode_stats,
-    encode_write_pages, read_frame, DonorStats, Header, PageAddr, ReadFrameError, Response, Status,
-    PAGE_SIZE,
+    attach_proof, encode_alloc_slab, encode_auth, encode_free_slab, encode_hello,
+    encode_read_pages, encode_stats, encode_write_pages, read_frame, token_proof, AuthMode,
+    DonorStats, Header, PageAddr, ReadFrameError, ReconnectKey, Response, Status, KEY_LEN,
+    NONCE_LEN, PAGE_SIZE,
 };
 
 /// A small slab (64 pages) so tests stay light.
@@ -38,6 +39,7 @@ pub fn start(cfg: DonorConfig) -> RunningDonor {
 /// One decoded response, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
+    Challenge([u8; NONCE_LEN]),
     Hello {
         slab_size_bytes: u64,
         capacity_bytes: u64,
@@ -78,7 +80,8 @@ impl Raw {
         }
     }
 
-    /// Connects and says HELLO as `client` with `token`; panics unless it succeeds.
+    /// Connects and completes the handshake as `client` (with the test key of `client`, see
+    /// [`key_of`]) with `token`; panics unless it succeeds.
     pub fn hello(addr: SocketAddr, client: u64, token: &[u8]) -> Raw {
         let mut r = Raw::connect(addr);
         let reply = r.hello_reply(client, token);
@@ -110,7 +113,8 @@ impl Raw {
         };
         assert!(h.is_response(), "donor sent a non-response frame");
         let reply = match Response::decode(&h, &self.buf).expect("donor's response decodes") {
-            Response::Hello(i) => Reply::Hello {
+            Response::Challenge { nonce } => Reply::Challenge(nonce),
+            Response::Welcome(i) => Reply::Hello {
                 slab_size_bytes: i.slab_size_bytes,
                 capacity_bytes: i.capacity_bytes,
             },
@@ -141,11 +145,52 @@ impl Raw {
         }
     }
 
-    pub fn hello_reply(&mut self, client: u64, token: &[u8]) -> Reply {
+    /// HELLO: the nonce, or the refusal.
+    pub fn challenge(&mut self) -> Result<[u8; NONCE_LEN], Reply> {
         let mut f = Vec::new();
         let id = self.id();
-        encode_hello(&mut f, id, client, token).unwrap();
+        encode_hello(&mut f, id);
+        match self.call(&f) {
+            Reply::Challenge(n) => Ok(n),
+            other => Err(other),
+        }
+    }
+
+    /// AUTH as `client` in `mode` with `token` and reconnect key `key` (registered, or proven
+    /// against `nonce`).
+    pub fn auth(
+        &mut self,
+        nonce: &[u8; NONCE_LEN],
+        client: u64,
+        token: &[u8],
+        key: &ReconnectKey,
+        mode: AuthMode,
+    ) -> Reply {
+        let key_or_proof = match mode {
+            AuthMode::Register => key.0,
+            AuthMode::Attach => attach_proof(key, nonce, client),
+        };
+        let mut f = Vec::new();
+        let id = self.id();
+        let proof = token_proof(token, nonce, client);
+        encode_auth(&mut f, id, client, mode, &proof, &key_or_proof);
         self.call(&f)
+    }
+
+    /// The whole handshake as a real client does it: HELLO, then AUTH registering `client`
+    /// with [`key_of`]`(client)`, attaching instead if it is registered.
+    pub fn hello_reply(&mut self, client: u64, token: &[u8]) -> Reply {
+        let nonce = match self.challenge() {
+            Ok(n) => n,
+            Err(refused) => return refused,
+        };
+        let key = key_of(client);
+        match self.auth(&nonce, client, token, &key, AuthMode::Register) {
+            Reply::Error(Status::ClientIdTaken, _) => {
+                self.auth(&nonce, client, token, &key, AuthMode::Attach)
+            }
+            other => other,
+        }
     }
 
     pub fn alloc(&mut self) -> Reply {
@@ -192,6 +237,15 @@ impl Raw {
             other => panic!("STATS failed: {other:?}"),
         }
     }
+}
+
+/// The reconnect key the fixtures use for client id `client` (tests of stolen ids use others).
+pub fn key_of(client: u64) -> ReconnectKey {
+    let mut k = [0u8; KEY_LEN];
+    for (i, b) in k.iter_mut().enumerate() {
+        *b = (client.rotate_left(i as u32 * 8) as u8) ^ (i as u8);
+    }
+    ReconnectKey(k)
 }
 
 /// A page filled with a pattern derived from `seed`.

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use farmem_proto::{
-    encode_error, encode_hello_ok, encode_pages_header, encode_slab_allocated, encode_stats_reply,
-    encode_success, read_frame, DonorInfo, DonorStats, Header, Opcode, PageAddr, Request, Status,
-    PAGE_SIZE,
+    encode_challenge, encode_error, encode_pages_header, encode_slab_allocated, encode_stats_reply,
+    encode_success, encode_welcome, proofs_match, read_frame, token_proof, AuthMode, DonorInfo,
+    DonorStats, Header, Opcode, PageAddr, Request, Status, NONCE_LEN, PAGE_SIZE, PROOF_LEN,
 };
 
 /// Geometry the fake donor announces.
@@ -49,34 +49,70 @@ where
     Peer { addr, connections }
 }
 
-/// What the client said in HELLO.
+/// The nonce the fake donors challenge every connection with.
+pub const FAKE_NONCE: [u8; NONCE_LEN] = [0x5A; NONCE_LEN];
+
+/// What the client said in the handshake (AUTH), and every byte it sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     pub client_id: u64,
-    pub token: Vec<u8>,
+    pub mode: AuthMode,
+    pub token_proof: [u8; PROOF_LEN],
+    pub key_or_proof: [u8; PROOF_LEN],
+    /// The raw bytes of HELLO and AUTH, as sent.
+    pub wire: Vec<u8>,
 }
 
-/// Reads HELLO and answers it; `accept(token)` decides whether the token is good.
-pub fn handshake(stream: &mut TcpStream, accept: impl Fn(&[u8]) -> bool) -> Option<Hello> {
+impl Hello {
+    /// Whether the client proved `token`.
+    pub fn proves(&self, token: &[u8]) -> bool {
+        proofs_match(
+            &token_proof(token, &FAKE_NONCE, self.client_id),
+            &self.token_proof,
+        )
+    }
+}
+
+/// Reads HELLO, answers with [`FAKE_NONCE`], reads AUTH and answers it; `accept(hello)`
+/// decides whether the token is good (see [`Hello::proves`]). The fake accepts any client id
+/// and mode.
+pub fn handshake(stream: &mut TcpStream, accept: impl Fn(&Hello) -> bool) -> Option<Hello> {
     let mut buf = Vec::new();
     let header = read_frame(stream, &mut buf).ok()?;
-    let Ok(Request::Hello {
-        client_id, token, ..
+    let mut wire = header.encode().to_vec();
+    wire.extend_from_slice(&buf);
+    let Ok(Request::Hello { .. }) = Request::decode(&header, &buf) else {
+        panic!("the client's first frame is not HELLO: {header:?}");
+    };
+    let mut out = Vec::new();
+    encode_challenge(&mut out, header.request_id, &FAKE_NONCE);
+    stream.write_all(&out).ok()?;
+    let header = read_frame(stream, &mut buf).ok()?;
+    wire.extend_from_slice(&header.encode());
+    wire.extend_from_slice(&buf);
+    let Ok(Request::Auth {
+        client_id,
+        mode,
+        token_proof,
+        key_or_proof,
     }) = Request::decode(&header, &buf)
     else {
-        panic!("the client's first frame is not HELLO: {header:?}");
+        panic!("the client's second frame is not AUTH: {header:?}");
     };
     let hello = Hello {
         client_id,
-        token: token.to_vec(),
+        mode,
+        token_proof,
+        key_or_proof,
+        wire,
     };
-    let mut out = Vec::new();
-    if accept(token) {
-        encode_hello_ok(&mut out, header.request_id, FAKE_INFO);
+    out.clear();
+    if accept(&hello) {
+        encode_welcome(&mut out, header.request_id, FAKE_INFO);
     } else {
         encode_error(
             &mut out,
-            Opcode::Hello as u8,
+            Opcode::Auth as u8,
             header.request_id,
             Status::AuthFailed,
             "wrong token",
@@ -159,7 +195,9 @@ pub fn answer(
                 ..DonorStats::default()
             },
         ),
-        Ok(Request::Hello { .. }) => panic!("HELLO twice on one connection"),
+        Ok(Request::Hello { .. } | Request::Auth { .. }) => {
+            panic!("a handshake request twice on one connection")
+        }
         Err(e) => encode_error(out, header.opcode, id, e.status(), &e.to_string()),
     }
 }

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs the cargo-fuzz targets under fuzz/ (nightly Rust and cargo-fuzz: `cargo install
+# cargo-fuzz`). Each run starts from, and adds to, the target's corpus fuzz/corpus/TARGET/
+# (seeded from real frames, traces and configuration by `scripts/fuzz.sh seeds`); the normal
+# test suite replays every corpus file on stable Rust.
+#
+#   scripts/fuzz.sh TARGET SECONDS   fuzz one target (decode, donor, trace, config)
+#   scripts/fuzz.sh all SECONDS      fuzz each target for SECONDS, one after the other
+#   scripts/fuzz.sh seeds            rewrite the seed files of every corpus
+#
+# One job (-jobs=1 -workers=1): the machine is shared. libFuzzer's last status line (#runs,
+# cov, ft, corp) is printed per target; a crash stops with its input under fuzz/artifacts/.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+
+TARGETS=(decode donor trace config)
+
+usage() {
+    echo "usage: $0 {${TARGETS[*]// /|}|all} SECONDS | $0 seeds" >&2
+    exit 2
+}
+
+# With -jobs, libFuzzer's worker writes its output to fuzz-N.log in the current folder.
+collect_worker_logs() {
+    local f
+    for f in fuzz-*.log; do
+        [ -e "$f" ] || continue
+        cat "$f" >>"$1"
+        rm -f "$f"
+    done
+}
+
+run_one() {
+    local target=$1 secs=$2 log
+    log=$(mktemp)
+    mkdir -p "corpus/$target"
+    echo "== fuzzing $target for ${secs}s"
+    # The donor target talks to an in-process donor over loopback: leak detection would
+    # flag its long-lived threads, and each input is a whole session (give it time).
+    local extra=()
+    if [ "$target" = donor ]; then
+        extra=(-detect_leaks=0 -timeout=10)
+    fi
+    if ! cargo +nightly fuzz run "$target" "corpus/$target" -- \
+        -max_total_time="$secs" -jobs=1 -workers=1 -print_final_stats=1 "${extra[@]}" \
+        >"$log" 2>&1; then
+        collect_worker_logs "$log"
+        tail -n 40 "$log"
+        echo "fuzz target $target failed (see the crash input under fuzz/artifacts/$target/)" >&2
+        rm -f "$log"
+        return 1
+    fi
+    collect_worker_logs "$log"
+    grep -E '^#[0-9]+' "$log" | tail -n 1
+    grep -E '^stat::number_of_executed_units' "$log" || true
+    rm -f "$log"
+}
+
+[ $# -ge 1 ] || usage
+case $1 in
+seeds)
+    cargo +nightly run --release --bin seeds
+    ;;
+all)
+    [ $# -eq 2 ] || usage
+    for t in "${TARGETS[@]}"; do run_one "$t" "$2"; done
+    ;;
+*)
+    [ $# -eq 2 ] || usage
+    [[ " ${TARGETS[*]} " == *" $1 "* ]] || usage
+    run_one "$1" "$2"
+    ;;
+esac
