@@ -763,13 +763,14 @@ impl Connection {
             return Ok(self.refuse(op, id, &r, Flow::Continue));
         }
         self.shared.store.note_writes(&self.slabs, &self.pages);
-        // The page data too must arrive before the request's deadline.
+        // The page data too must arrive before the request's deadline: the socket's timeout is
+        // re-armed to what is left of it before every read, so trickling bytes gains nothing.
         let deadline = self.read_deadline();
-        Self::arm(&self.stream, deadline)?;
-        let slabs = &self.slabs;
+        let (stream, slabs) = (&self.stream, &self.slabs);
         let received = mem::recv_pages(
-            &self.stream,
+            stream,
             self.pages.iter().map(|&(i, p)| (slabs[i].mem(), p)),
+            || Self::arm(stream, deadline),
         );
         self.slabs.clear();
         received.map_err(|e| {

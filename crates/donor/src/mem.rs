@@ -137,16 +137,20 @@ fn advance(iovs: &mut [libc::iovec], mut start: usize, n: usize, mut done: usize
 }
 
 /// Runs `syscall` on `iovs[start..n]` until every byte went through, handling short transfers
-/// and EINTR. `syscall` gets the remaining iovecs and returns the syscall's result; a result of
-/// 0 is `zero` (the peer closed, or the socket took nothing).
+/// and EINTR. `before` runs before each syscall (e.g. to shorten the socket's timeout to what
+/// is left of a deadline) and may end the transfer with its error. `syscall` gets the remaining
+/// iovecs and returns the syscall's result; a result of 0 is `zero` (the peer closed, or the
+/// socket took nothing).
 fn transfer_all(
     iovs: &mut [libc::iovec; MAX_IOV],
     n: usize,
     zero: (io::ErrorKind, &'static str),
+    mut before: impl FnMut() -> io::Result<()>,
     mut syscall: impl FnMut(&mut [libc::iovec]) -> isize,
 ) -> io::Result<()> {
     let mut start = 0;
     while start < n {
+        before()?;
         let rc = syscall(&mut iovs[start..n]);
         if rc < 0 {
             let err = io::Error::last_os_error();
@@ -178,26 +182,36 @@ pub fn send_pages<'a>(
     let mut iovs = [empty_iov(); MAX_IOV];
     let n = build_iovs(&mut iovs, prefix, pages);
     let zero = (io::ErrorKind::WriteZero, "socket accepted no bytes");
-    transfer_all(&mut iovs, n, zero, |rest| {
-        // SAFETY: `rest` describes live memory: `prefix` (borrowed for this call) and pages
-        // inside slab mappings kept alive by the `&'a SlabMemory` borrows, which outlive this
-        // call; the kernel only reads from them. `msg` is zeroed (no name, no control data)
-        // except for `rest`, which it borrows only during the call. `fd` is a valid open socket
-        // borrowed via AsFd.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = rest.as_mut_ptr();
-            msg.msg_iovlen = rest.len() as _;
-            libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL)
-        }
-    })
+    transfer_all(
+        &mut iovs,
+        n,
+        zero,
+        || Ok(()),
+        |rest| {
+            // SAFETY: `rest` describes live memory: `prefix` (borrowed for this call) and pages
+            // inside slab mappings kept alive by the `&'a SlabMemory` borrows, which outlive this
+            // call; the kernel only reads from them. `msg` is zeroed (no name, no control data)
+            // except for `rest`, which it borrows only during the call. `fd` is a valid open socket
+            // borrowed via AsFd.
+            unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = rest.as_mut_ptr();
+                msg.msg_iovlen = rest.len() as _;
+                libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL)
+            }
+        },
+    )
 }
 
 /// Receives `pages.len()` pages from the socket straight into the given slab pages, in order,
-/// handling short reads. Fails with `UnexpectedEof` if the peer closes before all bytes came.
+/// handling short reads. `before_read` runs before every read and may end the transfer with its
+/// error: the caller re-arms the socket's timeout to what is left of the request's deadline
+/// there, so a peer trickling the data cannot stretch one request past it. Fails with
+/// `UnexpectedEof` if the peer closes before all bytes came.
 pub fn recv_pages<'a>(
     sock: &impl AsFd,
     pages: impl IntoIterator<Item = (&'a SlabMemory, u32)>,
+    before_read: impl FnMut() -> io::Result<()>,
 ) -> io::Result<()> {
     let fd = sock.as_fd().as_raw_fd();
     let mut iovs = [empty_iov(); MAX_IOV];
@@ -206,7 +220,7 @@ pub fn recv_pages<'a>(
         io::ErrorKind::UnexpectedEof,
         "connection closed in the middle of WRITE_PAGES data",
     );
-    transfer_all(&mut iovs, n, zero, |rest| {
+    transfer_all(&mut iovs, n, zero, before_read, |rest| {
         // SAFETY: `rest` lies inside slab mappings kept alive by the `&'a SlabMemory` borrows,
         // which outlive this call; no Rust reference to those bytes exists, so the kernel
         // writing them aliases nothing. `rest.len()` is at most MAX_IOV, far below IOV_MAX.
@@ -235,7 +249,7 @@ mod tests {
             x.write_all(&data).unwrap();
             x
         });
-        recv_pages(&y, [(&a, 2), (&a, 3), (&b, 0)]).unwrap();
+        recv_pages(&y, [(&a, 2), (&a, 3), (&b, 0)], || Ok(())).unwrap();
         let mut x = writer.join().unwrap();
 
         send_pages(&y, b"hdr", [(&a, 3), (&a, 2), (&a, 7), (&b, 0), (&b, 1)]).unwrap();

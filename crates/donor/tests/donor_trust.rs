@@ -271,6 +271,46 @@ fn an_authenticated_client_trickling_a_request_is_cut_at_the_stall_timeout() {
 }
 
 #[test]
+fn an_authenticated_client_trickling_page_data_is_cut_at_the_stall_timeout() {
+    let donor = start(DonorConfig {
+        stall_timeout: Duration::from_millis(1500),
+        ..config()
+    });
+    let mut w = Witness::new(donor.local_addr(), 1, b"");
+    let mut t = Raw::hello(donor.local_addr(), 2, b"");
+    let slab = t.alloc_ok();
+    let page = vec![7u8; farmem_proto::PAGE_SIZE];
+    let mut f = Vec::new();
+    farmem_proto::encode_write_pages(&mut f, 9, &[(PageAddr { slab, page: 0 }, &page[..])])
+        .unwrap();
+    // The header and address arrive at once; then the page data, 64 bytes every 200 ms: each
+    // read sees progress well within the stall timeout, but the whole page would take 13 s.
+    let data_at = f.len() - farmem_proto::PAGE_SIZE;
+    t.stream.write_all(&f[..data_at]).unwrap();
+    let start = Instant::now();
+    for chunk in f[data_at..].chunks(64) {
+        if t.stream.write_all(chunk).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut probe = [0u8; 1];
+        t.stream.set_nonblocking(true).unwrap();
+        let closed = matches!(t.stream.read(&mut probe), Ok(0));
+        t.stream.set_nonblocking(false).unwrap();
+        if closed {
+            break;
+        }
+    }
+    let took = start.elapsed();
+    assert!(t.closed_by_donor());
+    assert!(
+        took < Duration::from_secs(6),
+        "the trickled page data was cut only after {took:?}"
+    );
+    w.check();
+}
+
+#[test]
 fn a_donor_under_memory_pressure_lends_no_new_slabs() {
     // A watermark no host reaches: the donor is under pressure from the start.
     let donor = start(DonorConfig {
