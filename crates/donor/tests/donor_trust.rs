@@ -235,24 +235,15 @@ fn a_full_donor_says_so() {
     assert!(c.closed_by_donor());
 }
 
-#[test]
-fn an_authenticated_client_trickling_a_request_is_cut_at_the_stall_timeout() {
-    let donor = start(DonorConfig {
-        stall_timeout: Duration::from_millis(1500),
-        ..config()
-    });
-    let mut w = Witness::new(donor.local_addr(), 1, b"");
-    let mut t = Raw::hello(donor.local_addr(), 2, b"");
-    let mut f = Vec::new();
-    farmem_proto::encode_stats(&mut f, 5);
-    // One byte every 500 ms: each read sees progress well within the stall timeout, but the
-    // whole 20-byte request would take 10 s.
+/// Writes `bytes` to `t` in `chunk`-byte pieces, one every `pause`, until the donor closes the
+/// connection or everything went; returns how long that took.
+fn trickle(t: &mut Raw, bytes: &[u8], chunk: usize, pause: Duration) -> Duration {
     let start = Instant::now();
-    for b in &f {
-        if t.stream.write_all(std::slice::from_ref(b)).is_err() {
+    for piece in bytes.chunks(chunk) {
+        if t.stream.write_all(piece).is_err() {
             break;
         }
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(pause);
         let mut probe = [0u8; 1];
         t.stream.set_nonblocking(true).unwrap();
         let closed = matches!(t.stream.read(&mut probe), Ok(0));
@@ -261,7 +252,28 @@ fn an_authenticated_client_trickling_a_request_is_cut_at_the_stall_timeout() {
             break;
         }
     }
-    let took = start.elapsed();
+    start.elapsed()
+}
+
+/// A donor whose stall timeout is 1.5 s, a witness client, and an authenticated client.
+fn stall_setup() -> (farmem_donor::RunningDonor, Witness, Raw) {
+    let donor = start(DonorConfig {
+        stall_timeout: Duration::from_millis(1500),
+        ..config()
+    });
+    let w = Witness::new(donor.local_addr(), 1, b"");
+    let t = Raw::hello(donor.local_addr(), 2, b"");
+    (donor, w, t)
+}
+
+#[test]
+fn an_authenticated_client_trickling_a_request_is_cut_at_the_stall_timeout() {
+    let (_donor, mut w, mut t) = stall_setup();
+    let mut f = Vec::new();
+    farmem_proto::encode_stats(&mut f, 5);
+    // One byte every 500 ms: each read sees progress well within the stall timeout, but the
+    // whole 20-byte request would take 10 s.
+    let took = trickle(&mut t, &f, 1, Duration::from_millis(500));
     assert!(t.closed_by_donor());
     assert!(
         took < Duration::from_secs(6),
@@ -272,12 +284,7 @@ fn an_authenticated_client_trickling_a_request_is_cut_at_the_stall_timeout() {
 
 #[test]
 fn an_authenticated_client_trickling_page_data_is_cut_at_the_stall_timeout() {
-    let donor = start(DonorConfig {
-        stall_timeout: Duration::from_millis(1500),
-        ..config()
-    });
-    let mut w = Witness::new(donor.local_addr(), 1, b"");
-    let mut t = Raw::hello(donor.local_addr(), 2, b"");
+    let (_donor, mut w, mut t) = stall_setup();
     let slab = t.alloc_ok();
     let page = vec![7u8; farmem_proto::PAGE_SIZE];
     let mut f = Vec::new();
@@ -287,21 +294,7 @@ fn an_authenticated_client_trickling_page_data_is_cut_at_the_stall_timeout() {
     // read sees progress well within the stall timeout, but the whole page would take 13 s.
     let data_at = f.len() - farmem_proto::PAGE_SIZE;
     t.stream.write_all(&f[..data_at]).unwrap();
-    let start = Instant::now();
-    for chunk in f[data_at..].chunks(64) {
-        if t.stream.write_all(chunk).is_err() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        let mut probe = [0u8; 1];
-        t.stream.set_nonblocking(true).unwrap();
-        let closed = matches!(t.stream.read(&mut probe), Ok(0));
-        t.stream.set_nonblocking(false).unwrap();
-        if closed {
-            break;
-        }
-    }
-    let took = start.elapsed();
+    let took = trickle(&mut t, &f[data_at..], 64, Duration::from_millis(200));
     assert!(t.closed_by_donor());
     assert!(
         took < Duration::from_secs(6),
