@@ -75,9 +75,10 @@ pub fn mismatches(base: usize, pages: usize, r: u64) -> usize {
         .count()
 }
 
-/// The first of the `pages` pages at `base` that is not present in memory (evicted), found with
-/// mincore, which does not touch the pages.
-pub fn first_absent(base: usize, pages: usize) -> Option<usize> {
+/// The pages among the `pages` pages at `base` that are not present in memory (evicted: in the
+/// write-back pool or only on a donor), lowest first, found with mincore, which does not touch
+/// the pages.
+pub fn absent_pages(base: usize, pages: usize) -> Vec<usize> {
     let mut present = vec![0u8; pages];
     // SAFETY: mincore writes one byte per page of the range into `present`, which has exactly
     // that many; the caller passes a mapped range; it does not touch the pages.
@@ -89,5 +90,5 @@ pub fn first_absent(base: usize, pages: usize) -> Option<usize> {
         )
     };
     assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
-    present.iter().position(|b| b & 1 == 0)
+    (0..pages).filter(|p| present[*p] & 1 == 0).collect()
 }
