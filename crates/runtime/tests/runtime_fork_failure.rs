@@ -8,7 +8,7 @@ use std::time::Duration;
 use farmem_donor::RunningDonor;
 use farmem_runtime::{Runtime, RuntimeConfig};
 use farmem_testkit::donor::{in_process, Donor};
-use farmem_testkit::pages::{absent_pages, fill, mismatches, read_u64, MIB, PAGE};
+use farmem_testkit::pages::{fill, mismatches, read_evicted, MIB, PAGE};
 use farmem_testkit::runtime::{config, start, wait_for_sends_to_settle, wait_for_stats};
 use farmem_testkit::scenario::{self, Scenario};
 
@@ -119,17 +119,8 @@ fn donor_failure_scenario() {
     // Wait until everything evicted is on the donor.
     wait_for_sends_to_settle(&rt);
     scenario::ready();
-    // Read evicted pages, lowest first, until one must come from the (now unusable) donor:
-    // that read ends the process with SIGBUS. Not simply the first evicted page: an eviction
-    // the kernel refused for a moment (a MOVE that met a locked page) puts the page back at the
-    // end of the queue, so a low page can be among the last evicted, still in the write-back
-    // pool (16 slots), and read from there.
-    let evicted = absent_pages(base, pages);
-    assert!(evicted.len() > 64, "pages beyond the budget were evicted");
-    for victim in evicted.into_iter().take(64) {
-        let v = read_u64(base + victim * PAGE);
-        println!("READ {victim} {v:#x}");
-    }
+    // The first read that must come from the (now unusable) donor ends with SIGBUS.
+    read_evicted(base, pages, 16, |p, v| println!("READ {p} {v:#x}"));
     std::process::exit(0);
 }
 

@@ -92,3 +92,27 @@ pub fn absent_pages(base: usize, pages: usize) -> Vec<usize> {
     assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
     (0..pages).filter(|p| present[*p] & 1 == 0).collect()
 }
+
+/// Reads the first word of evicted pages, lowest first, handing each value to `report`, until
+/// one read has had to come from a donor (a scenario whose donor is unusable or hostile ends
+/// there with SIGBUS). Not simply the first evicted page: an eviction the kernel refused for a
+/// moment (a MOVE that met a locked page) puts the page back at the end of the queue, so a low
+/// page can be among the last evicted, still in the write-back pool (`pool_pages` slots), and
+/// read from there.
+pub fn read_evicted(
+    base: usize,
+    pages: usize,
+    pool_pages: usize,
+    mut report: impl FnMut(usize, u64),
+) {
+    let evicted = absent_pages(base, pages);
+    let reads = pool_pages + 1;
+    assert!(
+        evicted.len() > reads,
+        "too few pages were evicted: {}",
+        evicted.len()
+    );
+    for p in evicted.into_iter().take(reads) {
+        report(p, read_u64(base + p * PAGE));
+    }
+}
