@@ -31,6 +31,8 @@ enum Command {
     Doctor(cmd::doctor::DoctorArgs),
     /// Lend this machine's spare memory to farmem clients (a memory donor).
     Donor(cmd::donor::DonorArgs),
+    /// Lend this machine's idle memory to every farmem program on it (the host tier).
+    Node(cmd::node::NodeArgs),
     /// Run an unmodified program with a local memory budget, its heap paged to donors.
     Run(cmd::run::RunArgs),
     /// Simulate prefetchers and eviction policies on a page-access trace (recorded or generated).
@@ -50,6 +52,7 @@ fn main() -> std::process::ExitCode {
     let result: anyhow::Result<std::process::ExitCode> = match cli.command {
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Donor(args) => cmd::donor::run(args),
+        Command::Node(args) => cmd::node::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Stats(args) => cmd::stats::run(args),

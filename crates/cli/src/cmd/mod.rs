@@ -1,6 +1,7 @@
 //! One module per `farmem` subcommand.
 pub mod doctor;
 pub mod donor;
+pub mod node;
 pub mod run;
 pub mod sim;
 pub mod stats;

@@ -1,0 +1,47 @@
+//! The farmem node: the host tier. One `farmem node` per machine lends idle host memory to every
+//! farmem program on it, as memfd slabs shared over a Unix socket (one copy each way, no message
+//! per page).
+//!
+//! ```no_run
+//! use farmem_node::{NodeClient, NodeClientConfig, NodeConfig, NodeServer};
+//! let node = NodeServer::bind(NodeConfig {
+//!     socket_path: "/tmp/farmem-node.sock".into(),
+//!     capacity_bytes: 1 << 30,
+//!     ..NodeConfig::default()
+//! })?
+//! .spawn();
+//! let client = NodeClient::connect(node.socket_path(), NodeClientConfig::default())?;
+//! let slab = client.alloc_slab()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Design
+//! - [`wire`]: the frames (pure, fuzzed).
+//! - [`server`]: the node: socket, peers, slabs, capacity, pressure watcher, reclaim.
+//! - [`slab`]: a slab's memory: a sealed memfd the node allocates itself (so it is charged to
+//!   the node's memory cgroup), and the hole punched when it is freed.
+//! - [`client`]: what the runtime uses: trusted connect, slabs mapped shared, RECLAIM channel.
+//! - [`child`]: the `farmem node listening on PATH` banner; a node started as a child process.
+//! - [`metrics`]: [`NodeStats`] (STATS, `farmem stats --node`) and the Prometheus endpoint.
+//!
+//! # Limitations
+//! The node lends memory on its own host only; the clients choose which slabs to give back.
+#![forbid(unsafe_code)]
+
+pub mod child;
+pub mod client;
+pub mod metrics;
+pub mod server;
+pub mod slab;
+pub mod wire;
+
+pub use child::NodeBanner;
+pub use client::{
+    check_socket_trust, default_socket_path, NodeClient, NodeClientConfig, NodeError, NodeInfo,
+    Reclaim, TierSlab, DEFAULT_SOCKET_PATH,
+};
+pub use metrics::{ClientStats, NodeStats};
+pub use server::{
+    exit_with_parent, NodeConfig, NodeServer, NodeServerError, RunningNode, ShutdownHandle,
+    DEFAULT_SLAB_BYTES, MAX_CLIENTS,
+};

@@ -1,0 +1,409 @@
+//! The node's figures: the [`NodeStats`] struct STATS returns (JSON) and `farmem stats --node`
+//! prints, the counters behind it, and the Prometheus text endpoint (`--metrics ADDR`).
+//!
+//! # Design
+//! The server builds one [`NodeStats`] snapshot under its state lock; both the STATS reply and
+//! the Prometheus text are rendered from that snapshot, so the two never disagree. Counters
+//! that are not state (reclaims, refusals) are relaxed atomics in [`Counters`].
+//!
+//! The endpoint answers `GET /metrics` with one `Connection: close` response per connection on
+//! its own thread; a scraper has [`SCRAPE_DEADLINE`] for its whole request, so a slow one can
+//! delay only other scrapers, never a client of the node.
+//!
+//! # Limitations
+//! One scrape at a time; request heads beyond 8 KiB are refused.
+use std::fmt::Write as _;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::wire::ErrorCode;
+
+/// One client of the node, as STATS reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientStats {
+    /// The client's process id (from SO_PEERCRED, in the node's pid namespace).
+    pub pid: u32,
+    /// Its user id.
+    pub uid: u32,
+    /// Its group id.
+    pub gid: u32,
+    /// Slabs it holds.
+    pub slabs: u64,
+    /// Bytes in those slabs.
+    pub bytes: u64,
+    /// Slabs it was asked to give back and has not yet.
+    pub reclaim_outstanding: u64,
+}
+
+/// Requests the node refused since it started, by reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusals {
+    /// ALLOC refused: capacity used up.
+    pub full: u64,
+    /// ALLOC refused: the host is short of memory.
+    pub pressure: u64,
+    /// FREE of a slab the client does not hold.
+    pub not_yours: u64,
+    /// Malformed or impossible requests (garbage frames included).
+    pub bad_request: u64,
+    /// RESIZE from a uid that may not.
+    pub denied: u64,
+    /// Connections refused because the node served as many clients as it may.
+    pub too_many_clients: u64,
+    /// Connections with another protocol version.
+    pub version: u64,
+    /// The node failed to make a slab.
+    pub internal: u64,
+}
+
+/// The node's figures (the STATS answer, JSON on the wire).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// The node's process id.
+    pub node_pid: u32,
+    /// Bytes the node may lend.
+    pub capacity_bytes: u64,
+    /// Bytes in slabs held by clients (or being freed).
+    pub used_bytes: u64,
+    /// Size of one slab.
+    pub slab_bytes: u64,
+    /// Slabs held by clients.
+    pub slabs: u64,
+    /// The `--keep-free` watermark, if any.
+    pub keep_free_bytes: Option<u64>,
+    /// The host's MemAvailable at the last check, if read.
+    pub mem_available_bytes: Option<u64>,
+    /// True while MemAvailable is below the watermark (new slabs refused).
+    pub under_pressure: bool,
+    /// Connected clients, largest users first.
+    pub clients: Vec<ClientStats>,
+    /// RECLAIM frames sent.
+    pub reclaim_requests_total: u64,
+    /// Slabs given back by clients that had been asked to.
+    pub reclaimed_slabs_total: u64,
+    /// Refused requests by reason.
+    pub refusals: Refusals,
+    /// Milliseconds since the node started.
+    pub uptime_ms: u64,
+}
+
+/// Counters the server bumps as things happen.
+#[derive(Debug, Default)]
+pub struct Counters {
+    reclaim_requests: AtomicU64,
+    reclaimed_slabs: AtomicU64,
+    refusals: [AtomicU64; ErrorCode::ALL.len()],
+}
+
+impl Counters {
+    /// One RECLAIM frame sent.
+    pub fn reclaim_requested(&self) {
+        self.reclaim_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A slab given back by a client that was asked to.
+    pub fn slab_reclaimed(&self) {
+        self.reclaimed_slabs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request or connection refused with `code`.
+    pub fn refused(&self, code: ErrorCode) {
+        if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == code) {
+            self.refusals[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn refusals_of(&self, code: ErrorCode) -> u64 {
+        ErrorCode::ALL
+            .iter()
+            .position(|c| *c == code)
+            .map_or(0, |i| self.refusals[i].load(Ordering::Relaxed))
+    }
+
+    /// Fills the counter fields of `stats`.
+    pub fn fill(&self, stats: &mut NodeStats) {
+        stats.reclaim_requests_total = self.reclaim_requests.load(Ordering::Relaxed);
+        stats.reclaimed_slabs_total = self.reclaimed_slabs.load(Ordering::Relaxed);
+        stats.refusals = Refusals {
+            full: self.refusals_of(ErrorCode::Full),
+            pressure: self.refusals_of(ErrorCode::Pressure),
+            not_yours: self.refusals_of(ErrorCode::NotYours),
+            bad_request: self.refusals_of(ErrorCode::BadRequest),
+            denied: self.refusals_of(ErrorCode::Denied),
+            too_many_clients: self.refusals_of(ErrorCode::TooManyClients),
+            version: self.refusals_of(ErrorCode::Version),
+            internal: self.refusals_of(ErrorCode::Internal),
+        };
+    }
+}
+
+/// `stats` in the Prometheus text exposition format (version 0.0.4).
+pub fn render_prometheus(stats: &NodeStats) -> String {
+    let mut o = String::with_capacity(2048);
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(o, "{name}{labels} {v}");
+        }
+    };
+    let one = |v: u64| [(String::new(), v)];
+    family(
+        "farmem_node_capacity_bytes",
+        "gauge",
+        "Bytes the node may lend.",
+        &one(stats.capacity_bytes),
+    );
+    family(
+        "farmem_node_used_bytes",
+        "gauge",
+        "Bytes in slabs held by clients.",
+        &one(stats.used_bytes),
+    );
+    family(
+        "farmem_node_slab_bytes",
+        "gauge",
+        "Size of one slab in bytes.",
+        &one(stats.slab_bytes),
+    );
+    family(
+        "farmem_node_clients",
+        "gauge",
+        "Connected clients.",
+        &one(stats.clients.len() as u64),
+    );
+    let per_client: Vec<(String, u64)> = stats
+        .clients
+        .iter()
+        .map(|c| (format!("{{pid=\"{}\",uid=\"{}\"}}", c.pid, c.uid), c.slabs))
+        .collect();
+    family(
+        "farmem_node_slabs",
+        "gauge",
+        "Slabs held, by client.",
+        &per_client,
+    );
+    family(
+        "farmem_node_under_pressure",
+        "gauge",
+        "1 while the host's MemAvailable is below --keep-free (new slabs refused).",
+        &one(u64::from(stats.under_pressure)),
+    );
+    family(
+        "farmem_node_reclaim_requests_total",
+        "counter",
+        "RECLAIM requests sent to clients.",
+        &one(stats.reclaim_requests_total),
+    );
+    family(
+        "farmem_node_reclaimed_slabs_total",
+        "counter",
+        "Slabs given back by clients asked to reclaim.",
+        &one(stats.reclaimed_slabs_total),
+    );
+    let r = &stats.refusals;
+    let by_reason: Vec<(String, u64)> = [
+        ("full", r.full),
+        ("pressure", r.pressure),
+        ("not_yours", r.not_yours),
+        ("bad_request", r.bad_request),
+        ("denied", r.denied),
+        ("too_many_clients", r.too_many_clients),
+        ("version", r.version),
+        ("internal", r.internal),
+    ]
+    .into_iter()
+    .map(|(reason, v)| (format!("{{reason=\"{reason}\"}}"), v))
+    .collect();
+    family(
+        "farmem_node_refusals_total",
+        "counter",
+        "Requests and connections refused, by reason.",
+        &by_reason,
+    );
+    o
+}
+
+/// The longest a scraper may take to send its request head.
+pub const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
+const HEAD_LIMIT: usize = 8192;
+
+/// The metrics endpoint: a listener and the thread answering it.
+pub struct MetricsEndpoint {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsEndpoint {
+    /// Serves `snapshot()` as Prometheus text at `http://ADDR/metrics` on a thread of its own.
+    pub fn start<F>(listener: TcpListener, snapshot: F) -> std::io::Result<MetricsEndpoint>
+    where
+        F: Fn() -> NodeStats + Send + 'static,
+    {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("farmem-node-metrics".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let outcome = conn.and_then(|s| scrape(s, &snapshot));
+                    if let Err(e) = outcome {
+                        tracing::debug!("metrics request failed: {e}");
+                    }
+                }
+            })?;
+        Ok(MetricsEndpoint {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept call; the thread sees the flag and ends.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one request head (bounded in size and time) and answers it.
+fn scrape(mut s: TcpStream, snapshot: &dyn Fn() -> NodeStats) -> std::io::Result<()> {
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let until = Instant::now() + SCRAPE_DEADLINE;
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    let complete = loop {
+        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            break true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || head.len() > HEAD_LIMIT {
+            break false;
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut chunk) {
+            Ok(0) => break false,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    let (status, kind, body) = if !complete {
+        (
+            "400 Bad Request",
+            "text/plain",
+            "incomplete request\n".into(),
+        )
+    } else if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
+        (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render_prometheus(&snapshot()),
+        )
+    } else {
+        (
+            "404 Not Found",
+            "text/plain",
+            "farmem node metrics: GET /metrics\n".into(),
+        )
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(reply.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NodeStats {
+        let c = Counters::default();
+        c.reclaim_requested();
+        c.slab_reclaimed();
+        c.slab_reclaimed();
+        c.refused(ErrorCode::Full);
+        let mut s = NodeStats {
+            capacity_bytes: 1 << 30,
+            used_bytes: 8 << 20,
+            slab_bytes: 4 << 20,
+            slabs: 2,
+            clients: vec![ClientStats {
+                pid: 42,
+                uid: 1000,
+                gid: 1000,
+                slabs: 2,
+                bytes: 8 << 20,
+                reclaim_outstanding: 0,
+            }],
+            ..NodeStats::default()
+        };
+        c.fill(&mut s);
+        s
+    }
+
+    #[test]
+    fn the_prometheus_text_has_every_family() {
+        let t = render_prometheus(&sample());
+        for line in [
+            "farmem_node_capacity_bytes 1073741824\n",
+            "farmem_node_used_bytes 8388608\n",
+            "farmem_node_clients 1\n",
+            "farmem_node_slabs{pid=\"42\",uid=\"1000\"} 2\n",
+            "farmem_node_reclaim_requests_total 1\n",
+            "farmem_node_reclaimed_slabs_total 2\n",
+            "farmem_node_refusals_total{reason=\"full\"} 1\n",
+            "farmem_node_refusals_total{reason=\"pressure\"} 0\n",
+            "# TYPE farmem_node_refusals_total counter\n",
+        ] {
+            assert!(t.contains(line), "{line:?} missing from\n{t}");
+        }
+    }
+
+    #[test]
+    fn stats_survive_json() {
+        let s = sample();
+        let j = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<NodeStats>(&j).unwrap(), s);
+    }
+
+    #[test]
+    fn the_endpoint_serves_metrics_and_404s_the_rest() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ep = MetricsEndpoint::start(l, sample).unwrap();
+        let get = |path: &str| {
+            let mut s = TcpStream::connect(ep.addr()).unwrap();
+            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let ok = get("/metrics");
+        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        assert!(ok.contains("farmem_node_used_bytes 8388608"), "{ok}");
+        assert!(get("/other").starts_with("HTTP/1.1 404"));
+        drop(ep);
+    }
+}

@@ -1,0 +1,1225 @@
+//! The node: listens on a Unix socket and lends each client memfd slabs of this host's memory.
+//!
+//! # Design
+//! - **Socket**: bound with mode 0660 before it listens (no window with a laxer mode); its
+//!   folder is created 0755 if missing. A path a live node answers on is refused; a stale
+//!   socket file (nothing answers) is replaced; any other file is left alone and refused.
+//! - **One thread per connection** (bounded by [`NodeConfig::max_clients`], small stacks): it
+//!   reads frames and answers them. Every peer is identified with SO_PEERCRED (pid, uid, gid),
+//!   logged at info on connect and disconnect. The watcher thread writes RECLAIM frames to the
+//!   same sockets; a per-connection lock keeps frames whole.
+//! - **Slabs** ([`crate::slab`]): made and fallocated by the node (charged to the node's memory
+//!   cgroup), sealed, sent with SCM_RIGHTS; the node keeps its fd. A slab belongs to the one
+//!   connection it was sent on. FREE, a disconnect, or a client's death punches a hole over the
+//!   slab before the node's fd is closed, and only then is it counted free.
+//! - **Capacity**: used bytes count slabs being made and being freed, so the cap holds at every
+//!   instant. RESIZE (root or the node's own uid only) changes it at run time.
+//! - **Pressure and reclaim**: a watcher thread (every [`NodeConfig::watch_period`]) reads
+//!   MemAvailable; below `--keep-free` the node refuses new slabs (ERROR Pressure). Whenever the
+//!   node holds more than it should (used above capacity after a RESIZE, or the host below its
+//!   watermark) it sends RECLAIM{n} to the largest users first, never asking a client for more
+//!   than it holds nor again while an earlier ask is outstanding
+//!   ([`NodeConfig::reclaim_patience`]).
+//! - **Hostile clients**: a bad frame, an oversized length, an unknown opcode, or half a frame
+//!   followed by silence past [`NodeConfig::frame_deadline`] disconnects that client (its slabs
+//!   freed) with one warn line, rate-limited; a connection must say HELLO within the same
+//!   deadline. Idle connections between frames are fine (a runtime may hold slabs for hours).
+//!
+//! # Limitations
+//! The node does not see which pages a client uses; it relies on the clients to pick the slabs
+//! they give back. A client that ignores RECLAIM keeps its slabs (the node refuses new ones).
+use std::collections::{HashMap, HashSet};
+use std::io::{ErrorKind, IoSlice, Read};
+use std::mem::MaybeUninit;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix};
+
+use crate::metrics::{ClientStats, Counters, MetricsEndpoint, NodeStats};
+use crate::slab;
+use crate::wire::{decode_client_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
+
+/// The default slab size (4 MiB).
+pub const DEFAULT_SLAB_BYTES: u64 = 4 << 20;
+/// The default bound on connected clients.
+pub const MAX_CLIENTS: usize = 1024;
+/// The default time a client has for a whole frame once it started one (and for its HELLO).
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(5);
+/// The longest one write to a client may block before the client is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many warn lines about bad clients are logged per [`WARN_INTERVAL`] at most.
+pub const WARNS_PER_INTERVAL: u32 = 10;
+/// See [`WARNS_PER_INTERVAL`].
+pub const WARN_INTERVAL: Duration = Duration::from_secs(10);
+const PAGE: u64 = 4096;
+
+/// How a node runs.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The Unix socket to listen on.
+    pub socket_path: PathBuf,
+    /// Most bytes lent in all (slabs × slab size never exceeds it).
+    pub capacity_bytes: u64,
+    /// Size of one slab: a non-zero multiple of 4096.
+    pub slab_bytes: u64,
+    /// Refuse new slabs and ask for slabs back while MemAvailable is below this.
+    pub keep_free_bytes: Option<u64>,
+    /// Serve Prometheus metrics over HTTP at this address.
+    pub metrics_listen: Option<String>,
+    /// Most connections served at once.
+    pub max_clients: usize,
+    /// Time for a whole frame once started, and for the HELLO of a new connection.
+    pub frame_deadline: Duration,
+    /// How often the watcher checks MemAvailable and what the node holds.
+    pub watch_period: Duration,
+    /// How long a RECLAIM ask is outstanding before the client may be asked again.
+    pub reclaim_patience: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            socket_path: crate::client::default_socket_path(),
+            capacity_bytes: 0,
+            slab_bytes: DEFAULT_SLAB_BYTES,
+            keep_free_bytes: None,
+            metrics_listen: None,
+            max_clients: MAX_CLIENTS,
+            frame_deadline: FRAME_DEADLINE,
+            watch_period: Duration::from_millis(250),
+            reclaim_patience: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Starting or running the node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeServerError {
+    /// The slab size is not a non-zero multiple of 4096.
+    #[error("slab size {0} bytes is not a non-zero multiple of 4096 (e.g. --slab-size 4MiB)")]
+    BadSlabSize(u64),
+    /// The capacity holds not even one slab.
+    #[error("capacity {capacity_bytes} bytes holds not one slab of {slab_bytes} bytes; give a larger --capacity or a smaller --slab-size")]
+    CapacityTooSmall {
+        capacity_bytes: u64,
+        slab_bytes: u64,
+    },
+    /// The capacity is above what the machine holds.
+    #[error("capacity {capacity_bytes} bytes is more than {what} ({limit_bytes} bytes); give a --capacity of at most that")]
+    CapacityTooLarge {
+        capacity_bytes: u64,
+        limit_bytes: u64,
+        what: &'static str,
+    },
+    /// The socket's folder could not be created.
+    #[error("cannot create the socket's folder {}: {source}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// A live node already answers on the path.
+    #[error("a node is already listening on {}; stop it first or pick another --socket", path.display())]
+    AlreadyRunning { path: PathBuf },
+    /// Something other than a socket is at the path.
+    #[error("{} exists and is not a socket; remove it or pick another --socket", path.display())]
+    NotASocket { path: PathBuf },
+    /// Binding or preparing the socket failed.
+    #[error("cannot listen on {}: {source}", path.display())]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The metrics endpoint could not be started.
+    #[error("cannot serve metrics on {addr} (is the port in use? pick another with --metrics): {source}")]
+    Metrics {
+        addr: String,
+        source: std::io::Error,
+    },
+    /// A thread could not be started.
+    #[error("cannot start the node's {what} thread: {source}")]
+    Thread {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// --exit-with-parent could not be honoured.
+    #[error("--exit-with-parent {pid}: {why}")]
+    Parent { pid: u32, why: String },
+}
+
+/// Arranges for this process to be killed when its parent `pid` dies (PR_SET_PDEATHSIG), and
+/// checks that `pid` is still the parent (it may have died before the request).
+pub fn exit_with_parent(pid: u32) -> Result<(), NodeServerError> {
+    use rustix::process::{getppid, set_parent_process_death_signal, Pid};
+    set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).map_err(|e| {
+        NodeServerError::Parent {
+            pid,
+            why: format!("PR_SET_PDEATHSIG failed: {e}"),
+        }
+    })?;
+    let parent = getppid().map_or(0, |p| Pid::as_raw(Some(p)));
+    if i64::from(parent) != i64::from(pid) {
+        return Err(NodeServerError::Parent {
+            pid,
+            why: "that process is not our parent (gone already?); not starting".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Who a connection is (SO_PEERCRED at accept).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    pid: u32,
+    uid: u32,
+    gid: u32,
+}
+
+/// One held slab.
+struct Slab {
+    owner: u64,
+    fd: Arc<OwnedFd>,
+}
+
+/// The writing half of a connection: whole frames under one lock, never SIGPIPE.
+struct Out {
+    stream: UnixStream,
+    lock: Mutex<()>,
+}
+
+impl Out {
+    /// Sends `bytes`, with `fd` as SCM_RIGHTS on the first byte if given. A failure shuts the
+    /// connection down (its reader then sees the end and cleans up).
+    fn send(&self, bytes: &[u8], fd: Option<&OwnedFd>) -> std::io::Result<()> {
+        let _whole = lock(&self.lock);
+        let result = send_all(&self.stream, bytes, fd);
+        if result.is_err() {
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+        result
+    }
+}
+
+fn send_all(stream: &UnixStream, bytes: &[u8], fd: Option<&OwnedFd>) -> std::io::Result<()> {
+    let mut sent = 0;
+    if let Some(fd) = fd {
+        let fds = [fd.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(std::io::Error::other("no room for the slab's fd"));
+        }
+        sent = loop {
+            match sendmsg(
+                stream,
+                &[IoSlice::new(bytes)],
+                &mut control,
+                SendFlags::NOSIGNAL,
+            ) {
+                Ok(n) => break n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+    }
+    while sent < bytes.len() {
+        match rustix::net::send(stream, &bytes[sent..], SendFlags::NOSIGNAL) {
+            Ok(n) => sent += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A connection the node serves.
+struct Client {
+    peer: Peer,
+    out: Arc<Out>,
+    /// True once it said HELLO with the right version.
+    welcomed: bool,
+    slabs: HashSet<u32>,
+    /// Slabs asked back and not yet given, and when they were asked.
+    asked: u64,
+    asked_at: Option<Instant>,
+}
+
+struct State {
+    capacity_bytes: u64,
+    /// Bytes in held slabs, slabs being made and slabs being freed.
+    used_bytes: u64,
+    slabs: HashMap<u32, Slab>,
+    clients: HashMap<u64, Client>,
+    next_slab: u32,
+    mem_available: Option<u64>,
+    under_pressure: bool,
+}
+
+impl State {
+    fn fresh_slab_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_slab;
+            self.next_slab = self.next_slab.wrapping_add(1).max(1);
+            if !self.slabs.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+}
+
+/// Rate limit for warn lines about bad clients.
+struct WarnLimit {
+    since: Instant,
+    logged: u32,
+    suppressed: u64,
+}
+
+struct Shared {
+    cfg: NodeConfig,
+    state: Mutex<State>,
+    counters: Counters,
+    stop: AtomicBool,
+    connections: AtomicUsize,
+    start: Instant,
+    node_uid: u32,
+    node_pid: u32,
+    memory_limit: Option<(u64, &'static str)>,
+    warns: Mutex<WarnLimit>,
+    /// Serialises reclaim planning (watcher and RESIZE).
+    reclaiming: Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn warn(&self, what: std::fmt::Arguments<'_>) {
+        let mut w = lock(&self.warns);
+        if w.since.elapsed() >= WARN_INTERVAL {
+            if w.suppressed > 0 {
+                tracing::warn!(
+                    "{} more warnings about bad clients were not logged",
+                    w.suppressed
+                );
+            }
+            *w = WarnLimit {
+                since: Instant::now(),
+                logged: 0,
+                suppressed: 0,
+            };
+        }
+        if w.logged < WARNS_PER_INTERVAL {
+            w.logged += 1;
+            tracing::warn!("{what}");
+        } else {
+            w.suppressed += 1;
+        }
+    }
+
+    fn snapshot(&self) -> NodeStats {
+        let st = lock(&self.state);
+        let mut clients: Vec<ClientStats> = st
+            .clients
+            .values()
+            .filter(|c| c.welcomed)
+            .map(|c| ClientStats {
+                pid: c.peer.pid,
+                uid: c.peer.uid,
+                gid: c.peer.gid,
+                slabs: c.slabs.len() as u64,
+                bytes: c.slabs.len() as u64 * self.cfg.slab_bytes,
+                reclaim_outstanding: c.asked,
+            })
+            .collect();
+        clients.sort_by(|a, b| b.slabs.cmp(&a.slabs).then(a.pid.cmp(&b.pid)));
+        let mut s = NodeStats {
+            node_pid: self.node_pid,
+            capacity_bytes: st.capacity_bytes,
+            used_bytes: st.used_bytes,
+            slab_bytes: self.cfg.slab_bytes,
+            slabs: st.slabs.len() as u64,
+            keep_free_bytes: self.cfg.keep_free_bytes,
+            mem_available_bytes: st.mem_available,
+            under_pressure: st.under_pressure,
+            clients,
+            uptime_ms: self.start.elapsed().as_millis() as u64,
+            ..NodeStats::default()
+        };
+        drop(st);
+        self.counters.fill(&mut s);
+        s
+    }
+
+    /// An ERROR frame with the node's current figures.
+    fn error(&self, req: u32, code: ErrorCode, message: String) -> Vec<u8> {
+        self.counters.refused(code);
+        let (used_bytes, capacity_bytes) = {
+            let st = lock(&self.state);
+            (st.used_bytes, st.capacity_bytes)
+        };
+        NodeFrame::Error {
+            req,
+            code,
+            used_bytes,
+            capacity_bytes,
+            message,
+        }
+        .encode()
+    }
+
+    /// Returns slabs to the host (hole punched, fd closed), then counts them free.
+    fn release(&self, slabs: Vec<Slab>) {
+        if slabs.is_empty() {
+            return;
+        }
+        let n = slabs.len() as u64;
+        for s in slabs {
+            if let Err(e) = slab::release(&*s.fd, self.cfg.slab_bytes) {
+                tracing::error!("punching a hole in a freed slab failed: {e}");
+            }
+        }
+        let mut st = lock(&self.state);
+        st.used_bytes = st.used_bytes.saturating_sub(n * self.cfg.slab_bytes);
+    }
+
+    /// Asks clients for slabs while the node holds more than it should: above its capacity, or
+    /// while the host is below its watermark. Largest users first; never more than a client
+    /// holds; never again while an earlier ask is outstanding.
+    fn reclaim_excess(&self) {
+        let _one = lock(&self.reclaiming);
+        let slab_bytes = self.cfg.slab_bytes;
+        let mut asks = Vec::new();
+        {
+            let mut st = lock(&self.state);
+            for c in st.clients.values_mut() {
+                if c.asked_at
+                    .is_some_and(|t| t.elapsed() >= self.cfg.reclaim_patience)
+                {
+                    c.asked = 0;
+                    c.asked_at = None;
+                }
+            }
+            let over = st.used_bytes.saturating_sub(st.capacity_bytes);
+            let short = match (self.cfg.keep_free_bytes, st.mem_available) {
+                (Some(keep), Some(avail)) => keep.saturating_sub(avail),
+                _ => 0,
+            };
+            let excess_slabs = (over + short).div_ceil(slab_bytes);
+            let outstanding: u64 = st.clients.values().map(|c| c.asked).sum();
+            let mut need = excess_slabs.saturating_sub(outstanding);
+            let mut order: Vec<(u64, usize)> = st
+                .clients
+                .iter()
+                .filter(|(_, c)| c.asked == 0 && !c.slabs.is_empty())
+                .map(|(id, c)| (*id, c.slabs.len()))
+                .collect();
+            order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            for (id, held) in order {
+                if need == 0 {
+                    break;
+                }
+                let n = need.min(held as u64);
+                if let Some(c) = st.clients.get_mut(&id) {
+                    c.asked = n;
+                    c.asked_at = Some(Instant::now());
+                    asks.push((Arc::clone(&c.out), c.peer, n));
+                }
+                need -= n;
+            }
+        }
+        for (out, peer, n) in asks {
+            let slabs = u32::try_from(n).unwrap_or(u32::MAX);
+            tracing::info!(
+                pid = peer.pid,
+                uid = peer.uid,
+                slabs,
+                "asking a client to give slabs back"
+            );
+            if out
+                .send(&NodeFrame::Reclaim { slabs }.encode(), None)
+                .is_ok()
+            {
+                self.counters.reclaim_requested();
+            }
+        }
+    }
+
+    /// One watcher round: the host's available memory, then reclaim.
+    fn watch_once(&self) {
+        if let Some(keep) = self.cfg.keep_free_bytes {
+            let avail = farmem_donor::host::mem_available_bytes();
+            let mut st = lock(&self.state);
+            let was = st.under_pressure;
+            st.mem_available = avail;
+            st.under_pressure = avail.is_some_and(|a| a < keep);
+            if st.under_pressure != was {
+                if st.under_pressure {
+                    tracing::warn!(
+                        available_bytes = avail,
+                        keep_free_bytes = keep,
+                        "host memory below --keep-free: refusing new slabs, asking clients for slabs back"
+                    );
+                } else {
+                    tracing::info!(
+                        available_bytes = avail,
+                        "host memory above --keep-free again"
+                    );
+                }
+            }
+        }
+        self.reclaim_excess();
+    }
+}
+
+/// A bound node, not yet serving.
+pub struct NodeServer {
+    shared: Arc<Shared>,
+    listener: UnixListener,
+    metrics: Option<MetricsEndpoint>,
+}
+
+/// Stops a node from another thread.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<Shared>);
+
+impl ShutdownHandle {
+    /// Asks the node to stop; [`NodeServer::run`] returns soon after.
+    pub fn shutdown(&self) {
+        self.0.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Prepares the socket path: its folder, and whatever is there already.
+fn prepare_path(path: &Path) -> Result<(), NodeServerError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|source| NodeServerError::CreateDir {
+                    dir: dir.to_path_buf(),
+                    source,
+                })?;
+        }
+    }
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(NodeServerError::Bind {
+                path: path.into(),
+                source,
+            })
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(NodeServerError::NotASocket { path: path.into() });
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => Err(NodeServerError::AlreadyRunning { path: path.into() }),
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+            tracing::info!("removing the stale socket {}", path.display());
+            std::fs::remove_file(path).map_err(|source| NodeServerError::Bind {
+                path: path.into(),
+                source,
+            })
+        }
+        Err(source) => Err(NodeServerError::Bind {
+            path: path.into(),
+            source,
+        }),
+    }
+}
+
+/// Binds the socket with mode 0660 before it listens.
+fn bind_socket(path: &Path) -> Result<UnixListener, NodeServerError> {
+    use rustix::net::{bind, listen, socket_with, AddressFamily, SocketFlags, SocketType};
+    let err = |source: std::io::Error| NodeServerError::Bind {
+        path: path.into(),
+        source,
+    };
+    let addr = SocketAddrUnix::new(path).map_err(|e| {
+        err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("{e} (a socket path is at most 107 bytes)"),
+        ))
+    })?;
+    let fd = socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| err(e.into()))?;
+    bind(&fd, &addr).map_err(|e| err(e.into()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    listen(&fd, 128).map_err(|e| err(e.into()))?;
+    Ok(UnixListener::from(fd))
+}
+
+impl NodeServer {
+    /// Checks the configuration against the machine, binds the socket (and the metrics
+    /// endpoint), ready to [`run`](NodeServer::run).
+    pub fn bind(cfg: NodeConfig) -> Result<NodeServer, NodeServerError> {
+        if cfg.slab_bytes == 0 || !cfg.slab_bytes.is_multiple_of(PAGE) {
+            return Err(NodeServerError::BadSlabSize(cfg.slab_bytes));
+        }
+        if cfg.capacity_bytes < cfg.slab_bytes {
+            return Err(NodeServerError::CapacityTooSmall {
+                capacity_bytes: cfg.capacity_bytes,
+                slab_bytes: cfg.slab_bytes,
+            });
+        }
+        let memory_limit = farmem_donor::host::memory_limit_bytes();
+        if let Some((limit_bytes, what)) = memory_limit {
+            if cfg.capacity_bytes > limit_bytes {
+                return Err(NodeServerError::CapacityTooLarge {
+                    capacity_bytes: cfg.capacity_bytes,
+                    limit_bytes,
+                    what,
+                });
+            }
+        }
+        prepare_path(&cfg.socket_path)?;
+        let listener = bind_socket(&cfg.socket_path)?;
+        let metrics_listener = match &cfg.metrics_listen {
+            Some(addr) => Some(TcpListener::bind(addr.as_str()).map_err(|source| {
+                NodeServerError::Metrics {
+                    addr: addr.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                capacity_bytes: cfg.capacity_bytes,
+                used_bytes: 0,
+                slabs: HashMap::new(),
+                clients: HashMap::new(),
+                next_slab: 1,
+                mem_available: None,
+                under_pressure: false,
+            }),
+            cfg,
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            start: Instant::now(),
+            node_uid: rustix::process::getuid().as_raw(),
+            node_pid: std::process::id(),
+            memory_limit,
+            warns: Mutex::new(WarnLimit {
+                since: Instant::now(),
+                logged: 0,
+                suppressed: 0,
+            }),
+            reclaiming: Mutex::new(()),
+        });
+        shared.watch_once();
+        let metrics = match metrics_listener {
+            Some(l) => {
+                let sh = Arc::clone(&shared);
+                let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                Some(
+                    MetricsEndpoint::start(l, move || sh.snapshot())
+                        .map_err(|source| NodeServerError::Metrics { addr, source })?,
+                )
+            }
+            None => None,
+        };
+        Ok(NodeServer {
+            shared,
+            listener,
+            metrics,
+        })
+    }
+
+    /// The socket the node listens on.
+    pub fn socket_path(&self) -> &Path {
+        &self.shared.cfg.socket_path
+    }
+
+    /// The metrics endpoint's address, if one was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsEndpoint::addr)
+    }
+
+    /// A handle that stops the node from another thread.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(Arc::clone(&self.shared))
+    }
+
+    /// The node's figures now.
+    pub fn stats(&self) -> NodeStats {
+        self.shared.snapshot()
+    }
+
+    /// Serves until [`ShutdownHandle::shutdown`]; then disconnects every client (their slabs
+    /// are freed) and removes the socket file.
+    pub fn run(self) -> Result<(), NodeServerError> {
+        let sh = Arc::clone(&self.shared);
+        let watcher = std::thread::Builder::new()
+            .name("farmem-node-watch".into())
+            .spawn(move || {
+                while !sh.stop.load(Ordering::Acquire) {
+                    sh.watch_once();
+                    std::thread::sleep(sh.cfg.watch_period);
+                }
+            })
+            .map_err(|source| NodeServerError::Thread {
+                what: "watcher",
+                source,
+            })?;
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
+        while !self.shared.stop.load(Ordering::Acquire) {
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
+            match poll(&mut fds, Some(&tick)) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("polling the node socket failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => self.admit(stream),
+                Err(e) => {
+                    tracing::warn!("accepting a client failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        let _ = watcher.join();
+        let outs: Vec<Arc<Out>> = lock(&self.shared.state)
+            .clients
+            .values()
+            .map(|c| Arc::clone(&c.out))
+            .collect();
+        for o in outs {
+            let _ = o.stream.shutdown(std::net::Shutdown::Both);
+        }
+        let until = Instant::now() + Duration::from_secs(3);
+        while self.shared.connections.load(Ordering::Acquire) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_file(&self.shared.cfg.socket_path);
+        tracing::info!("node stopped");
+        Ok(())
+    }
+
+    /// Runs the node on a thread of its own (for tests and embedding).
+    pub fn spawn(self) -> RunningNode {
+        let handle = self.shutdown_handle();
+        let path = self.socket_path().to_path_buf();
+        let metrics_addr = self.metrics_addr();
+        let thread = std::thread::Builder::new()
+            .name("farmem-node".into())
+            .spawn(move || self.run())
+            .expect("starting the node thread");
+        RunningNode {
+            handle,
+            path,
+            metrics_addr,
+            thread: Some(thread),
+        }
+    }
+
+    /// Takes a new connection: bounded, identified, served on its own thread.
+    fn admit(&self, stream: UnixStream) {
+        let sh = &self.shared;
+        let peer = match rustix::net::sockopt::socket_peercred(&stream) {
+            Ok(c) => Peer {
+                pid: rustix::process::Pid::as_raw(Some(c.pid)) as u32,
+                uid: c.uid.as_raw(),
+                gid: c.gid.as_raw(),
+            },
+            Err(e) => {
+                tracing::warn!("refusing a connection whose peer is unknown (SO_PEERCRED: {e})");
+                return;
+            }
+        };
+        if sh.connections.load(Ordering::Acquire) >= sh.cfg.max_clients {
+            let _ = stream.set_nonblocking(true);
+            let frame = sh.error(
+                0,
+                ErrorCode::TooManyClients,
+                format!(
+                    "node full: it serves {} clients, its limit; try again later",
+                    sh.cfg.max_clients
+                ),
+            );
+            let _ = rustix::net::send(&stream, &frame, SendFlags::NOSIGNAL);
+            sh.warn(format_args!(
+                "refused client pid {} uid {}: {} clients connected already",
+                peer.pid, peer.uid, sh.cfg.max_clients
+            ));
+            return;
+        }
+        let out = match stream.try_clone() {
+            Ok(s) => {
+                let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+                Arc::new(Out {
+                    stream: s,
+                    lock: Mutex::new(()),
+                })
+            }
+            Err(e) => {
+                tracing::warn!("refusing a connection: cannot clone its socket: {e}");
+                return;
+            }
+        };
+        sh.connections.fetch_add(1, Ordering::AcqRel);
+        let conn_sh = Arc::clone(sh);
+        let spawned = std::thread::Builder::new()
+            .name(format!("farmem-node-client-{}", peer.pid))
+            .stack_size(256 << 10)
+            .spawn(move || {
+                Connection::new(conn_sh, stream, out, peer).serve();
+            });
+        if let Err(e) = spawned {
+            sh.connections.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("refusing a connection: cannot start its thread: {e}");
+        }
+    }
+}
+
+/// A node serving on its own thread; stopped by [`RunningNode::stop`] or on drop.
+pub struct RunningNode {
+    handle: ShutdownHandle,
+    path: PathBuf,
+    metrics_addr: Option<SocketAddr>,
+    thread: Option<JoinHandle<Result<(), NodeServerError>>>,
+}
+
+impl RunningNode {
+    /// The socket the node listens on.
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The metrics endpoint's address, if any.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The node's figures now.
+    pub fn stats(&self) -> NodeStats {
+        self.handle.0.snapshot()
+    }
+
+    /// Stops the node and waits for it.
+    pub fn stop(mut self) -> Result<(), NodeServerError> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<(), NodeServerError> {
+        self.handle.shutdown();
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningNode {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// Why a connection ends.
+enum End {
+    /// The client closed it or died.
+    Gone,
+    /// The client broke the protocol (the reason, for the warn line).
+    Misbehaved(String),
+    /// The node is stopping.
+    Stopping,
+}
+
+/// One client's connection, served on its own thread.
+struct Connection {
+    sh: Arc<Shared>,
+    id: u64,
+    stream: UnixStream,
+    out: Arc<Out>,
+    peer: Peer,
+}
+
+impl Connection {
+    fn new(sh: Arc<Shared>, stream: UnixStream, out: Arc<Out>, peer: Peer) -> Connection {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        lock(&sh.state).clients.insert(
+            id,
+            Client {
+                peer,
+                out: Arc::clone(&out),
+                welcomed: false,
+                slabs: HashSet::new(),
+                asked: 0,
+                asked_at: None,
+            },
+        );
+        Connection {
+            sh,
+            id,
+            stream,
+            out,
+            peer,
+        }
+    }
+
+    fn serve(self) {
+        let end = self.read_loop();
+        let (welcomed, slabs) = {
+            let mut st = lock(&self.sh.state);
+            let client = st.clients.remove(&self.id);
+            let welcomed = client.as_ref().is_some_and(|c| c.welcomed);
+            let ids = client.map(|c| c.slabs).unwrap_or_default();
+            let slabs: Vec<Slab> = ids.iter().filter_map(|id| st.slabs.remove(id)).collect();
+            (welcomed, slabs)
+        };
+        let freed = slabs.len();
+        self.sh.release(slabs);
+        let Peer { pid, uid, gid } = self.peer;
+        match end {
+            End::Misbehaved(why) => {
+                self.sh.warn(format_args!(
+                    "disconnected client pid {pid} uid {uid}: {why}; {freed} slabs freed"
+                ));
+            }
+            End::Gone | End::Stopping if welcomed => {
+                tracing::info!(pid, uid, gid, slabs_freed = freed, "client disconnected");
+            }
+            End::Gone | End::Stopping => {}
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.sh.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Reads and answers frames until the client goes away or misbehaves.
+    fn read_loop(&self) -> End {
+        let deadline = self.sh.cfg.frame_deadline;
+        let mut buf: Vec<u8> = Vec::with_capacity(64);
+        let mut chunk = [0u8; 512];
+        let mut welcomed = false;
+        // The HELLO is due within one deadline of the connection; later frames within one
+        // deadline of their first byte.
+        let mut due = Some(Instant::now() + deadline);
+        loop {
+            if self.sh.stop.load(Ordering::Acquire) {
+                return End::Stopping;
+            }
+            loop {
+                match decode_client_frame(&buf) {
+                    Ok(Some((frame, used))) => {
+                        buf.drain(..used);
+                        if let Err(end) = self.answer(frame, &mut welcomed) {
+                            return end;
+                        }
+                        due = (!buf.is_empty()).then(|| Instant::now() + deadline);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = self.out.send(
+                            &self
+                                .sh
+                                .error(0, ErrorCode::BadRequest, format!("bad frame: {e}")),
+                            None,
+                        );
+                        return End::Misbehaved(format!("bad frame: {e}"));
+                    }
+                }
+            }
+            let timeout = match due {
+                Some(t) => {
+                    let left = t.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        self.sh.counters.refused(ErrorCode::BadRequest);
+                        return End::Misbehaved(if welcomed {
+                            format!("sent part of a frame, then nothing for {deadline:?}")
+                        } else {
+                            format!("no HELLO within {deadline:?}")
+                        });
+                    }
+                    left.min(Duration::from_millis(500))
+                }
+                // Idle between frames: wake now and then only to notice a stop.
+                None => Duration::from_millis(500),
+            };
+            let _ = self.stream.set_read_timeout(Some(timeout));
+            match (&self.stream).read(&mut chunk) {
+                Ok(0) => return End::Gone,
+                Ok(n) => {
+                    if buf.is_empty() && due.is_none() {
+                        due = Some(Instant::now() + deadline);
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return End::Gone,
+            }
+        }
+    }
+
+    fn reply(&self, frame: Vec<u8>, fd: Option<&OwnedFd>) -> Result<(), End> {
+        self.out.send(&frame, fd).map_err(|_| End::Gone)
+    }
+
+    fn answer(&self, frame: ClientFrame, welcomed: &mut bool) -> Result<(), End> {
+        let sh = &self.sh;
+        match frame {
+            ClientFrame::Hello { version } if !*welcomed => {
+                if version != PROTOCOL_VERSION {
+                    let msg = format!(
+                        "this node speaks protocol version {PROTOCOL_VERSION}, the client {version}: run the same farmem version on both sides"
+                    );
+                    let _ = self.reply(sh.error(0, ErrorCode::Version, msg.clone()), None);
+                    return Err(End::Misbehaved(msg));
+                }
+                *welcomed = true;
+                let capacity_bytes = {
+                    let mut st = lock(&sh.state);
+                    if let Some(c) = st.clients.get_mut(&self.id) {
+                        c.welcomed = true;
+                    }
+                    st.capacity_bytes
+                };
+                let Peer { pid, uid, gid } = self.peer;
+                tracing::info!(pid, uid, gid, "client connected");
+                self.reply(
+                    NodeFrame::Welcome {
+                        version: PROTOCOL_VERSION,
+                        slab_bytes: sh.cfg.slab_bytes,
+                        capacity_bytes,
+                        node_pid: sh.node_pid,
+                    }
+                    .encode(),
+                    None,
+                )
+            }
+            ClientFrame::Hello { .. } => Err(End::Misbehaved("sent HELLO twice".into())),
+            _ if !*welcomed => Err(End::Misbehaved("sent a request before HELLO".into())),
+            ClientFrame::Alloc { req } => self.alloc(req),
+            ClientFrame::Free { req, slab } => self.free(req, slab),
+            ClientFrame::Stats { req } => {
+                let json = serde_json::to_string(&sh.snapshot()).unwrap_or_default();
+                self.reply(NodeFrame::StatsReply { req, json }.encode(), None)
+            }
+            ClientFrame::Resize {
+                req,
+                capacity_bytes,
+            } => self.resize(req, capacity_bytes),
+        }
+    }
+
+    fn alloc(&self, req: u32) -> Result<(), End> {
+        let sh = &self.sh;
+        let slab_bytes = sh.cfg.slab_bytes;
+        let refusal = {
+            let mut st = lock(&sh.state);
+            if st.under_pressure {
+                Some((
+                    ErrorCode::Pressure,
+                    format!(
+                        "host memory is short (MemAvailable below --keep-free {} bytes): the node lends no new slabs now",
+                        sh.cfg.keep_free_bytes.unwrap_or(0)
+                    ),
+                ))
+            } else if st.used_bytes + slab_bytes > st.capacity_bytes {
+                Some((
+                    ErrorCode::Full,
+                    format!(
+                        "host tier full: {} of {} bytes in use",
+                        st.used_bytes, st.capacity_bytes
+                    ),
+                ))
+            } else {
+                st.used_bytes += slab_bytes;
+                None
+            }
+        };
+        if let Some((code, msg)) = refusal {
+            return self.reply(sh.error(req, code, msg), None);
+        }
+        let fd = match slab::make(slab_bytes) {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                {
+                    let mut st = lock(&sh.state);
+                    st.used_bytes = st.used_bytes.saturating_sub(slab_bytes);
+                }
+                tracing::warn!("making a slab failed: {e}");
+                let code = if e.is_out_of_memory() {
+                    ErrorCode::Pressure
+                } else {
+                    ErrorCode::Internal
+                };
+                return self.reply(sh.error(req, code, format!("the node {e}")), None);
+            }
+        };
+        let id = {
+            let mut st = lock(&sh.state);
+            let id = st.fresh_slab_id();
+            st.slabs.insert(
+                id,
+                Slab {
+                    owner: self.id,
+                    fd: Arc::clone(&fd),
+                },
+            );
+            if let Some(c) = st.clients.get_mut(&self.id) {
+                c.slabs.insert(id);
+            }
+            id
+        };
+        self.reply(
+            NodeFrame::Slab {
+                req,
+                slab: id,
+                len: slab_bytes,
+            }
+            .encode(),
+            Some(&fd),
+        )
+    }
+
+    fn free(&self, req: u32, slab_id: u32) -> Result<(), End> {
+        let sh = &self.sh;
+        let taken = {
+            let mut st = lock(&sh.state);
+            if st.slabs.get(&slab_id).is_some_and(|s| s.owner == self.id) {
+                let s = st.slabs.remove(&slab_id);
+                if let Some(c) = st.clients.get_mut(&self.id) {
+                    c.slabs.remove(&slab_id);
+                    if c.asked > 0 {
+                        c.asked -= 1;
+                        sh.counters.slab_reclaimed();
+                    }
+                }
+                s
+            } else {
+                None
+            }
+        };
+        match taken {
+            Some(s) => {
+                sh.release(vec![s]);
+                self.reply(NodeFrame::Ok { req }.encode(), None)
+            }
+            None => self.reply(
+                sh.error(
+                    req,
+                    ErrorCode::NotYours,
+                    format!(
+                        "slab {slab_id} is not yours: free only slabs this connection was given"
+                    ),
+                ),
+                None,
+            ),
+        }
+    }
+
+    fn resize(&self, req: u32, capacity_bytes: u64) -> Result<(), End> {
+        let sh = &self.sh;
+        if self.peer.uid != 0 && self.peer.uid != sh.node_uid {
+            let msg = format!(
+                "only root or the node's own user (uid {}) may resize the node; uid {} may not",
+                sh.node_uid, self.peer.uid
+            );
+            return self.reply(sh.error(req, ErrorCode::Denied, msg), None);
+        }
+        if let Some((limit, what)) = sh.memory_limit {
+            if capacity_bytes > limit {
+                let msg =
+                    format!("capacity {capacity_bytes} bytes is more than {what} ({limit} bytes)");
+                return self.reply(sh.error(req, ErrorCode::BadRequest, msg), None);
+            }
+        }
+        let old = std::mem::replace(&mut lock(&sh.state).capacity_bytes, capacity_bytes);
+        tracing::info!(
+            pid = self.peer.pid,
+            uid = self.peer.uid,
+            old_bytes = old,
+            new_bytes = capacity_bytes,
+            "capacity changed"
+        );
+        self.reply(NodeFrame::Ok { req }.encode(), None)?;
+        sh.reclaim_excess();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{NodeClient, NodeClientConfig, NodeError};
+
+    fn node(dir: &Path, capacity_bytes: u64) -> RunningNode {
+        NodeServer::bind(NodeConfig {
+            socket_path: dir.join("node.sock"),
+            capacity_bytes,
+            slab_bytes: 1 << 20,
+            ..NodeConfig::default()
+        })
+        .unwrap()
+        .spawn()
+    }
+
+    #[test]
+    fn slabs_are_lent_shared_capped_and_freed() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = node(dir.path(), 2 << 20);
+        let mode = std::fs::metadata(n.socket_path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o660);
+        let c = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+        assert_eq!(c.info().slab_bytes, 1 << 20);
+        let a = c.alloc_slab().unwrap();
+        let b = c.alloc_slab().unwrap();
+        assert_ne!(a.id, b.id);
+        let e = c.alloc_slab().unwrap_err();
+        assert!(
+            matches!(e, NodeError::Full { used_bytes, capacity_bytes } if used_bytes == 2 << 20 && capacity_bytes == 2 << 20),
+            "{e}"
+        );
+        assert_eq!(n.stats().used_bytes, 2 << 20);
+        assert!(matches!(
+            c.free_slab(999),
+            Err(NodeError::NotYours { slab: 999 })
+        ));
+        let id = a.id;
+        drop(a);
+        c.free_slab(id).unwrap();
+        assert_eq!(c.stats().unwrap().used_bytes, 1 << 20);
+        drop(b);
+        drop(c);
+        let until = Instant::now() + Duration::from_secs(5);
+        while n.stats().used_bytes != 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(n.stats().used_bytes, 0, "a closed client's slabs are freed");
+        let path = n.socket_path().to_path_buf();
+        n.stop().unwrap();
+        assert!(!path.exists(), "the socket file is removed on stop");
+    }
+}
