@@ -1,37 +1,42 @@
-//! A `farmem donor` child process, and the one line it prints once it listens.
+//! A `farmem` server subcommand run as a child process (`farmem donor`, `farmem node`), and the
+//! one line it prints once it listens.
 //!
-//! `farmem donor` prints exactly one line to stdout once its socket is bound: the
-//! [`DonorBanner`], `farmem donor listening on ADDR`. Whoever starts a donor as a child (the
-//! runtime's embedded donor, `farmem run`'s embedded donor, the tests) uses
-//! [`ChildDonorCommand`]: it spawns `BIN donor --listen 127.0.0.1:0 --exit-with-parent PID
-//! ARGS…`, reads the banner within a deadline and returns a [`ChildDonor`] that kills and reaps
-//! the child when dropped.
+//! Such a server prints exactly one line to stdout once its socket is bound, its banner: the
+//! [`DonorBanner`] `farmem donor listening on ADDR`, or the node's `farmem node listening on
+//! PATH` (`farmem_node::NodeBanner`). Whoever starts one as a child (the runtime's embedded
+//! donor or private node, `farmem run`, the tests) uses [`ChildServerCommand`]: it spawns
+//! `BIN SUBCOMMAND DEFAULT_ARGS… --exit-with-parent PID ARGS…`, reads the banner within a
+//! deadline and returns a [`ChildServer`] that kills and reaps the child when dropped. The
+//! banner type says which server it is ([`ServerBanner`]); [`ChildDonorCommand`] and
+//! [`ChildDonor`] are the donor's names for the generic types (`--listen 127.0.0.1:0` by
+//! default).
 //!
 //! # Design
 //!
 //! - The child is started with std's `Command::spawn` and no `pre_exec` hook: a hook makes std
 //!   fork the whole process instead of using `posix_spawn`, and a fork leaves every page of the
 //!   parent's far-memory regions shared copy-on-write, which UFFDIO_MOVE then refuses to evict.
-//!   The donor arranges to die with its parent itself (`--exit-with-parent`, which sets
+//!   The server arranges to die with its parent itself (`--exit-with-parent`, which sets
 //!   `PR_SET_PDEATHSIG`). The kernel sends that signal when the *thread* that spawned the child
-//!   ends, so a caller whose donor must outlive the current thread spawns it from a thread that
-//!   lives as long as it needs the donor (the runtime does, from a keeper thread).
+//!   ends, so a caller whose server must outlive the current thread spawns it from a thread that
+//!   lives as long as it needs the server (the runtime does, from a keeper thread).
 //! - The banner is read by polling the stdout pipe until the deadline, on the calling thread.
-//!   With the child's stderr inherited ([`DonorStderr::Inherit`]) no thread is started: that
+//!   With the child's stderr inherited ([`ServerStderr::Inherit`]) no thread is started: that
 //!   matters inside a program under farmem, where every thread must be marked by the runtime's
-//!   thread hook. [`DonorStderr::Capture`] starts one thread that collects stderr, so error
+//!   thread hook. [`ServerStderr::Capture`] starts one thread that collects stderr, so error
 //!   messages and tests can quote it.
-//! - After the banner the donor writes nothing more to stdout; the pipe is kept open (the donor
-//!   never gets EPIPE) and what it held after the banner can be read once the child has exited.
+//! - After the banner the server writes nothing more to stdout; the pipe is kept open (it never
+//!   gets EPIPE) and what it held after the banner can be read once the child has exited.
 //!
 //! # Limitations
 //!
-//! The child always listens on 127.0.0.1 with a port the kernel picks: a child donor serves its
-//! parent on this host only.
+//! A child donor always listens on 127.0.0.1 with a port the kernel picks: it serves its parent
+//! on this host only.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::io::Read;
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
@@ -45,9 +50,28 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 /// What `farmem donor` prints before the address.
 const BANNER_PREFIX: &str = "farmem donor listening on ";
 
-/// Default time a child donor has to print its banner (far beyond a normal start, which takes
+/// Default time a child server has to print its banner (far beyond a normal start, which takes
 /// milliseconds, on a loaded 2-core machine).
 pub const DEFAULT_BANNER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The banner of a `farmem` server subcommand: it names the subcommand, the arguments it is
+/// always started with as a child, and how its banner line reads back.
+pub trait ServerBanner: fmt::Display + fmt::Debug + Sized {
+    /// The subcommand of the `farmem` binary (`donor`, `node`).
+    const SUBCOMMAND: &'static str;
+    /// Arguments every child of this kind gets before the caller's.
+    const DEFAULT_ARGS: &'static [&'static str];
+    /// Reads a banner line back (a trailing newline is accepted).
+    fn parse_line(line: &str) -> Result<Self, NotABanner>;
+}
+
+impl ServerBanner for DonorBanner {
+    const SUBCOMMAND: &'static str = "donor";
+    const DEFAULT_ARGS: &'static [&'static str] = &["--listen", "127.0.0.1:0"];
+    fn parse_line(line: &str) -> Result<DonorBanner, NotABanner> {
+        line.parse()
+    }
+}
 
 /// The line `farmem donor` prints to stdout once it listens: `farmem donor listening on ADDR`.
 /// `Display` writes it (without the newline), `FromStr` reads it back (a trailing newline is
@@ -64,12 +88,16 @@ impl fmt::Display for DonorBanner {
     }
 }
 
-/// A line that is not a [`DonorBanner`].
+/// A line that is not the banner expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{line:?} is not a donor banner (`{BANNER_PREFIX}HOST:PORT`)")]
+#[error("{line:?} is not a {subcommand} banner (`{form}`)")]
 pub struct NotABanner {
     /// The line as read.
     pub line: String,
+    /// The server whose banner was expected (`donor`, `node`).
+    pub subcommand: &'static str,
+    /// What the banner looks like.
+    pub form: &'static str,
 }
 
 impl FromStr for DonorBanner {
@@ -83,69 +111,82 @@ impl FromStr for DonorBanner {
             .map(|addr| DonorBanner { addr })
             .ok_or_else(|| NotABanner {
                 line: line.to_string(),
+                subcommand: "donor",
+                form: "farmem donor listening on HOST:PORT",
             })
     }
 }
 
-/// Where a child donor's stderr (its logs and error messages) goes.
+/// Where a child server's stderr (its logs and error messages) goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DonorStderr {
-    /// To this process's stderr (the user sees the donor's warnings and errors directly).
+pub enum ServerStderr {
+    /// To this process's stderr (the user sees the server's warnings and errors directly).
     Inherit,
     /// Collected by a thread; quoted in errors and available through
-    /// [`ChildDonor::stderr_text`].
+    /// [`ChildServer::stderr_text`].
     Capture,
 }
 
-/// Starting a child donor failed.
+/// The donor's name for [`ServerStderr`].
+pub type DonorStderr = ServerStderr;
+
+/// Starting a child server failed. `subcommand` names it (`donor`, `node`).
 #[derive(Debug, thiserror::Error)]
-pub enum ChildDonorError {
+pub enum ChildServerError {
     /// The binary could not be executed.
-    #[error("could not start `{} donor`: {source}", bin.display())]
+    #[error("could not start `{} {subcommand}`: {source}", bin.display())]
     Spawn {
         bin: PathBuf,
+        subcommand: &'static str,
         #[source]
         source: std::io::Error,
     },
     /// Reading the child's stdout failed.
-    #[error("reading the banner of `{} donor`: {source}", bin.display())]
+    #[error("reading the banner of `{} {subcommand}`: {source}", bin.display())]
     ReadBanner {
         bin: PathBuf,
+        subcommand: &'static str,
         #[source]
         source: std::io::Error,
     },
     /// The child ended (or closed its stdout) before printing its banner.
-    #[error("`{} donor` exited before listening ({status}){}", bin.display(), stderr_note(.stderr))]
+    #[error("`{} {subcommand}` exited before listening ({status}){}", bin.display(), stderr_note(.stderr))]
     ExitedEarly {
         bin: PathBuf,
+        subcommand: &'static str,
         status: String,
         stderr: Option<String>,
     },
     /// The child printed something else than its banner first.
-    #[error("`{} donor` printed an unexpected first line: {source}{}", bin.display(), stderr_note(.stderr))]
+    #[error("`{} {subcommand}` printed an unexpected first line: {source}{}", bin.display(), stderr_note(.stderr))]
     BadBanner {
         bin: PathBuf,
+        subcommand: &'static str,
         #[source]
         source: NotABanner,
         stderr: Option<String>,
     },
     /// The child printed no banner within the deadline (it was killed).
-    #[error("`{} donor` did not report its address within {} s{}", bin.display(), timeout.as_secs(), stderr_note(.stderr))]
+    #[error("`{} {subcommand}` did not report where it listens within {} s{}", bin.display(), timeout.as_secs(), stderr_note(.stderr))]
     Timeout {
         bin: PathBuf,
+        subcommand: &'static str,
         timeout: Duration,
         stderr: Option<String>,
     },
 }
 
-impl ChildDonorError {
+/// The donor's name for [`ChildServerError`].
+pub type ChildDonorError = ChildServerError;
+
+impl ChildServerError {
     /// The child's captured stderr, when it was captured and the child got far enough to run.
     pub fn stderr(&self) -> Option<&str> {
         match self {
-            ChildDonorError::ExitedEarly { stderr, .. }
-            | ChildDonorError::BadBanner { stderr, .. }
-            | ChildDonorError::Timeout { stderr, .. } => stderr.as_deref(),
-            ChildDonorError::Spawn { .. } | ChildDonorError::ReadBanner { .. } => None,
+            ChildServerError::ExitedEarly { stderr, .. }
+            | ChildServerError::BadBanner { stderr, .. }
+            | ChildServerError::Timeout { stderr, .. } => stderr.as_deref(),
+            ChildServerError::Spawn { .. } | ChildServerError::ReadBanner { .. } => None,
         }
     }
 }
@@ -158,37 +199,56 @@ fn stderr_note(stderr: &Option<String>) -> String {
     }
 }
 
-/// How to start a child donor: `BIN donor --listen 127.0.0.1:0 --exit-with-parent PID ARGS…`.
-#[derive(Debug, Clone)]
-pub struct ChildDonorCommand {
+/// How to start a child server whose banner is `B`:
+/// `BIN SUBCOMMAND DEFAULT_ARGS… --exit-with-parent PID ARGS…`.
+#[derive(Debug)]
+pub struct ChildServerCommand<B> {
     bin: PathBuf,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
-    stderr: DonorStderr,
+    stderr: ServerStderr,
     banner_timeout: Duration,
+    banner: PhantomData<fn() -> B>,
 }
 
-impl ChildDonorCommand {
-    /// A donor run by the `farmem` binary `bin`, its stderr inherited, with
+impl<B> Clone for ChildServerCommand<B> {
+    fn clone(&self) -> Self {
+        ChildServerCommand {
+            bin: self.bin.clone(),
+            args: self.args.clone(),
+            envs: self.envs.clone(),
+            stderr: self.stderr,
+            banner_timeout: self.banner_timeout,
+            banner: PhantomData,
+        }
+    }
+}
+
+/// How to start a child donor: `BIN donor --listen 127.0.0.1:0 --exit-with-parent PID ARGS…`.
+pub type ChildDonorCommand = ChildServerCommand<DonorBanner>;
+
+impl<B: ServerBanner> ChildServerCommand<B> {
+    /// A server run by the `farmem` binary `bin`, its stderr inherited, with
     /// [`DEFAULT_BANNER_TIMEOUT`].
-    pub fn new(bin: impl Into<PathBuf>) -> ChildDonorCommand {
-        ChildDonorCommand {
+    pub fn new(bin: impl Into<PathBuf>) -> ChildServerCommand<B> {
+        ChildServerCommand {
             bin: bin.into(),
             args: Vec::new(),
             envs: Vec::new(),
-            stderr: DonorStderr::Inherit,
+            stderr: ServerStderr::Inherit,
             banner_timeout: DEFAULT_BANNER_TIMEOUT,
+            banner: PhantomData,
         }
     }
 
-    /// Adds an argument of `farmem donor` (after the listen address and the parent's pid).
-    pub fn arg(mut self, arg: impl Into<OsString>) -> ChildDonorCommand {
+    /// Adds an argument of the subcommand (after its default ones and the parent's pid).
+    pub fn arg(mut self, arg: impl Into<OsString>) -> ChildServerCommand<B> {
         self.args.push(arg.into());
         self
     }
 
-    /// Adds arguments of `farmem donor`.
-    pub fn args<I, S>(mut self, args: I) -> ChildDonorCommand
+    /// Adds arguments of the subcommand.
+    pub fn args<I, S>(mut self, args: I) -> ChildServerCommand<B>
     where
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
@@ -202,19 +262,19 @@ impl ChildDonorCommand {
         mut self,
         key: impl Into<OsString>,
         value: impl Into<OsString>,
-    ) -> ChildDonorCommand {
+    ) -> ChildServerCommand<B> {
         self.envs.push((key.into(), value.into()));
         self
     }
 
     /// Where the child's stderr goes.
-    pub fn stderr(mut self, stderr: DonorStderr) -> ChildDonorCommand {
+    pub fn stderr(mut self, stderr: ServerStderr) -> ChildServerCommand<B> {
         self.stderr = stderr;
         self
     }
 
     /// How long the child has to print its banner before it is killed.
-    pub fn banner_timeout(mut self, timeout: Duration) -> ChildDonorCommand {
+    pub fn banner_timeout(mut self, timeout: Duration) -> ChildServerCommand<B> {
         self.banner_timeout = timeout;
         self
     }
@@ -224,69 +284,77 @@ impl ChildDonorCommand {
         &self.bin
     }
 
-    /// Spawns the donor and waits for its banner. The child dies with the calling thread (see
-    /// the module docs) and when the returned [`ChildDonor`] is dropped.
-    pub fn spawn(self) -> Result<ChildDonor, ChildDonorError> {
+    /// Spawns the server and waits for its banner. The child dies with the calling thread (see
+    /// the module docs) and when the returned [`ChildServer`] is dropped.
+    pub fn spawn(self) -> Result<ChildServer<B>, ChildServerError> {
+        let subcommand = B::SUBCOMMAND;
         let mut cmd = Command::new(&self.bin);
-        cmd.arg("donor")
-            .args(["--listen", "127.0.0.1:0", "--exit-with-parent"])
+        cmd.arg(subcommand)
+            .args(B::DEFAULT_ARGS)
+            .arg("--exit-with-parent")
             .arg(std::process::id().to_string())
             .args(&self.args)
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(match self.stderr {
-                DonorStderr::Inherit => Stdio::inherit(),
-                DonorStderr::Capture => Stdio::piped(),
+                ServerStderr::Inherit => Stdio::inherit(),
+                ServerStderr::Capture => Stdio::piped(),
             });
-        let mut child = cmd.spawn().map_err(|source| ChildDonorError::Spawn {
+        let mut child = cmd.spawn().map_err(|source| ChildServerError::Spawn {
             bin: self.bin.clone(),
+            subcommand,
             source,
         })?;
-        let stderr = child.stderr.take().map(StderrCollector::start);
+        let mut stderr = child
+            .stderr
+            .take()
+            .map(|pipe| StderrCollector::start(pipe, subcommand));
         let mut stdout = child.stdout.take().expect("stdout is piped");
         let mut pending = Vec::new();
         let deadline = Instant::now() + self.banner_timeout;
-        let line = read_line_until(&mut stdout, &mut pending, deadline);
-        let mut donor = ChildDonor {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            stdout: Some(stdout),
-            after_banner: pending,
-            stderr,
-        };
-        let failure = match line {
-            Ok(Line::Read(line)) => match line.parse::<DonorBanner>() {
+        let failure = match read_line_until(&mut stdout, &mut pending, deadline) {
+            Ok(Line::Read(line)) => match B::parse_line(&line) {
                 Ok(banner) => {
-                    donor.addr = banner.addr;
-                    return Ok(donor);
+                    return Ok(ChildServer {
+                        child,
+                        banner,
+                        stdout: Some(stdout),
+                        after_banner: pending,
+                        stderr,
+                    })
                 }
-                Err(source) => ChildDonorFailure::BadBanner(source),
+                Err(source) => ChildFailure::BadBanner(source),
             },
-            Ok(Line::Eof) => ChildDonorFailure::ExitedEarly,
-            Ok(Line::TimedOut) => ChildDonorFailure::Timeout,
-            Err(source) => {
-                return Err(ChildDonorError::ReadBanner {
-                    bin: self.bin,
-                    source,
-                })
-            }
+            Ok(Line::Eof) => ChildFailure::ExitedEarly,
+            Ok(Line::TimedOut) => ChildFailure::Timeout,
+            Err(source) => ChildFailure::ReadBanner(source),
         };
-        let (status, stderr) = donor.stop_and_collect();
+        let _ = child.kill();
+        let status = child.wait().ok();
+        let stderr = stderr.as_mut().map(|c| c.text(true));
         let bin = self.bin;
         Err(match failure {
-            ChildDonorFailure::BadBanner(source) => ChildDonorError::BadBanner {
+            ChildFailure::ReadBanner(source) => ChildServerError::ReadBanner {
                 bin,
+                subcommand,
+                source,
+            },
+            ChildFailure::BadBanner(source) => ChildServerError::BadBanner {
+                bin,
+                subcommand,
                 source,
                 stderr,
             },
-            ChildDonorFailure::ExitedEarly => ChildDonorError::ExitedEarly {
+            ChildFailure::ExitedEarly => ChildServerError::ExitedEarly {
                 bin,
+                subcommand,
                 status: status.map_or_else(|| "status unknown".into(), |s| s.to_string()),
                 stderr,
             },
-            ChildDonorFailure::Timeout => ChildDonorError::Timeout {
+            ChildFailure::Timeout => ChildServerError::Timeout {
                 bin,
+                subcommand,
                 timeout: self.banner_timeout,
                 stderr,
             },
@@ -294,7 +362,8 @@ impl ChildDonorCommand {
     }
 }
 
-enum ChildDonorFailure {
+enum ChildFailure {
+    ReadBanner(std::io::Error),
     BadBanner(NotABanner),
     ExitedEarly,
     Timeout,
@@ -349,11 +418,11 @@ struct StderrCollector {
 }
 
 impl StderrCollector {
-    fn start(mut pipe: std::process::ChildStderr) -> StderrCollector {
+    fn start(mut pipe: std::process::ChildStderr, subcommand: &str) -> StderrCollector {
         let text = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&text);
         let thread = std::thread::Builder::new()
-            .name("farmem-donor-stderr".into())
+            .name(format!("farmem-{subcommand}-stderr"))
             .spawn(move || {
                 let mut buf = [0u8; 4096];
                 while let Ok(n) = pipe.read(&mut buf) {
@@ -380,19 +449,29 @@ impl StderrCollector {
     }
 }
 
-/// A running child donor. Dropping it kills and reaps the child.
-pub struct ChildDonor {
+/// A running child server. Dropping it kills and reaps the child.
+pub struct ChildServer<B> {
     child: Child,
-    addr: SocketAddr,
+    banner: B,
     stdout: Option<ChildStdout>,
     after_banner: Vec<u8>,
     stderr: Option<StderrCollector>,
 }
 
-impl ChildDonor {
+/// A running child donor.
+pub type ChildDonor = ChildServer<DonorBanner>;
+
+impl ChildServer<DonorBanner> {
     /// The address from the donor's banner.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.banner.addr
+    }
+}
+
+impl<B> ChildServer<B> {
+    /// The banner the server printed (where it listens).
+    pub fn banner(&self) -> &B {
+        &self.banner
     }
 
     /// The child's process id.
@@ -420,7 +499,7 @@ impl ChildDonor {
     }
 
     /// What the child wrote to stderr so far (`None` unless started with
-    /// [`DonorStderr::Capture`]). Once the child has exited, waits for the pipe's end so no late
+    /// [`ServerStderr::Capture`]). Once the child has exited, waits for the pipe's end so no late
     /// line is missed.
     pub fn stderr_text(&mut self) -> Option<String> {
         let exited = matches!(self.child.try_wait(), Ok(Some(_)));
@@ -439,26 +518,18 @@ impl ChildDonor {
         }
         Some(String::from_utf8_lossy(&rest).into_owned())
     }
-
-    /// Kills and reaps the child; returns its status and (when captured) its whole stderr.
-    fn stop_and_collect(&mut self) -> (Option<ExitStatus>, Option<String>) {
-        let _ = self.child.kill();
-        let status = self.child.wait().ok();
-        let stderr = self.stderr.as_mut().map(|c| c.text(true));
-        (status, stderr)
-    }
 }
 
-impl fmt::Debug for ChildDonor {
+impl<B: fmt::Debug> fmt::Debug for ChildServer<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ChildDonor")
+        f.debug_struct("ChildServer")
             .field("pid", &self.child.id())
-            .field("addr", &self.addr)
+            .field("banner", &self.banner)
             .finish()
     }
 }
 
-impl Drop for ChildDonor {
+impl<B> Drop for ChildServer<B> {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -495,6 +566,7 @@ mod tests {
             let e = line.parse::<DonorBanner>().unwrap_err();
             assert_eq!(e.line, line);
             assert!(e.to_string().contains("not a donor banner"), "{e}");
+            assert_eq!(e.subcommand, "donor");
         }
     }
 

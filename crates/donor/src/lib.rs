@@ -16,7 +16,8 @@
 //! ```
 //!
 //! # Design
-//! - [`child`]: a `farmem donor` child process and its `listening on` banner.
+//! - [`child`]: a `farmem donor` (or any `farmem` server) child process and its `listening on`
+//!   banner.
 //! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown.
 //! - `conn`: one thread per connection; request checking and the data path.
 //! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
@@ -45,7 +46,10 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 
-pub use child::{ChildDonor, ChildDonorCommand, ChildDonorError, DonorBanner, DonorStderr};
+pub use child::{
+    ChildDonor, ChildDonorCommand, ChildDonorError, ChildServer, ChildServerCommand,
+    ChildServerError, DonorBanner, DonorStderr, NotABanner, ServerBanner, ServerStderr,
+};
 pub use server::{
     DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, Tenant, HELLO_TIMEOUT,
     MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,

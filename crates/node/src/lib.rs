@@ -35,7 +35,7 @@ pub mod server;
 pub mod slab;
 pub mod wire;
 
-pub use child::NodeBanner;
+pub use child::{child_node_command, ChildNode, ChildNodeCommand, NodeBanner};
 pub use client::{
     check_socket_trust, default_socket_path, NodeClient, NodeClientConfig, NodeError, NodeInfo,
     Reclaim, TierSlab, DEFAULT_SOCKET_PATH,
