@@ -51,6 +51,7 @@ mod tests {
             prefetch: None,
             prefetch_install: None,
             seal: farmem_runtime::SealMode::Auto,
+            tier: farmem_runtime::TierMode::Off,
             stats_file: None,
             record_trace: None,
             mmap_threshold_bytes: 1 << 20,

@@ -50,6 +50,7 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
         farmem_bin: cfg.farmem_bin.clone(),
         record_trace: cfg.record_trace.clone(),
         seal: cfg.seal,
+        tier: cfg.tier.clone(),
         ..Default::default()
     };
     if let Some(e) = &cfg.evict {

@@ -70,6 +70,23 @@ pub struct RuntimeConfig {
     /// Whether pages are sealed (encrypted and authenticated) before they leave the process;
     /// default [`SealMode::Auto`]: sealed when any donor is on another host.
     pub seal: SealMode,
+    /// Whether evicted pages go to the host tier (a `farmem node`'s shared memory) before
+    /// donors; default [`TierMode::Auto`].
+    pub tier: TierMode,
+}
+
+/// Where the host tier comes from ([`crate::tier`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierMode {
+    /// The host's node if one listens on the default socket; else, with no donor named, a
+    /// private node started for this runtime (the embedded default); else no tier.
+    #[default]
+    Auto,
+    /// The node listening on this socket; failing to use it is an error.
+    Node(PathBuf),
+    /// No host tier: pages go to the donors, or (none named) to the embedded TCP donor.
+    Off,
 }
 
 /// Whether pages leaving the process are sealed ([`crate::seal`]).
@@ -119,6 +136,7 @@ impl Default for RuntimeConfig {
             link_delay_us: 0,
             fetch_attempts: 2,
             seal: SealMode::Auto,
+            tier: TierMode::Auto,
         }
     }
 }
@@ -134,6 +152,7 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("record_trace", &self.record_trace)
             .field("pool_bytes", &self.pool_bytes)
             .field("seal", &self.seal)
+            .field("tier", &self.tier)
             .finish_non_exhaustive()
     }
 }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use farmem_uffd::UffdError;
 
+use crate::far::Home;
 use crate::pages::PageState;
 use crate::shared::{Shared, Staged, State};
 use crate::PAGE_SIZE;
@@ -44,8 +45,8 @@ struct Victim {
     was_clean: bool,
 }
 
-/// What happened to one victim: MOVE result, all-zero, copy of its data if dirty.
-type Outcome = (Victim, Result<(), UffdError>, bool, Option<Box<[u8]>>);
+/// What happened to one victim: MOVE result, and whether it is a dirty all-zero page.
+type Outcome = (Victim, Result<(), UffdError>, bool);
 
 /// What one commit did, for the counters and the stall detection.
 #[derive(Default)]
@@ -54,13 +55,14 @@ struct Committed {
     zero: u64,
     refused: usize,
     staged: usize,
+    /// Dirty pages written straight into a memory slab.
+    to_memory: u64,
 }
 
 /// The evictor's state between rounds.
 struct Evictor {
     victims: Vec<Victim>,
     outcomes: Vec<Outcome>,
-    buf: Vec<u8>,
     draining: bool,
     /// Victims MOVE refused with EBUSY (shared with a forked child), to unshare after commit.
     shared: Vec<usize>,
@@ -77,7 +79,6 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
     let mut ev = Evictor {
         victims: Vec::with_capacity(EVICT_BATCH),
         outcomes: Vec::new(),
-        buf: vec![0u8; PAGE_SIZE],
         draining: false,
         shared: Vec::new(),
         stall_backoff: Duration::from_millis(10),
@@ -109,8 +110,12 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         if c.staged > 0 {
             sh.stage_cv.notify_one();
         }
-        if c.clean > 0 || c.zero > 0 || c.refused > 0 {
+        if c.to_memory > 0 {
+            sh.slots_cv.notify_all();
+        }
+        if c.clean > 0 || c.zero > 0 || c.refused > 0 || c.to_memory > 0 {
             let mut s = sh.stats.lock();
+            s.s.tier_pages_written += c.to_memory;
             s.s.evicted_dropped_clean += c.clean;
             s.s.evicted_zero += c.zero;
             s.s.evictions_refused += c.refused as u64;
@@ -165,22 +170,17 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
     }
 }
 
-/// MOVEs the victims into their slots and copies out the dirty, non-zero ones (the slots are
-/// the evictor's alone until the commit).
+/// MOVEs the victims into their slots and finds the all-zero ones among the dirty (the slots
+/// are the evictor's alone until the commit, which copies the dirty pages where they go).
 fn move_and_read(sh: &Shared, ev: &mut Evictor) {
     let moved = move_victims(sh, &ev.victims);
     for (v, r) in ev.victims.drain(..).zip(moved) {
-        let mut zero = false;
-        if r.is_ok() && !v.was_clean {
-            crate::mm::with_slot_bytes(sh.pool.mapping(), v.slot, |page| {
-                zero = page.iter().all(|b| *b == 0);
-                if !zero {
-                    ev.buf.copy_from_slice(page);
-                }
+        let zero = r.is_ok()
+            && !v.was_clean
+            && crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |page| {
+                page.iter().all(|b| *b == 0)
             });
-        }
-        let data = (!zero && !v.was_clean && r.is_ok()).then(|| ev.buf.clone().into_boxed_slice());
-        ev.outcomes.push((v, r, zero, data));
+        ev.outcomes.push((v, r, zero));
     }
 }
 
@@ -188,7 +188,7 @@ fn move_and_read(sh: &Shared, ev: &mut Evictor) {
 fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
     let mut st = sh.state.lock();
     let mut c = Committed::default();
-    for (v, r, zero, data) in ev.outcomes.drain(..) {
+    for (v, r, zero) in ev.outcomes.drain(..) {
         let still = st.pages.get(v.addr).map(|e| e.state) == Some(PageState::Evicting);
         if !still {
             // Released (or unmapped) while being evicted: whatever moved is garbage.
@@ -236,7 +236,22 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                 st.stage_gen = st.stage_gen.wrapping_add(1);
                 let gen = st.stage_gen;
                 st.pages.commit_dirty(v.addr, v.slot, gen, far);
-                let data = data.expect("a dirty, non-zero moved page was copied");
+                // Its slab is in memory (the host tier): one copy there and it is written
+                // back, no message. Else it is staged for the sender.
+                if let Some((Home::Memory(m), page)) = sh.far.home(far) {
+                    let s = &mut *st;
+                    let written = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
+                        s.mem.write(m, page, src)
+                    });
+                    if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
+                        s.slots.cache(v.slot);
+                        c.to_memory += 1;
+                        continue;
+                    }
+                }
+                let data = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
+                    src.to_vec().into_boxed_slice()
+                });
                 st.staging.push_back(Staged {
                     addr: v.addr,
                     slot: v.slot,

@@ -29,16 +29,15 @@
 //! instead); donors reclaim them when the connection closes (after their orphan grace period).
 
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
-use std::path::PathBuf;
 use std::time::Duration;
-
-use farmem_donor::{ChildDonorCommand, ChildDonorError};
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
 use parking_lot::Mutex;
 use rand::Rng;
 
+use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
 use crate::seal::{SealError, Sealer};
+use crate::tier::Tier;
 use crate::{RuntimeConfig, RuntimeError, SealMode, PAGE_SIZE};
 
 /// One donor and what this runtime placed on it.
@@ -49,13 +48,24 @@ pub(crate) struct Donor {
     pub(crate) slabs_placed: Mutex<u64>,
 }
 
-/// Donors and the placement of far slabs on them.
+/// Where a far slab lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Home {
+    /// On donor `donor`, as its slab `slab`.
+    Donor { donor: usize, slab: u32 },
+    /// In memory slab `m` ([`crate::memslabs`]: the host tier, or local memory).
+    Memory(u32),
+}
+
+/// Donors, the host tier and the placement of far slabs on them.
 pub(crate) struct Far {
     pub(crate) donors: Vec<Donor>,
     /// Pages per far slab (the smallest slab size among the donors).
     pub(crate) slab_pages: u64,
-    /// Far slab index → (donor index, donor slab id).
-    placement: Mutex<Vec<Option<(usize, u32)>>>,
+    /// Far slab index → where the slab lives.
+    placement: Mutex<Vec<Option<Home>>>,
+    /// The host tier, when one is used ([`crate::tier`]).
+    pub(crate) tier: Option<Tier>,
     /// Seals pages before they leave and opens them when they come back; `None`: pages
     /// travel and rest in the clear.
     pub(crate) sealer: Option<Sealer>,
@@ -81,8 +91,10 @@ fn on_this_host(addr: &str) -> bool {
 }
 
 impl Far {
-    /// Connects to the configured donors, or starts the embedded one.
+    /// Opens the host tier and connects to the configured donors; with neither, starts the
+    /// embedded TCP donor.
     pub(crate) fn connect(cfg: &RuntimeConfig) -> Result<Far, RuntimeError> {
+        let tier = Tier::open(cfg)?;
         // A random client id and reconnect key (ClientConfig::default), shared by every
         // connection of this runtime: they attach to one client on each donor.
         let ccfg = ClientConfig {
@@ -92,7 +104,7 @@ impl Far {
             thread_hook: cfg.thread_hook.clone(),
             ..ClientConfig::default()
         };
-        let (addrs, embedded) = if cfg.donors.is_empty() {
+        let (addrs, embedded) = if cfg.donors.is_empty() && tier.is_none() {
             let e = EmbeddedDonor::start(cfg)?;
             (vec![e.addr.clone()], Some(e))
         } else {
@@ -127,20 +139,25 @@ impl Far {
                 slabs_placed: Mutex::new(0),
             });
         }
-        let slab_bytes = addrs
+        // One far slab size for every home: the smallest slab any of them hands out.
+        let slab_bytes = donors
             .iter()
-            .zip(&donors)
-            .map(|(_, d)| d.read.info().slab_size_bytes)
+            .map(|d| d.read.info().slab_size_bytes)
+            .chain(tier.as_ref().map(Tier::slab_bytes))
             .min()
             .unwrap_or(64 << 20);
         if slab_bytes < PAGE_SIZE as u64 || !slab_bytes.is_multiple_of(PAGE_SIZE as u64) {
             return Err(RuntimeError::BadDonor {
-                addr: addrs[0].clone(),
+                addr: addrs
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "the host tier".into()),
                 reason: format!("slab size {slab_bytes} is not a positive multiple of 4096"),
             });
         }
+        // The host tier is this machine's memory: never sealed (see the module doc).
         let seal = match cfg.seal {
-            SealMode::On => true,
+            SealMode::On => !addrs.is_empty(),
             SealMode::Off => false,
             SealMode::Auto => embedded.is_none() && !addrs.iter().all(|a| on_this_host(a)),
         };
@@ -153,6 +170,7 @@ impl Far {
             donors,
             slab_pages: slab_bytes / PAGE_SIZE as u64,
             placement: Mutex::new(Vec::new()),
+            tier,
             sealer,
             _embedded: embedded,
         })
@@ -167,45 +185,47 @@ impl Far {
         }
     }
 
-    /// Total capacity the donors lend, in bytes.
+    /// Total capacity the donors and the host tier lend, in bytes.
     pub(crate) fn capacity_bytes(&self) -> u64 {
-        self.donors.iter().map(|d| d.capacity_bytes).sum()
+        self.donors.iter().map(|d| d.capacity_bytes).sum::<u64>()
+            + self.tier.as_ref().map_or(0, Tier::capacity_bytes)
     }
 
-    /// Where far page `far` lives, if its slab is placed.
+    /// Where far page `far` lives, and its page index in that slab, if its slab is placed.
+    pub(crate) fn home(&self, far: u64) -> Option<(Home, u32)> {
+        let idx = (far / self.slab_pages) as usize;
+        let home = (*self.placement.lock().get(idx)?)?;
+        Some((home, (far % self.slab_pages) as u32))
+    }
+
+    /// Where far page `far` lives on a donor, if its slab is placed on one.
     pub(crate) fn locate(&self, far: u64) -> Option<(usize, PageAddr)> {
-        let idx = (far / self.slab_pages) as usize;
-        let (donor, slab) = (*self.placement.lock().get(idx)?)?;
-        Some((
-            donor,
-            PageAddr {
-                slab,
-                page: (far % self.slab_pages) as u32,
-            },
-        ))
+        match self.home(far)? {
+            (Home::Donor { donor, slab }, page) => Some((donor, PageAddr { slab, page })),
+            (Home::Memory(_), _) => None,
+        }
     }
 
-    /// Places the slab of far page `far` if it is not yet placed; returns its location.
-    pub(crate) fn place(&self, far: u64) -> Result<(usize, PageAddr), RuntimeError> {
-        if let Some(l) = self.locate(far) {
-            return Ok(l);
+    /// Records where far slab `idx` lives (`None`: nowhere yet).
+    pub(crate) fn set_home(&self, idx: u64, home: Option<Home>) {
+        let mut p = self.placement.lock();
+        let idx = idx as usize;
+        if p.len() <= idx {
+            p.resize(idx + 1, None);
         }
-        let idx = (far / self.slab_pages) as usize;
+        p[idx] = home;
+    }
+
+    /// Places far slab `idx` on a donor (power of two choices; a full donor is skipped for
+    /// the next), without recording it: the caller records it with [`Far::set_home`].
+    pub(crate) fn alloc_on_donor(&self) -> Result<Home, RuntimeError> {
         let order = self.choice_order();
         let mut last = None;
         for d in order {
             match self.donors[d].write.alloc_slab() {
                 Ok(slab) => {
                     *self.donors[d].slabs_placed.lock() += 1;
-                    let mut p = self.placement.lock();
-                    if p.len() <= idx {
-                        p.resize(idx + 1, None);
-                    }
-                    p[idx] = Some((d, slab));
-                    drop(p);
-                    return self
-                        .locate(far)
-                        .ok_or(RuntimeError::Internal("slab just placed"));
+                    return Ok(Home::Donor { donor: d, slab });
                 }
                 Err(e) => {
                     let full = matches!(
@@ -232,7 +252,12 @@ impl Far {
                 step: "allocating a slab",
                 source,
             }),
-            None => Err(RuntimeError::Internal("no donor")),
+            None => Err(RuntimeError::NowhereToPlace {
+                tier: self
+                    .tier
+                    .as_ref()
+                    .map_or_else(|| "no host tier".into(), Tier::describe),
+            }),
         }
     }
 
@@ -260,16 +285,16 @@ impl Far {
         order
     }
 
-    /// Slabs placed so far.
+    /// Slabs placed so far (on donors and in memory).
     pub(crate) fn slabs_placed(&self) -> u64 {
         self.placement.lock().iter().flatten().count() as u64
     }
 
-    /// Starts the read of one far page on the fault-path connection.
+    /// Starts the read of one far page on the fault-path connection of its donor.
     pub(crate) fn submit_read(&self, far: u64) -> Result<Pending, RuntimeError> {
-        let (d, addr) = self
-            .locate(far)
-            .ok_or(RuntimeError::Internal("a remote page's slab is not placed"))?;
+        let (d, addr) = self.locate(far).ok_or(RuntimeError::Internal(
+            "a remote page's slab is not placed on a donor",
+        ))?;
         self.donors[d]
             .read
             .submit_read(&[addr])
@@ -291,88 +316,6 @@ impl Far {
                 source,
             })
     }
-}
-
-/// A `farmem donor` child process serving this runtime on a loopback port.
-pub(crate) struct EmbeddedDonor {
-    pub(crate) addr: String,
-    /// Dropping this stops the keeper thread, which kills the child.
-    _stop: std::sync::mpsc::Sender<()>,
-}
-
-/// How long a demand read polls for its answer before sleeping (`ClientConfig::spin`): on
-/// a one-pass random scan (256 MiB at 128 MiB local) the average access fell from 80-90 µs to
-/// 52-56 µs (with the donor polling too).
-const FAULT_PATH_SPIN: Duration = Duration::from_micros(50);
-
-fn farmem_binary(cfg: &RuntimeConfig) -> PathBuf {
-    cfg.farmem_bin
-        .clone()
-        .or_else(|| std::env::var_os("FARMEM_BIN").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("farmem"))
-}
-
-impl EmbeddedDonor {
-    fn start(cfg: &RuntimeConfig) -> Result<EmbeddedDonor, RuntimeError> {
-        let command = ChildDonorCommand::new(farmem_binary(cfg))
-            .arg("--capacity")
-            .arg(cfg.embedded_capacity_bytes.to_string())
-            .arg("--slab-size")
-            .arg(cfg.embedded_slab_size_bytes.to_string());
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel::<Result<String, String>>();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let hook = cfg.thread_hook.clone();
-        // The donor dies with the thread that spawned it (PR_SET_PDEATHSIG), so it is spawned
-        // from a keeper thread that lives as long as the runtime.
-        std::thread::Builder::new()
-            .name("farmem-donor-keeper".into())
-            .spawn(move || {
-                if let Some(h) = &hook {
-                    h();
-                }
-                keeper(command, addr_tx, stop_rx);
-            })
-            .map_err(|source| RuntimeError::Spawn {
-                what: "the embedded donor keeper thread",
-                source,
-            })?;
-        match addr_rx.recv() {
-            Ok(Ok(addr)) => Ok(EmbeddedDonor {
-                addr,
-                _stop: stop_tx,
-            }),
-            Ok(Err(reason)) => Err(RuntimeError::EmbeddedDonor { reason }),
-            Err(_) => Err(RuntimeError::Internal(
-                "the embedded donor keeper thread ended without reporting",
-            )),
-        }
-    }
-}
-
-/// Runs in the keeper thread: spawns the donor, reports its address, waits for the runtime
-/// to stop (the stop channel closes), then drops the child, which kills and reaps it.
-fn keeper(
-    command: ChildDonorCommand,
-    addr_tx: std::sync::mpsc::Sender<Result<String, String>>,
-    stop_rx: std::sync::mpsc::Receiver<()>,
-) {
-    let child = match command.spawn() {
-        Ok(c) => c,
-        Err(e @ ChildDonorError::Spawn { .. }) => {
-            let _ = addr_tx.send(Err(format!(
-                "{e}: put the farmem binary on PATH, set FARMEM_BIN or RuntimeConfig::farmem_bin, \
-                 or name donors explicitly"
-            )));
-            return;
-        }
-        Err(e) => {
-            let _ = addr_tx.send(Err(e.to_string()));
-            return;
-        }
-    };
-    let _ = addr_tx.send(Ok(child.addr().to_string()));
-    let _ = stop_rx.recv();
-    drop(child);
 }
 
 /// Placement statistics per donor, for tests and stats: slabs placed on each.

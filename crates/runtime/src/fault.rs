@@ -36,6 +36,7 @@ use farmem_transport::{Completion, Pending};
 use farmem_uffd::{Event, UffdError};
 use parking_lot::MutexGuard;
 
+use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
 use crate::shared::{Shared, State};
 use crate::stats::FaultKind;
@@ -223,7 +224,10 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
             sh.stats.lock().s.faults_already_served += 1;
         }
         PageState::PoolSent | PageState::PoolUnsent => serve_from_pool(sh, st, e, msg, q),
-        PageState::Remote => serve_remote(sh, st, msg, q),
+        PageState::Remote => match sh.far.home(e.far) {
+            Some((Home::Memory(m), page)) => serve_from_memory(sh, st, e, m, page, msg, q),
+            _ => serve_remote(sh, st, msg, q),
+        },
         PageState::Evicting => unreachable!("waited above"),
     }
 }
@@ -301,7 +305,7 @@ fn serve_from_pool(
     // with MOVE (no copy).
     let protect = !msg.write && (e.state == PageState::PoolUnsent || e.far != NO_FAR);
     let r = if protect {
-        crate::mm::with_slot_bytes(sh.pool.mapping(), e.slot, |data| {
+        crate::mm::with_page_bytes(sh.pool.mapping(), e.slot, |data| {
             sh.uffd
                 .copy(msg.addr, data, false, true)
                 .map(|()| PAGE_SIZE)
@@ -344,6 +348,62 @@ fn serve_from_pool(
                 true,
             );
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// A page whose slab is in memory (the host tier, or a local slab): one UFFDIO_COPY straight
+/// from the slab, under the state lock (which keeps the slab in place), no message. A read
+/// fault's page is installed write-protected and clean (the slab keeps the current copy).
+#[allow(clippy::too_many_arguments)]
+fn serve_from_memory(
+    sh: &Shared,
+    mut st: MutexGuard<'_, State>,
+    e: Entry,
+    m: u32,
+    page: u32,
+    msg: FaultMsg,
+    q: &mut Queues,
+) {
+    sh.make_room(&mut st);
+    if st.pages.get(msg.addr) != Some(e) {
+        drop(st);
+        q.retry.push_back(msg);
+        return;
+    }
+    let r = st.mem.read(m, page, |src| {
+        sh.uffd.copy(msg.addr, src, false, !msg.write)
+    });
+    match r {
+        Some(Ok(())) | Some(Err(UffdError::Exists { .. })) => {
+            st.pages.begin_fetch(msg.addr);
+            st.pages
+                .install_fetched(msg.addr, msg.write, Origin::Demand);
+            sh.kick_evictor(&st);
+            drop(st);
+            sh.count_fault(FaultKind::Tier, msg.t0);
+        }
+        Some(Err(UffdError::Again { .. })) => {
+            drop(st);
+            q.retry.push_back(msg);
+        }
+        Some(Err(err)) => {
+            drop(st);
+            tracing::debug!("installing page {:#x} from memory: {err}", msg.addr);
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+        None => {
+            // A bug: poison the page (fail_fetch takes a fetching page) rather than hang.
+            st.pages.begin_fetch(msg.addr);
+            drop(st);
+            sh.report(
+                format!(
+                    "page {:#x}: its far slab has no memory slab (far page {})",
+                    msg.addr, e.far
+                ),
+                true,
+            );
+            fail_fetch(sh, msg, q);
         }
     }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use farmem_uffd::UffdError;
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 
+use crate::far::Home;
 use crate::pages::{Entry, PageState};
 use crate::shared::{Shared, State};
 use crate::{RuntimeError, PAGE_SIZE};
@@ -144,15 +145,24 @@ fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
             PageState::PoolSent | PageState::PoolUnsent => {
                 crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false).map(|_| ())
             }
-            PageState::Remote => {
-                drop(st);
-                let data = read_remote(sh, e)?;
-                st = sh.state.lock();
-                if st.pages.get(addr) != Some(e) {
-                    continue; // changed meanwhile: look again
+            PageState::Remote => match sh.far.home(e.far) {
+                // In the host tier: one copy from its memory slab.
+                Some((Home::Memory(m), page)) => st
+                    .mem
+                    .read(m, page, |src| sh.uffd.copy(addr, src, false, false))
+                    .ok_or(RuntimeError::Internal(
+                        "a page in the host tier has no memory slab",
+                    ))?,
+                _ => {
+                    drop(st);
+                    let data = read_remote(sh, e)?;
+                    st = sh.state.lock();
+                    if st.pages.get(addr) != Some(e) {
+                        continue; // changed meanwhile: look again
+                    }
+                    sh.uffd.copy(addr, &data, false, false)
                 }
-                sh.uffd.copy(addr, &data, false, false)
-            }
+            },
             _ => return Ok(()), // resident already, or released
         };
         match r {

@@ -55,12 +55,14 @@
 #![deny(unsafe_code)]
 
 mod config;
+mod embedded;
 mod events;
 mod evict;
 mod far;
 mod farpages;
 mod fault;
 mod fork;
+mod memslabs;
 mod mm;
 mod pages;
 mod prefetch;
@@ -71,6 +73,7 @@ mod send;
 mod shared;
 mod slots;
 mod stats;
+mod tier;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -81,7 +84,10 @@ use farmem_mm::Mapping;
 use farmem_uffd::UffdError;
 use parking_lot::Mutex;
 
-pub use config::{split_local_memory, RuntimeConfig, SealMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES};
+pub use config::{
+    split_local_memory, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
+};
+pub use embedded::PrivateNode;
 pub use prefetch::PrefetchInstall;
 pub use seal::SealError;
 pub use stats::{FaultLatency, LatencySummary, PreloadCounters, Stats, StatsFile, StatsSummary};
@@ -131,6 +137,20 @@ pub enum RuntimeError {
         needed_bytes: u64,
         capacity_bytes: u64,
     },
+    #[error("host tier (node at {}): {step} failed", path.display())]
+    Node {
+        path: std::path::PathBuf,
+        step: &'static str,
+        #[source]
+        source: farmem_node::NodeError,
+    },
+    #[error(
+        "nowhere to put evicted pages: {tier} lends no more slabs and no donor is configured; \
+         give the node more --capacity, name donors with --donor, or raise the budget"
+    )]
+    NowhereToPlace { tier: String },
+    #[error("the private node (this program's host tier) could not be started: {reason}")]
+    PrivateNode { reason: String },
     #[error("donor {addr} is unusable: {reason}")]
     BadDonor { addr: String, reason: String },
     #[error("the embedded donor could not be started: {reason}")]
@@ -209,6 +229,9 @@ impl Runtime {
         threads.push(spawn("farmem-fault", fault::fault_loop, sh.clone())?);
         threads.push(spawn("farmem-evict", evict::evict_loop, sh.clone())?);
         threads.push(spawn("farmem-send", send::send_loop, sh.clone())?);
+        if sh.far.tier.is_some() {
+            threads.push(spawn("farmem-tier", tier::tier_loop, sh.clone())?);
+        }
         if sh.pf.enabled() {
             threads.push(spawn(
                 "farmem-prefetch",
@@ -351,13 +374,14 @@ impl Runtime {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let sh = &self.sh;
-        let (resident, pool_pages) = if sh.in_child.load(Ordering::Relaxed) {
-            (None, 0)
+        let (resident, pool_pages, mem) = if sh.in_child.load(Ordering::Relaxed) {
+            (None, 0, (0, 0))
         } else {
             let st = sh.state.lock();
             (
                 Some((st.pages.resident(), st.pages.peak_resident())),
                 st.slots.used(),
+                st.mem.counts(),
             )
         };
         let mut s = sh.stats.lock().snapshot();
@@ -370,6 +394,12 @@ impl Runtime {
         s.pool_capacity_pages = u64::from(sh.pool.slots());
         s.slabs_placed = sh.far.slabs_placed();
         s.sealed = sh.far.sealer.is_some();
+        (s.tier_slabs, s.local_slabs) = mem;
+        s.tier_node = sh
+            .far
+            .tier
+            .as_ref()
+            .map(|t| t.socket().display().to_string());
         if sh.in_child.load(Ordering::Relaxed) {
             return s; // the prefetch thread does not exist here; its lock may be held
         }

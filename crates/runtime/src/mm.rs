@@ -10,7 +10,7 @@
 //! # Design
 //!
 //! The runtime never holds a Rust reference into a region, and into a pool slot only inside
-//! [`with_slot_bytes`], while the slot's page cannot move (its owner holds the state lock, or
+//! [`with_page_bytes`], while the slot's page cannot move (its owner holds the state lock, or
 //! the evictor reads a slot it alone owns until its commit). These are the invariants every
 //! `SAFETY:` comment here relies on.
 #![allow(unsafe_code)]
@@ -64,7 +64,7 @@ pub(crate) fn register_region(uffd: &Uffd, addr: usize, len: usize) -> Result<()
 pub(crate) fn register_pool(uffd: &Uffd, pool: &Mapping) -> Result<(), UffdError> {
     let _ioctls =
     // SAFETY: the pool mapping is owned by the runtime and no Rust reference points into it
-    // (slot bytes are only borrowed inside `with_slot_bytes`).
+    // (slot bytes are only borrowed inside `with_page_bytes`).
     unsafe {
         uffd.register(
             pool.addr(),
@@ -106,25 +106,57 @@ pub(crate) fn move_from_pool(
     unsafe { uffd.move_pages(dst, src, PAGE_SIZE, dontwake, false) }
 }
 
-/// Runs `f` on the bytes of pool slot `slot`. The slot must hold a page that cannot move or
-/// be discarded during the call: the caller holds the state lock and the slot's page is
-/// owned by it, or it is the evictor reading a victim's slot before its commit.
-pub(crate) fn with_slot_bytes<R>(pool: &Mapping, slot: u32, f: impl FnOnce(&[u8]) -> R) -> R {
+/// Runs `f` on the bytes of page `page` of `m`: a pool slot, or a page of a memory slab
+/// ([`crate::memslabs`]). The page must not move or be discarded during the call: the caller
+/// holds the state lock and the page is owned by it, or it is the evictor reading a victim's
+/// slot before its commit. (A memory slab from the host tier is shared with the node process,
+/// which could write it meanwhile; the bytes are only ever copied, never interpreted.)
+pub(crate) fn with_page_bytes<R>(m: &Mapping, page: u32, f: impl FnOnce(&[u8]) -> R) -> R {
     assert!(
-        (slot as usize) < pool.pages(),
-        "slot {slot} outside the pool"
+        (page as usize) < m.pages(),
+        "page {page} outside the mapping"
     );
-    // SAFETY: the slot lies inside the pool mapping (checked above), which outlives the call;
-    // per this function's contract nothing moves, discards or writes the page while `f` runs
-    // (the kernel only reads it when `f` passes it to UFFDIO_COPY), and the slice does not
-    // escape `f`.
+    // SAFETY: the page lies inside the mapping (checked above), which outlives the call; per
+    // this function's contract nothing in this process moves, discards or writes the page
+    // while `f` runs (the kernel only reads it when `f` passes it to UFFDIO_COPY), and the
+    // slice does not escape `f`.
     let bytes = unsafe {
         std::slice::from_raw_parts(
-            (pool.addr() + slot as usize * PAGE_SIZE) as *const u8,
+            (m.addr() + page as usize * PAGE_SIZE) as *const u8,
             PAGE_SIZE,
         )
     };
     f(bytes)
+}
+
+/// Writes `src` (one page) into page `page` of the memory slab `m`. The caller holds the state
+/// lock, under which alone memory slabs are read or written.
+pub(crate) fn write_page(m: &Mapping, page: u32, src: &[u8]) {
+    assert!(
+        (page as usize) < m.pages(),
+        "page {page} outside the mapping"
+    );
+    assert_eq!(src.len(), PAGE_SIZE);
+    // SAFETY: the destination page lies inside the mapping (checked above), which is owned by
+    // the runtime and outlives the call; no Rust reference points into it (readers borrow it
+    // only inside `with_page_bytes`, under the same lock the caller holds); `src` is a
+    // separate buffer (a pool slot or a heap page), so the ranges do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            src.as_ptr(),
+            (m.addr() + page as usize * PAGE_SIZE) as *mut u8,
+            PAGE_SIZE,
+        )
+    }
+}
+
+/// Copies the whole of `src` into `dst` (same length): a memory slab moving from the host
+/// tier into local memory. The caller holds the state lock.
+pub(crate) fn copy_mapping(dst: &Mapping, src: &Mapping) {
+    assert_eq!(dst.len(), src.len(), "memory slabs of different sizes");
+    // SAFETY: both mappings are owned by the runtime, distinct, of the same length, and
+    // outlive the call; no Rust reference points into either (see `write_page`).
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, dst.as_ptr(), src.len()) }
 }
 
 /// Makes the region page at `addr` exclusive to this process again (breaking copy-on-write

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub const RUN_SETTINGS_VAR: &str = "FARMEM_RUN_SETTINGS";
 
 /// Version of the settings' layout; bumped on every change of [`RunSettings`].
-pub const RUN_SETTINGS_VERSION: u32 = 1;
+pub const RUN_SETTINGS_VERSION: u32 = 2;
 
 /// The smallest heap reservation the library accepts.
 pub const MIN_HEAP_RESERVE_BYTES: u64 = 64 << 20;
@@ -53,6 +53,8 @@ pub struct RunSettings {
     pub prefetch_install: Option<String>,
     /// Whether pages leaving the process are sealed.
     pub seal: crate::SealMode,
+    /// The host tier: the node `farmem run` found or started, or none.
+    pub tier: crate::TierMode,
     /// JSON stats file, rewritten every second and at exit.
     pub stats_file: Option<PathBuf>,
     /// Trace file the runtime records accesses into.
@@ -151,6 +153,7 @@ mod tests {
             prefetch: None,
             prefetch_install: Some("marker".into()),
             seal: crate::SealMode::On,
+            tier: crate::TierMode::Node("/run/farmem/node.sock".into()),
             stats_file: Some("/tmp/stats.json".into()),
             record_trace: None,
             mmap_threshold_bytes: 4096,

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use farmem_transport::PageWrite;
 
+use crate::far::Home;
 use crate::pages::PageState;
 use crate::shared::{Shared, Staged, State};
 use crate::{RuntimeError, PAGE_SIZE};
@@ -63,8 +64,7 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
         if batch.is_empty() {
             continue;
         }
-        seal_batch(&sh, &mut batch);
-        if let Err(e) = write_batch(&sh, &batch) {
+        if let Err(e) = write_batch(&sh, &mut batch) {
             sh.report(
                 format!(
                     "write-back of {} evicted pages failed (kept in the write-back pool, \
@@ -90,25 +90,36 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
     }
 }
 
-/// Seals the pages of a batch not sealed yet (a retried batch keeps its sealed bytes, so a
-/// retry sends exactly what the recorded seal covers).
-fn seal_batch(sh: &Shared, batch: &mut [Staged]) {
-    let Some(sealer) = &sh.far.sealer else {
-        return;
-    };
-    for s in batch.iter_mut().filter(|s| !s.sealed) {
-        sealer.seal(s.far, &mut s.data);
-        s.sealed = true;
-    }
-}
-
-/// Writes a batch to the donors, grouped by donor, placing slabs on first write.
-fn write_batch(sh: &Shared, batch: &[Staged]) -> Result<(), RuntimeError> {
+/// Writes a batch where its pages live, placing slabs on first write: pages whose slab is in
+/// memory (the host tier) are copied there under the state lock, if still wanted, and are
+/// written back at once; the rest are sealed (when pages are sealed) and written to their
+/// donors, grouped by donor. Leaves in `batch` only the pages that went to donors, for
+/// [`acknowledge`].
+fn write_batch(sh: &Shared, batch: &mut Vec<Staged>) -> Result<(), RuntimeError> {
     let mut groups: Vec<Vec<(farmem_transport::PageAddr, usize)>> =
         vec![Vec::new(); sh.far.donors.len()];
+    let mut memory: Vec<(u32, u32, usize)> = Vec::new();
     for (i, s) in batch.iter().enumerate() {
-        let (d, a) = sh.far.place(s.far)?;
-        groups[d].push((a, i));
+        match sh.place(s.far)? {
+            (Home::Donor { donor, slab }, page) => {
+                groups[donor].push((farmem_transport::PageAddr { slab, page }, i))
+            }
+            (Home::Memory(m), page) => memory.push((m, page, i)),
+        }
+    }
+    if !memory.is_empty() {
+        write_to_memory(sh, batch, &memory);
+    }
+    if let Some(sealer) = &sh.far.sealer {
+        // A retried batch keeps its sealed bytes, so a retry sends exactly what the recorded
+        // seal covers.
+        for (_, i) in groups.iter().flatten() {
+            let s = &mut batch[*i];
+            if !s.sealed {
+                sealer.seal(s.far, &mut s.data);
+                s.sealed = true;
+            }
+        }
     }
     for (d, g) in groups.iter().enumerate() {
         if g.is_empty() {
@@ -123,7 +134,34 @@ fn write_batch(sh: &Shared, batch: &[Staged]) -> Result<(), RuntimeError> {
             .collect();
         sh.far.write(d, &writes)?;
     }
+    // Only the pages that went to donors remain to be acknowledged.
+    let mut on_donors = vec![false; batch.len()];
+    for (_, i) in groups.iter().flatten() {
+        on_donors[*i] = true;
+    }
+    let mut k = 0;
+    batch.retain(|_| {
+        k += 1;
+        on_donors[k - 1]
+    });
     Ok(())
+}
+
+/// Copies the staged pages `memory` ((slab, page, batch index)) into their memory slabs, each
+/// if still wanted, and marks them written back.
+fn write_to_memory(sh: &Shared, batch: &[Staged], memory: &[(u32, u32, usize)]) {
+    let mut st = sh.state.lock();
+    let mut written = 0u64;
+    for &(m, page, i) in memory {
+        let s = &batch[i];
+        if staged_live(&st, s) && st.mem.write(m, page, &s.data) {
+            acknowledge_one(&mut st, s);
+            written += 1;
+        }
+    }
+    drop(st);
+    sh.slots_cv.notify_all();
+    sh.stats.lock().s.tier_pages_written += written;
 }
 
 /// The donors hold the batch: its pages still in the pool become reclaimable, those moved
@@ -131,12 +169,7 @@ fn write_batch(sh: &Shared, batch: &[Staged]) -> Result<(), RuntimeError> {
 fn acknowledge(sh: &Shared, batch: &[Staged]) {
     let mut st = sh.state.lock();
     for s in batch {
-        if let Some(owner) = st.slots.owner(s.slot) {
-            if st.pages.mark_sent(owner, Some(s.slot), s.gen) {
-                st.slots.cache(s.slot);
-            }
-        }
-        st.pages.mark_sent(s.addr, None, s.gen);
+        acknowledge_one(&mut st, s);
     }
     drop(st);
     sh.slots_cv.notify_all();
@@ -144,4 +177,15 @@ fn acknowledge(sh: &Shared, batch: &[Staged]) {
     let mut stats = sh.stats.lock();
     stats.s.evicted_sent_dirty += sent;
     stats.s.bytes_sent += sent * PAGE_SIZE as u64;
+}
+
+/// One staged page is written back: in the pool it becomes reclaimable, moved back unmodified
+/// it becomes clean.
+fn acknowledge_one(st: &mut State, s: &Staged) {
+    if let Some(owner) = st.slots.owner(s.slot) {
+        if st.pages.mark_sent(owner, Some(s.slot), s.gen) {
+            st.slots.cache(s.slot);
+        }
+    }
+    st.pages.mark_sent(s.addr, None, s.gen);
 }

@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::far::Far;
 use crate::farpages::FarPages;
+use crate::memslabs::MemSlabs;
 use crate::pages::{Pages, Released};
 use crate::prefetch::Prefetch;
 use crate::slots::{PoolMemory, Slots};
@@ -40,6 +41,8 @@ pub(crate) struct State {
     pub(crate) pages: Pages,
     pub(crate) slots: Slots,
     pub(crate) far_pages: FarPages,
+    /// Far slabs held in memory: the host tier, local slabs.
+    pub(crate) mem: MemSlabs,
     pub(crate) stage_gen: u32,
     /// Eviction is paused (fork in progress).
     pub(crate) paused: bool,
@@ -169,6 +172,7 @@ impl Shared {
                 pages: Pages::new(policy),
                 slots,
                 far_pages: FarPages::default(),
+                mem: MemSlabs::default(),
                 stage_gen: 0,
                 paused: false,
                 staging: VecDeque::new(),

@@ -16,6 +16,7 @@ pub(crate) enum FaultKind {
     Zero,
     PoolHit,
     Remote,
+    Tier,
     WriteProtect,
 }
 
@@ -35,6 +36,7 @@ pub struct FaultLatency {
     pub zero: LatencySummary,
     pub pool_hit: LatencySummary,
     pub remote: LatencySummary,
+    pub tier: LatencySummary,
     pub write_protect: LatencySummary,
 }
 
@@ -47,6 +49,9 @@ pub struct Stats {
     pub faults_pool_hit: u64,
     /// Faults whose page was fetched from a donor.
     pub faults_remote: u64,
+    /// Faults whose page was copied straight from a memory slab: the host tier (a `farmem
+    /// node`'s shared memory) or a local slab (one the node took back).
+    pub faults_tier: u64,
     /// Write-protect faults: first write to a clean page (it becomes dirty).
     pub faults_write_protect: u64,
     /// Fault messages for pages that were already resident (another thread's fault on the same
@@ -54,6 +59,20 @@ pub struct Stats {
     pub faults_already_served: u64,
     /// Evicted pages that were dirty and were sent to a donor.
     pub evicted_sent_dirty: u64,
+    /// Evicted pages that were dirty and were written into a memory slab (the host tier, or a
+    /// local slab): one copy, no message.
+    pub tier_pages_written: u64,
+    /// Host tier slabs held now.
+    pub tier_slabs: u64,
+    /// Local slabs held now: host tier slabs the node took back that no donor holds yet
+    /// (private memory of this process, beyond the budget).
+    pub local_slabs: u64,
+    /// Host tier slabs given back to the node when it asked (reclaims).
+    pub tier_reclaimed_slabs: u64,
+    /// Local slabs moved on to a donor.
+    pub local_slabs_migrated: u64,
+    /// The node serving the host tier (its socket), if one is used.
+    pub tier_node: Option<String>,
     /// Evicted pages that were clean (unchanged since fetched, still on the donor): not resent.
     pub evicted_dropped_clean: u64,
     /// Evicted pages that were all zero: never sent, they come back as zero pages.
@@ -156,6 +175,12 @@ pub struct StatsSummary {
     pub remote_bytes_in: u64,
     /// Page bytes sent to donors.
     pub remote_bytes_out: u64,
+    /// Faults whose page was copied from the host tier (or a local slab).
+    pub faults_tier: u64,
+    /// Page bytes read from the host tier (or local slabs) by faults.
+    pub tier_bytes_in: u64,
+    /// Page bytes written into the host tier (or local slabs) by evictions.
+    pub tier_bytes_out: u64,
     /// Prefetch accuracy; None (null, "n/a" in the summary line) when nothing was prefetched:
     /// with `--prefetch none`, or a program that never faulted on a far page.
     pub prefetch_accuracy: Option<f64>,
@@ -184,11 +209,14 @@ impl From<&Stats> for StatsSummary {
         let page = crate::PAGE_SIZE as u64;
         let prefetched = s.prefetched_pages > 0;
         StatsSummary {
-            faults: s.faults_zero + s.faults_pool_hit + s.faults_remote,
+            faults: s.faults_zero + s.faults_pool_hit + s.faults_remote + s.faults_tier,
             faults_remote: s.faults_remote,
             faults_write_protect: s.faults_write_protect,
             remote_bytes_in: s.bytes_received,
             remote_bytes_out: s.bytes_sent,
+            faults_tier: s.faults_tier,
+            tier_bytes_in: s.faults_tier * page,
+            tier_bytes_out: s.tier_pages_written * page,
             prefetch_accuracy: prefetched.then_some(s.prefetch_accuracy),
             prefetch_coverage: prefetched.then_some(s.prefetch_coverage),
             prefetched_pages: s.prefetched_pages,
@@ -224,6 +252,7 @@ pub(crate) struct StatsCell {
     zero: Histogram<u64>,
     pool_hit: Histogram<u64>,
     remote: Histogram<u64>,
+    tier: Histogram<u64>,
     write_protect: Histogram<u64>,
 }
 
@@ -252,6 +281,7 @@ impl StatsCell {
             zero: hist(),
             pool_hit: hist(),
             remote: hist(),
+            tier: hist(),
             write_protect: hist(),
         }
     }
@@ -272,6 +302,10 @@ impl StatsCell {
                 self.s.faults_remote += 1;
                 let _ = self.remote.record(v);
             }
+            FaultKind::Tier => {
+                self.s.faults_tier += 1;
+                let _ = self.tier.record(v);
+            }
             FaultKind::WriteProtect => {
                 self.s.faults_write_protect += 1;
                 let _ = self.write_protect.record(v);
@@ -286,6 +320,7 @@ impl StatsCell {
             zero: summary(&self.zero),
             pool_hit: summary(&self.pool_hit),
             remote: summary(&self.remote),
+            tier: summary(&self.tier),
             write_protect: summary(&self.write_protect),
         };
         s

@@ -204,3 +204,13 @@ pub fn counter(stats: &serde_json::Value, key: &str) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("stats have no summary figure {key}: {stats}"))
 }
+
+/// Page bytes that left the program's memory: to donors and into the host tier.
+pub fn far_bytes_out(stats: &serde_json::Value) -> u64 {
+    counter(stats, "remote_bytes_out") + counter(stats, "tier_bytes_out")
+}
+
+/// Page bytes brought back into the program's memory: from donors and from the host tier.
+pub fn far_bytes_in(stats: &serde_json::Value) -> u64 {
+    counter(stats, "remote_bytes_in") + counter(stats, "tier_bytes_in")
+}

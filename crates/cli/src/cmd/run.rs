@@ -33,7 +33,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use farmem_donor::{ChildDonor, ChildDonorCommand, ChildDonorError};
 use farmem_runtime::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
-use farmem_runtime::{SealMode, StatsFile};
+use farmem_runtime::{SealMode, StatsFile, TierMode};
 
 use crate::cmd::units::parse_size;
 
@@ -89,7 +89,19 @@ pub struct RunArgs {
     /// Address space reserved for the program's heap (virtual; costs nothing until used).
     #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = parse_size)]
     pub heap_reserve: u64,
-    /// Capacity of the embedded local donor (default: 4 GiB plus twice the budget).
+    /// The host tier: the `farmem node` listening on this socket (default: the host's node on
+    /// /run/farmem/node.sock if one runs). Evicted pages go there first (one copy, shared
+    /// memory), then to the donors.
+    #[arg(long, value_name = "PATH")]
+    pub node: Option<PathBuf>,
+    /// What holds evicted pages when no donor is named and no node runs on this host: `node`
+    /// starts a private `farmem node` for the program (shared memory, one copy each way);
+    /// `tcp` starts an embedded `farmem donor` on loopback instead, and uses no host tier
+    /// (for comparison).
+    #[arg(long, value_name = "KIND", default_value = "node", value_parser = ["node", "tcp"])]
+    pub local_donor: String,
+    /// Capacity of the private node or embedded donor (default: 4 GiB plus twice the budget;
+    /// a node's is capped at this machine's memory).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub local_donor_capacity: Option<u64>,
     /// Diagnostics: place the heap and mappings as usual but start no paging runtime.
@@ -309,6 +321,20 @@ pub fn find_preload_lib() -> anyhow::Result<PathBuf> {
 /// the kernel when `farmem run` dies (`--exit-with-parent`; spawned from the main thread, which
 /// lives as long as the run). Its stderr is the user's: its warnings and errors show as they
 /// happen.
+/// Starts a private `farmem node` for the program (the host tier of the embedded default).
+fn start_private_node(capacity_bytes: u64) -> anyhow::Result<farmem_runtime::PrivateNode> {
+    let exe = std::env::current_exe().context("locating the farmem binary")?;
+    farmem_runtime::PrivateNode::start(exe.clone(), capacity_bytes, 64 << 20, None).with_context(
+        || {
+            format!(
+                "the private node did not start; run `{} node --socket /tmp/n.sock --capacity \
+                 1GiB` to see why, or use --local-donor tcp",
+                exe.display()
+            )
+        },
+    )
+}
+
 fn start_local_donor(capacity_bytes: u64) -> anyhow::Result<ChildDonor> {
     let exe = std::env::current_exe().context("locating the farmem binary")?;
     ChildDonorCommand::new(&exe)
@@ -392,11 +418,30 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         preflight::check_evict(e)?;
     }
 
+    let capacity = args
+        .local_donor_capacity
+        .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
+    // The host tier: the node named, the host's node, or a private one (see `--local-donor`).
+    let mut private_node = None;
+    let tier = if args.allocator_only {
+        TierMode::Off
+    } else if let Some(p) = &args.node {
+        preflight::check_node(p)?;
+        TierMode::Node(p.clone())
+    } else if args.local_donor == "tcp" {
+        TierMode::Off
+    } else if preflight::host_node_answers()? {
+        TierMode::Node(farmem_node::default_socket_path())
+    } else if args.donors.is_empty() {
+        let n = start_private_node(capacity)?;
+        let path = n.socket().to_path_buf();
+        private_node = Some(n);
+        TierMode::Node(path)
+    } else {
+        TierMode::Off
+    };
     let mut local_donor = None;
-    let donors = if args.donors.is_empty() && !args.allocator_only {
-        let capacity = args
-            .local_donor_capacity
-            .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
+    let donors = if args.donors.is_empty() && tier == TierMode::Off && !args.allocator_only {
         let d = start_local_donor(capacity)?;
         let addr = d.addr().to_string();
         local_donor = Some(d);
@@ -435,6 +480,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         prefetch: args.prefetch.clone(),
         prefetch_install: args.prefetch_install.clone(),
         seal: args.seal,
+        tier,
         stats_file: Some(stats_path.clone()),
         record_trace: args.record_trace.clone(),
         mmap_threshold_bytes: args.mmap_threshold,
@@ -478,6 +524,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     forward_handle.close();
     let _ = forwarder.join();
     drop(local_donor);
+    drop(private_node);
 
     let code: u8 = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
@@ -602,6 +649,33 @@ mod preflight {
         farmem_policy::evict::by_name(name)
             .map(|_| ())
             .map_err(|e| anyhow::anyhow!("--evict {name}: {e}"))
+    }
+
+    /// The node at `path` answers and can be trusted (its socket's owner and mode).
+    pub fn check_node(path: &Path) -> anyhow::Result<()> {
+        farmem_node::NodeClient::connect(path, farmem_node::NodeClientConfig::default())
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("--node {}: {e}", path.display()))
+    }
+
+    /// Whether the host's node answers on the default socket. A socket nobody answers on (a
+    /// node that died) counts as none; one that cannot be trusted is an error.
+    pub fn host_node_answers() -> anyhow::Result<bool> {
+        let path = farmem_node::default_socket_path();
+        if !path.exists() {
+            return Ok(false);
+        }
+        match farmem_node::NodeClient::connect(&path, farmem_node::NodeClientConfig::default()) {
+            Ok(_) => Ok(true),
+            Err(e @ farmem_node::NodeError::Connect { .. }) => {
+                tracing::warn!("the host's node does not answer ({e}): not using it");
+                Ok(false)
+            }
+            Err(e) => Err(anyhow::anyhow!(
+                "the host's node at {}: {e} (or pass --local-donor tcp / --node PATH)",
+                path.display()
+            )),
+        }
     }
 
     pub fn check_donor(addr: &str, token: Option<Vec<u8>>) -> anyhow::Result<()> {

@@ -1,0 +1,202 @@
+//! The host tier under a real runtime: a `farmem node` (in-process, on a socket in a temp
+//! directory) holds evicted pages as shared memory; it fills, it takes slabs back, and donors
+//! behind it take what it cannot hold. Every scenario checks every page's contents.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use farmem_node::{NodeClient, NodeClientConfig, NodeConfig, NodeServer, RunningNode};
+use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, TierMode};
+use farmem_testkit::donor::in_process;
+use farmem_testkit::pages::{fill, mismatches};
+use farmem_testkit::runtime::{start, wait_for_stats};
+
+const MIB: u64 = 1 << 20;
+const PAGE: usize = 4096;
+
+/// A node lending `capacity` bytes in 1 MiB slabs, on a socket in `dir`.
+fn node(dir: &Path, capacity: u64) -> RunningNode {
+    NodeServer::bind(NodeConfig {
+        socket_path: dir.join("node.sock"),
+        capacity_bytes: capacity,
+        slab_bytes: MIB,
+        ..NodeConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("the node did not start: {e}"))
+    .spawn()
+}
+
+/// A runtime with a `budget` using the node at `socket`, and these donors.
+fn runtime(budget: u64, socket: &Path, donors: Vec<String>) -> Arc<Runtime> {
+    // Not testkit's `config`: no `farmem` binary is needed, nothing is started.
+    start(RuntimeConfig {
+        budget_bytes: budget,
+        donors,
+        prefetch: "none".into(),
+        tier: TierMode::Node(socket.to_path_buf()),
+        ..RuntimeConfig::default()
+    })
+}
+
+/// Maps `bytes`, fills every page with stamp `r`, and checks them all (every page went through
+/// the tiers at least once when `bytes` is a few times the budget).
+fn fill_and_check(rt: &Arc<Runtime>, bytes: u64, r: u64) -> Region {
+    let region = rt.map(bytes as usize).expect("map");
+    let pages = bytes as usize / PAGE;
+    fill(region.as_ptr() as usize, pages, r);
+    assert_eq!(mismatches(region.as_ptr() as usize, pages, r), 0);
+    region
+}
+
+fn check(region: &Region, r: u64) {
+    let pages = region.len() / PAGE;
+    assert_eq!(
+        mismatches(region.as_ptr() as usize, pages, r),
+        0,
+        "page contents"
+    );
+}
+
+#[test]
+fn the_tier_holds_evicted_pages_with_no_donor_and_no_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 64 * MIB);
+    let rt = runtime(4 * MIB, n.socket_path(), vec![]);
+    let region = fill_and_check(&rt, 16 * MIB, 1);
+    check(&region, 1);
+    let s = rt.stats();
+    assert!(s.faults_tier > 0, "faults served from the tier: {s:?}");
+    assert!(s.tier_pages_written > 0, "{s:?}");
+    assert!(s.tier_slabs > 0, "{s:?}");
+    assert_eq!(s.faults_remote, 0, "no donor exists: {s:?}");
+    assert_eq!(s.bytes_sent + s.bytes_received, 0, "{s:?}");
+    assert_eq!(
+        s.tier_node.as_deref(),
+        Some(n.socket_path().to_str().unwrap())
+    );
+    // The node accounts what this client holds.
+    let used = n.stats().used_bytes;
+    assert_eq!(used, s.tier_slabs * MIB, "{:?}", n.stats());
+    // Dropping the runtime gives its slabs back.
+    drop(region);
+    drop(rt);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while n.stats().used_bytes > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(n.stats().used_bytes, 0, "{:?}", n.stats());
+}
+
+#[test]
+fn a_full_tier_sends_pages_on_to_donors() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 2 * MIB);
+    let donor = in_process(256 * MIB, MIB);
+    let rt = runtime(
+        4 * MIB,
+        n.socket_path(),
+        vec![donor.local_addr().to_string()],
+    );
+    let region = fill_and_check(&rt, 16 * MIB, 2);
+    check(&region, 2);
+    let s = rt.stats();
+    assert_eq!(s.tier_slabs, 2, "the tier is full: {s:?}");
+    assert!(
+        rt.slabs_per_donor()[0] > 0,
+        "the rest is on the donor: {s:?}"
+    );
+    assert!(s.faults_tier > 0 && s.faults_remote > 0, "{s:?}");
+}
+
+#[test]
+fn a_full_tier_without_donors_says_so_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 16 * MIB);
+    // Another client holds 12 of the 16 slabs.
+    let other = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+    let held: Vec<_> = (0..12).map(|_| other.alloc_slab().unwrap()).collect();
+    let rt = runtime(4 * MIB, n.socket_path(), vec![]);
+    let region = fill_and_check(&rt, 12 * MIB, 3);
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        |s| s.send_errors > 0,
+    );
+    let err = s.last_error.clone().unwrap_or_default();
+    assert!(
+        err.contains("nowhere to put evicted pages") && err.contains("--capacity"),
+        "{err}"
+    );
+    assert_eq!(s.tier_slabs, 4, "{s:?}");
+    check(&region, 3);
+    // Room again: the pages kept in the pool go to the tier.
+    for slab in held {
+        let id = slab.id;
+        drop(slab);
+        other.free_slab(id).unwrap();
+    }
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        |s| s.tier_slabs > 4,
+    );
+    assert!(s.tier_slabs > 4, "{s:?}");
+    check(&region, 3);
+}
+
+/// Fills 16 MiB at a 4 MiB budget, then has the node shrink to 4 MiB: the runtime gives back
+/// its least recently written slabs.
+fn shrink_while_running(donors: Vec<String>) -> (Arc<Runtime>, Region, RunningNode, Stats) {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 64 * MIB);
+    let rt = runtime(4 * MIB, n.socket_path(), donors);
+    let region = fill_and_check(&rt, 16 * MIB, 4);
+    let before = rt.stats();
+    assert!(before.tier_slabs >= 8, "{before:?}");
+    let control = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+    control.resize(4 * MIB).unwrap();
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        |s| s.tier_slabs <= 4 && s.tier_reclaimed_slabs > 0,
+    );
+    assert!(s.tier_slabs <= 4, "the runtime gave slabs back: {s:?}");
+    assert!(s.tier_reclaimed_slabs >= before.tier_slabs - 4, "{s:?}");
+    check(&region, 4);
+    // The program keeps running: rewrite everything and read it back.
+    fill(region.as_ptr() as usize, region.len() / PAGE, 5);
+    check(&region, 5);
+    let _ = dir.keep();
+    (rt, region, n, s)
+}
+
+#[test]
+fn the_node_taking_slabs_back_loses_nothing() {
+    let (rt, region, n, _) = shrink_while_running(vec![]);
+    // With no donor, the slabs taken back live in this process.
+    let s = rt.stats();
+    assert!(s.local_slabs > 0, "{s:?}");
+    assert!(n.stats().used_bytes <= 4 * MIB, "{:?}", n.stats());
+    check(&region, 5);
+}
+
+#[test]
+fn slabs_taken_back_move_on_to_a_donor() {
+    let donor = in_process(256 * MIB, MIB);
+    let (rt, region, _n, _) = shrink_while_running(vec![donor.local_addr().to_string()]);
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        |s| s.local_slabs == 0,
+    );
+    assert_eq!(s.local_slabs, 0, "every local slab moved on: {s:?}");
+    assert!(s.local_slabs_migrated > 0, "{s:?}");
+    check(&region, 5);
+    let s = rt.stats();
+    assert!(s.faults_remote > 0, "pages now come from the donor: {s:?}");
+}
