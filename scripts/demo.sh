@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # farmem's main job on a fresh machine: builds farmem (scripts/setup.sh), then runs a program that
 # needs ~1 GiB — numpy on two 512 MiB matrices — with a 256 MiB local budget under `farmem run`,
-# its pages held by the embedded local donor. Prints the program's result, then farmem's summary
-# line (faults, remote bytes in/out, prefetch accuracy and coverage, peak resident).
+# its overflow held by a private `farmem node` (the host tier: shared memory, one copy each way).
+# Prints the program's result, then farmem's summary line (faults, host tier and remote bytes
+# in/out, prefetch accuracy and coverage, peak resident).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

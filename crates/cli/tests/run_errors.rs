@@ -182,29 +182,48 @@ fn exec_leaves_farmem_behind() {
     );
 }
 
-/// The pids of `pid`'s children.
+/// The pids of `pid`'s children (started by any of its threads: the private node is spawned
+/// from a keeper thread).
 fn children_of(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .flat_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
         .collect()
 }
 
-/// `farmem run` killed outright (no chance to stop its embedded donor) still takes the donor
-/// with it: the donor asked the kernel to kill it when its parent dies (`--exit-with-parent`).
+/// `farmem run` killed outright (no chance to stop its private node) still takes the node with
+/// it: the node asked the kernel to kill it when its parent dies (`--exit-with-parent`).
+#[test]
+fn the_private_node_dies_with_a_killed_farmem_run() {
+    child_dies_with_a_killed_farmem_run("node", &[]);
+}
+
+/// The same for the embedded TCP donor (`--local-donor tcp`).
 #[test]
 fn the_embedded_donor_dies_with_a_killed_farmem_run() {
-    let dir = Scratch::new("donor-dies");
-    let r = farmem_spawn(
-        &["--local-mem", "64MiB"],
-        &["sleep", "30"],
-        &dir.path("log"),
-    );
+    child_dies_with_a_killed_farmem_run("donor", &["--local-donor", "tcp"]);
+}
+
+/// Kills `farmem run ARGS -- sleep 30` once its `farmem SUBCOMMAND` child runs, and checks the
+/// child goes too.
+fn child_dies_with_a_killed_farmem_run(subcommand: &str, args: &[&str]) {
+    let dir = Scratch::new(&format!("{subcommand}-dies"));
+    let mut all = vec!["--local-mem", "64MiB"];
+    all.extend_from_slice(args);
+    let r = farmem_spawn(&all, &["sleep", "30"], &dir.path("log"));
     let run_pid = r.child.id();
     let is_donor = |p: &u32| {
         std::fs::read(format!("/proc/{p}/cmdline"))
-            .map(|c| c.split(|b| *b == 0).any(|a| a == b"donor"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == subcommand.as_bytes()))
             .unwrap_or(false)
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -214,7 +233,7 @@ fn the_embedded_donor_dies_with_a_killed_farmem_run() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no embedded donor under farmem run; log:\n{}",
+            "no {subcommand} under farmem run; log:\n{}",
             r.log_text()
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -235,7 +254,7 @@ fn the_embedded_donor_dies_with_a_killed_farmem_run() {
     while alive() {
         assert!(
             std::time::Instant::now() < deadline,
-            "the embedded donor {donor} outlived farmem run"
+            "the {subcommand} {donor} outlived farmem run"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

@@ -1,6 +1,8 @@
 //! `farmem run --prefetch leap --record-trace FILE` on a sequential scan twice its budget: the
 //! summary reports prefetch accuracy and coverage from the runtime's counters, and the recorded
-//! trace is a complete file that `farmem sim` replays.
+//! trace is a complete file that `farmem sim` replays. The scans page to the embedded TCP donor
+//! (`--local-donor tcp`): the prefetcher fetches from donors; a page in the host tier comes
+//! back with one local copy and is not prefetched.
 
 use farmem_testkit::bins::*;
 use farmem_testkit::run::*;
@@ -16,6 +18,8 @@ fn prefetch_counters_reach_the_summary_and_the_trace_replays() {
         &[
             "--local-mem",
             "32MiB",
+            "--local-donor",
+            "tcp",
             "--prefetch",
             "leap",
             "--stats",
@@ -86,6 +90,8 @@ fn marker_install_mode_reaches_the_runtime() {
     let run = |mode: &str| {
         let o = farmem_run(
             &[
+                "--local-donor",
+                "tcp",
                 "--local-mem",
                 "32MiB",
                 "--prefetch-install",

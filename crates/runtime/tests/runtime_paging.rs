@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use farmem_donor::RunningDonor;
-use farmem_runtime::{Region, Runtime, RuntimeConfig, RuntimeError};
+use farmem_runtime::{Region, Runtime, RuntimeConfig, RuntimeError, TierMode};
 use farmem_testkit::donor::in_process;
 use farmem_testkit::pages::{read_u64, Stamp, MIB, PAGE};
 use farmem_testkit::runtime::{config, start, wait_for_stats};
@@ -110,9 +110,22 @@ fn data_4x_budget_4_threads_clock() {
 
 #[test]
 fn embedded_donor_serves_and_read_syscall_fills_evicted_buffer() {
+    read_syscall_fills_evicted_buffer(TierMode::Off);
+}
+
+#[test]
+fn private_node_serves_and_read_syscall_fills_evicted_buffer() {
+    read_syscall_fills_evicted_buffer(TierMode::Auto);
+}
+
+/// No donor named: the runtime starts its own child donor (`tier` Off) or private node
+/// (Auto, with no node on this host).
+fn read_syscall_fills_evicted_buffer(tier: TierMode) {
     let budget = 2 * MIB;
-    // No donor named: the runtime starts its own child donor.
-    let rt = runtime(budget, Vec::new(), "fifo");
+    let rt = start(RuntimeConfig {
+        tier: tier.clone(),
+        ..config(budget, Vec::new())
+    });
     let region = rt.map(4 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
@@ -137,7 +150,11 @@ fn embedded_donor_serves_and_read_syscall_fills_evicted_buffer() {
         STAMP.check_page(base, p, 7);
     }
     let s = rt.stats();
-    assert!(s.faults_remote + s.faults_pool_hit > 0, "{s:?}");
+    if tier == TierMode::Off {
+        assert!(s.faults_remote + s.faults_pool_hit > 0, "{s:?}");
+    } else {
+        assert!(s.faults_tier > 0 && s.tier_node.is_some(), "{s:?}");
+    }
 }
 
 #[test]

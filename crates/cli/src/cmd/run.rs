@@ -370,10 +370,14 @@ pub fn summary_line(stats: &StatsFile) -> String {
             .unwrap_or_else(|| "n/a".into())
     };
     format!(
-        "farmem: {} faults ({} remote), remote in {} out {}, prefetch accuracy {} coverage {}, \
-         peak resident {} of {} budget (+ {} write-back pool)",
+        "farmem: {} faults ({} host tier, {} remote), host tier in {} out {}, remote in {} out \
+         {}, prefetch accuracy {} coverage {}, peak resident {} of {} budget (+ {} write-back \
+         pool)",
         v.faults,
+        v.faults_tier,
         v.faults_remote,
+        fmt_bytes(v.tier_bytes_in),
+        fmt_bytes(v.tier_bytes_out),
         fmt_bytes(v.remote_bytes_in),
         fmt_bytes(v.remote_bytes_out),
         pct(v.prefetch_accuracy),
@@ -744,6 +748,9 @@ mod tests {
             summary: Some(StatsSummary {
                 faults: 12,
                 faults_remote: 3,
+                faults_tier: 5,
+                tier_bytes_in: 20480,
+                tier_bytes_out: 4096,
                 remote_bytes_in: 2048,
                 remote_bytes_out: 1048576,
                 peak_resident_bytes: 268435456,
@@ -756,8 +763,9 @@ mod tests {
             ..StatsFile::default()
         };
         let s = summary_line(&v);
-        assert!(s.contains("12 faults (3 remote)"), "{s}");
-        assert!(s.contains("in 2.0 KiB out 1.0 MiB"), "{s}");
+        assert!(s.contains("12 faults (5 host tier, 3 remote)"), "{s}");
+        assert!(s.contains("host tier in 20.0 KiB out 4.0 KiB"), "{s}");
+        assert!(s.contains("remote in 2.0 KiB out 1.0 MiB"), "{s}");
         assert!(s.contains("accuracy 50.0% coverage 25.0%"), "{s}");
         assert!(s.contains("peak resident 256.0 MiB"), "{s}");
         assert!(s.contains("(+ 64.0 KiB write-back pool)"), "{s}");
