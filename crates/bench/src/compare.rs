@@ -1,6 +1,6 @@
-//! `farmem-bench compare`: one workload under local memory, farmem, Linux swap to a file and
-//! zram, side by side in one run on one machine, every figure a ratio to `local` and `swap`
-//! measured in that same run.
+//! `farmem-bench compare`: one workload under local memory, farmem (with the host tier and with
+//! the embedded TCP donor), Linux swap to a file and zram, side by side in one run on one
+//! machine, every figure a ratio to `local` and `swap` measured in that same run.
 //!
 //! # Design
 //!
@@ -11,7 +11,10 @@
 //! cache is dropped:
 //!
 //! * `farmem`: `farmem run --local-mem LIMIT --stats FILE --quiet -- WORKLOAD` (the `farmem`
-//!   binary beside this one);
+//!   binary beside this one): its default, the host tier (the host's `farmem node`, else a
+//!   private one);
+//! * `farmem-tcp`: the same with `--local-donor tcp`: no host tier, the embedded donor over
+//!   loopback TCP, so the tier's gain shows in one run;
 //! * `swap`: a swap file on local disk (`--swap-dir`) is the only active swap area, the workload
 //!   runs in a memory cgroup limited to LIMIT;
 //! * `zram`: a new zram device with lz4 is the only active swap area, same cgroup limit.
@@ -61,8 +64,13 @@ pub struct CompareArgs {
     #[arg(long = "local", default_value = "0.5", value_parser = parse_fractions)]
     pub local: Fractions,
 
-    /// Systems to compare, comma-separated: local, farmem, swap, zram (local always runs).
-    #[arg(long, default_value = "local,farmem,swap,zram", value_parser = parse_system_list)]
+    /// Systems to compare, comma-separated: local, farmem (host tier), farmem-tcp (embedded TCP
+    /// donor, no tier), swap, zram, or all (local always runs).
+    #[arg(
+        long,
+        default_value = "local,farmem,farmem-tcp,swap,zram",
+        value_parser = parse_system_list
+    )]
     pub systems: SystemList,
 
     /// Working set of the seq/stride/random microbenchmarks (e.g. 512MiB, 1GiB).
@@ -192,22 +200,31 @@ pub fn limit_for(peak_bytes: u64, f: f64) -> u64 {
     raw.div_ceil(4096).max(1) * 4096
 }
 
-/// Bytes farmem moved to donors, from its stats file (None without a runtime).
-pub fn farmem_remote_bytes(stats: &StatsFile) -> Option<u64> {
-    stats.summary.as_ref().map(|s| s.remote_bytes_out)
+/// Bytes farmem moved out of the program's memory, from its stats file: to donors and into
+/// the host tier (None without a runtime).
+pub fn farmem_moved_bytes(stats: &StatsFile) -> Option<u64> {
+    stats
+        .summary
+        .as_ref()
+        .map(|s| s.remote_bytes_out + s.tier_bytes_out)
 }
 
 /// Where a farmem run's time went, from its stats file: remote faults and their handler
-/// latency, write-back pool hits, prefetch accuracy (when something was prefetched).
+/// latency, host tier faults (when there were any) and theirs, write-back pool hits, prefetch
+/// accuracy (when something was prefetched).
 pub fn farmem_fault_note(stats: &StatsFile) -> Option<String> {
     let rt = stats.runtime.as_ref()?;
-    let mut parts = vec![
-        format!(
-            "{} remote faults (handler p50 {:.0} µs)",
-            rt.faults_remote, rt.latency.remote.p50_us
-        ),
-        format!("{} pool hits", rt.faults_pool_hit),
-    ];
+    let mut parts = vec![format!(
+        "{} remote faults (handler p50 {:.0} µs)",
+        rt.faults_remote, rt.latency.remote.p50_us
+    )];
+    if rt.faults_tier > 0 {
+        parts.push(format!(
+            "{} tier faults (handler p50 {:.0} µs)",
+            rt.faults_tier, rt.latency.tier.p50_us
+        ));
+    }
+    parts.push(format!("{} pool hits", rt.faults_pool_hit));
     if let Some(a) = stats.summary.as_ref().and_then(|s| s.prefetch_accuracy) {
         parts.push(format!("prefetch accuracy {:.0}%", a * 100.0));
     }
@@ -351,26 +368,31 @@ fn run_limited(
     let swap_size = 2 * peak + (64 << 20);
     let outcome: anyhow::Result<(workloads::Measured, Option<u64>)> = match system {
         SystemKind::Local => unreachable!("local runs in run_local"),
-        SystemKind::Farmem => {
+        SystemKind::Farmem | SystemKind::FarmemTcp => {
             let stats = ctx
                 .tb
                 .dir
                 .path()
                 .join(format!("farmem-stats-{}.json", ctx.run_no));
             let exe = crate::farmem_bin().map_err(|e| format!("{e:#}"))?;
+            let local_donor = system.local_donor();
             eprintln!(
-                "{tag}: running under farmem run --local-mem {}",
+                "{tag}: running under farmem run {}--local-mem {}",
+                local_donor
+                    .map(|k| format!("--local-donor {k} "))
+                    .unwrap_or_default(),
                 report::bytes(limit_bytes)
             );
             let wrap = Wrap::Farmem {
                 exe,
+                local_donor,
                 budget_bytes: limit_bytes,
                 stats: stats.clone(),
                 extra: ctx.args.farmem_args.clone(),
             };
             workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|mut m| {
                 let stats = read_stats_file(&stats);
-                let moved = stats.as_ref().and_then(farmem_remote_bytes);
+                let moved = stats.as_ref().and_then(farmem_moved_bytes);
                 if let Some(note) = stats.as_ref().and_then(farmem_fault_note) {
                     m.detail = format!("{}; {note}", m.detail);
                 }
@@ -436,19 +458,26 @@ fn precheck(
 ) -> Option<String> {
     match system {
         SystemKind::Local => None,
-        SystemKind::Farmem => {
+        SystemKind::Farmem | SystemKind::FarmemTcp => {
             let exe = match crate::farmem_bin() {
                 Ok(exe) => exe,
                 Err(e) => return Some(format!("skipped: {e:#}")),
             };
-            let ok = std::process::Command::new(&exe)
+            let help = std::process::Command::new(&exe)
                 .args(["run", "--help"])
                 .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false);
-            (!ok).then(|| {
-                format!(
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            let Some(help) = help else {
+                return Some(format!(
                     "skipped: `{} run` is not available in this build",
+                    exe.display()
+                ));
+            };
+            farmem_run_lacks(system, &help).map(|flag| {
+                format!(
+                    "skipped: `{} run` has no {flag} in this build",
                     exe.display()
                 )
             })
@@ -461,6 +490,11 @@ fn precheck(
             }
         }
     }
+}
+
+/// The `farmem run` flag `system` needs that `help` (its `--help` text) does not offer.
+fn farmem_run_lacks(system: SystemKind, help: &str) -> Option<&'static str> {
+    (system.local_donor().is_some() && !help.contains("--local-donor")).then_some("--local-donor")
 }
 
 /// Runs `farmem-bench compare`.
@@ -763,7 +797,28 @@ mod tests {
     }
 
     #[test]
-    fn farmem_remote_bytes_are_the_bytes_sent_to_donors() {
+    fn farmem_fault_note_counts_tier_faults_when_there_are_some() {
+        let mut rt = farmem_runtime::Stats {
+            faults_remote: 3,
+            faults_tier: 900,
+            faults_pool_hit: 7,
+            ..farmem_runtime::Stats::default()
+        };
+        rt.latency.remote.p50_us = 23.0;
+        rt.latency.tier.p50_us = 4.4;
+        let file = StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        };
+        assert_eq!(
+            farmem_fault_note(&file).unwrap(),
+            "3 remote faults (handler p50 23 µs), 900 tier faults (handler p50 4 µs), 7 pool hits"
+        );
+    }
+
+    #[test]
+    fn farmem_moved_bytes_are_the_bytes_sent_to_donors_and_into_the_tier() {
         let rt = farmem_runtime::Stats {
             bytes_received: 4096,
             bytes_sent: 8192,
@@ -774,8 +829,61 @@ mod tests {
             runtime: Some(rt),
             ..StatsFile::default()
         };
-        assert_eq!(farmem_remote_bytes(&file), Some(8192));
-        assert_eq!(farmem_remote_bytes(&StatsFile::default()), None);
+        assert_eq!(farmem_moved_bytes(&file), Some(8192));
+        assert_eq!(farmem_moved_bytes(&StatsFile::default()), None);
+        // Host tier only (farmem's default): the pages written into the tier.
+        let rt = farmem_runtime::Stats {
+            tier_pages_written: 3,
+            faults_tier: 2,
+            ..farmem_runtime::Stats::default()
+        };
+        let file = StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        };
+        assert_eq!(farmem_moved_bytes(&file), Some(3 * 4096));
+        // Both: a tier in front of donors.
+        let rt = farmem_runtime::Stats {
+            tier_pages_written: 2,
+            bytes_sent: 4096,
+            ..farmem_runtime::Stats::default()
+        };
+        let file = StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        };
+        assert_eq!(farmem_moved_bytes(&file), Some(3 * 4096));
+    }
+
+    #[test]
+    fn farmem_tcp_needs_local_donor_in_farmem_run() {
+        let new =
+            "Usage: farmem run [OPTIONS] -- <PROGRAM>...\n      --local-donor <KIND>  What holds";
+        let old = "Usage: farmem run [OPTIONS] -- <PROGRAM>...\n      --donor <HOST:PORT>";
+        assert_eq!(farmem_run_lacks(SystemKind::FarmemTcp, new), None);
+        assert_eq!(
+            farmem_run_lacks(SystemKind::FarmemTcp, old),
+            Some("--local-donor")
+        );
+        assert_eq!(farmem_run_lacks(SystemKind::Farmem, old), None);
+    }
+
+    #[test]
+    fn farmem_tcp_is_chosen_with_systems_and_runs_by_default() {
+        let a = parse(&["-w", "seq", "--systems", "farmem-tcp,farmem"]).unwrap();
+        assert_eq!(
+            a.systems.0,
+            vec![SystemKind::Local, SystemKind::Farmem, SystemKind::FarmemTcp]
+        );
+        let a = parse(&["-w", "seq"]).unwrap();
+        assert!(
+            a.systems.0.contains(&SystemKind::FarmemTcp),
+            "{:?}",
+            a.systems
+        );
+        assert!(a.systems.0.contains(&SystemKind::Farmem), "{:?}", a.systems);
     }
 
     #[test]

@@ -7,20 +7,26 @@
 //!   thread answering with UFFDIO_COPY from a buffer): the cost of userfaultfd itself.
 //! - **rtt**: one 4 KiB page read from the donor over the transport (no fault).
 //! - **miss**: a demand fault on an evicted page that must come from the donor (prefetching
-//!   off, a write-back pool of 16 pages so evicted pages are not cached locally).
+//!   off, a write-back pool of 16 pages so evicted pages are not cached locally, no host tier:
+//!   `TierMode::Off`, so this is the TCP donor path whatever node runs on the machine).
+//! - **host_miss**: the same demand fault on a page evicted into the host tier (a `farmem node`
+//!   in this process, `TierMode::Node`, no donor): one UFFDIO_COPY from the node's shared
+//!   memory, no message.
 //! - **pool_hit**: a fault on an evicted page still in the write-back pool (moved back).
 //!
-//! Each figure is the latency of the touching load, measured by the touching thread. The four
+//! Each figure is the latency of the touching load, measured by the touching thread. The five
 //! figures are measured interleaved, in ten rounds, after every rig is set up, so that a change
 //! in machine load during the run affects all of them alike. The
-//! target is `miss_p50 ≤ 1.3 × (floor_p50 + rtt_p50)`: the fault path adds almost nothing to
-//! what userfaultfd and the network cost.
+//! targets are `miss_p50 ≤ 1.3 × (floor_p50 + rtt_p50)`: the fault path adds almost nothing to
+//! what userfaultfd and the network cost; and `host_miss_p50 ≤ 1.3 × floor_p50`: a fault served
+//! from the host tier costs little more than userfaultfd itself.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, PAGE_SIZE};
+use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, TierMode, PAGE_SIZE};
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite};
 use farmem_uffd::floor::FaultFloor;
 use hdrhistogram::Histogram;
@@ -32,6 +38,9 @@ use crate::mem::Pages;
 pub struct FaultBenchConfig {
     /// Donor address (HOST:PORT) used for rtt, miss and pool hit.
     pub donor: String,
+    /// Socket of the `farmem node` used for host_miss (its only client; lending at least
+    /// [`host_tier_capacity_bytes`]).
+    pub node: PathBuf,
     /// Faults (or reads) measured per figure (at least 100; interleaved in 10 rounds).
     pub samples: usize,
 }
@@ -43,9 +52,13 @@ pub struct FaultBenchReport {
     pub rtt_p50_us: f64,
     pub miss_p50_us: f64,
     pub miss_p99_us: f64,
+    pub host_miss_p50_us: f64,
+    pub host_miss_p99_us: f64,
     pub pool_hit_p50_us: f64,
     /// Share of the miss samples the runtime served from the donor (should be ~1).
     pub miss_remote_fraction: f64,
+    /// Share of the host miss samples the runtime served from the host tier (should be ~1).
+    pub host_miss_tier_fraction: f64,
     /// Share of the pool-hit samples served from the pool (should be ~1).
     pub pool_hit_fraction: f64,
 }
@@ -128,7 +141,8 @@ impl RttRig {
     }
 }
 
-/// Waits until the sender has nothing left to send (the sent count stops moving).
+/// Waits until write-back has nothing left to do (the counts of pages sent to donors and
+/// written into the host tier stop moving).
 fn quiesce(rt: &Runtime) -> Stats {
     let mut last = rt.stats();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -136,6 +150,7 @@ fn quiesce(rt: &Runtime) -> Stats {
         std::thread::sleep(Duration::from_millis(100));
         let now = rt.stats();
         if (now.evicted_sent_dirty == last.evicted_sent_dirty
+            && now.tier_pages_written == last.tier_pages_written
             && now.resident_pages <= now.budget_pages)
             || Instant::now() > deadline
         {
@@ -145,8 +160,55 @@ fn quiesce(rt: &Runtime) -> Stats {
     }
 }
 
-/// A runtime whose first `samples` region pages are evicted (to the donor only, or to the
-/// write-back pool, depending on the pool size); each measured fault touches the next one.
+/// Where a [`FaultRig`]'s evicted pages go.
+#[derive(Clone, Copy, Debug)]
+enum FarTarget<'a> {
+    /// The donor at this address, no host tier (`TierMode::Off`).
+    Donor(&'a str),
+    /// The host tier of the node on this socket, no donor.
+    Node(&'a Path),
+}
+
+impl FarTarget<'_> {
+    /// The runtime configuration sending evicted pages there (and nowhere else).
+    fn config(self, budget_pages: usize, pool_pages: usize) -> RuntimeConfig {
+        let (donors, tier) = match self {
+            FarTarget::Donor(addr) => (vec![addr.to_string()], TierMode::Off),
+            FarTarget::Node(socket) => (Vec::new(), TierMode::Node(socket.to_path_buf())),
+        };
+        RuntimeConfig {
+            budget_bytes: (budget_pages * PAGE_SIZE) as u64,
+            donors,
+            tier,
+            pool_bytes: Some((pool_pages * PAGE_SIZE) as u64),
+            prefetch: "none".into(),
+            ..RuntimeConfig::default()
+        }
+    }
+}
+
+/// Budget of every [`FaultRig`], pages.
+const RIG_BUDGET_PAGES: usize = 1024;
+
+/// Pages a [`FaultRig`] maps: the `samples` evicted pages it faults on, then the budget and
+/// the pool's worth that push them out.
+fn rig_pages(samples: usize, pool_pages: usize) -> usize {
+    samples + RIG_BUDGET_PAGES + RIG_BUDGET_PAGES.min(pool_pages)
+}
+
+/// Pool of the miss rigs: small, so evicted pages are not cached locally.
+const MISS_POOL_PAGES: usize = 16;
+
+/// What the node behind host_miss must be able to lend for `samples` samples in slabs of
+/// `slab_bytes`: every page of the rig (whole slabs), and two slabs to spare.
+pub fn host_tier_capacity_bytes(samples: usize, slab_bytes: u64) -> u64 {
+    let bytes = (rig_pages(samples, MISS_POOL_PAGES) * PAGE_SIZE) as u64;
+    (bytes.div_ceil(slab_bytes) + 2) * slab_bytes
+}
+
+/// A runtime whose first `samples` region pages are evicted (to the donor or the host tier
+/// only, or to the write-back pool, depending on the pool size); each measured fault touches
+/// the next one.
 struct FaultRig {
     rt: Arc<Runtime>,
     region: Region,
@@ -155,17 +217,10 @@ struct FaultRig {
 }
 
 impl FaultRig {
-    fn new(donor: &str, samples: usize, pool_pages: usize) -> anyhow::Result<FaultRig> {
-        let budget_pages = 1024;
-        let rt = Runtime::start(RuntimeConfig {
-            budget_bytes: (budget_pages * PAGE_SIZE) as u64,
-            donors: vec![donor.to_string()],
-            pool_bytes: Some((pool_pages * PAGE_SIZE) as u64),
-            prefetch: "none".into(),
-            ..RuntimeConfig::default()
-        })
-        .context("starting a runtime")?;
-        let pages = samples + budget_pages + budget_pages.min(pool_pages);
+    fn new(far: FarTarget<'_>, samples: usize, pool_pages: usize) -> anyhow::Result<FaultRig> {
+        let rt = Runtime::start(far.config(RIG_BUDGET_PAGES, pool_pages))
+            .with_context(|| format!("starting a runtime evicting to {far:?}"))?;
+        let pages = rig_pages(samples, pool_pages);
         let region = rt
             .map(pages * PAGE_SIZE)
             .context("mapping the benchmark region")?;
@@ -191,7 +246,7 @@ impl FaultRig {
     }
 }
 
-/// Runs the whole benchmark: the four figures interleaved in [`ROUNDS`] rounds.
+/// Runs the whole benchmark: the five figures interleaved in [`ROUNDS`] rounds.
 pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     ensure!(
         cfg.samples >= ROUNDS * 10,
@@ -203,30 +258,40 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     let per = samples / ROUNDS;
     let mut floor = FloorRig::new(samples)?;
     let mut rtt = RttRig::new(&cfg.donor)?;
+    let donor = FarTarget::Donor(&cfg.donor);
     // Misses: a 16-page pool, so evicted pages are on the donor only.
-    let mut miss = FaultRig::new(&cfg.donor, samples, 16)?;
+    let mut miss = FaultRig::new(donor, samples, MISS_POOL_PAGES)?;
+    // Host misses: the same, evicted pages in the host tier only.
+    let mut host = FaultRig::new(FarTarget::Node(&cfg.node), samples, MISS_POOL_PAGES)?;
     // Pool hits: a pool large enough to keep every evicted page.
-    let mut pool = FaultRig::new(&cfg.donor, samples, samples + 1024 + 64)?;
-    let (mut hf, mut hr, mut hm, mut hp) = (hist(), hist(), hist(), hist());
+    let mut pool = FaultRig::new(donor, samples, samples + RIG_BUDGET_PAGES + 64)?;
+    let (mut hf, mut hr, mut hm, mut hh, mut hp) = (hist(), hist(), hist(), hist(), hist());
     for _ in 0..ROUNDS {
         floor.run(per, &mut hf)?;
         rtt.run(per, &mut hr)?;
         miss.run(per, &mut hm);
+        host.run(per, &mut hh);
         pool.run(per, &mut hp);
         // Let each runtime's background work (evictions, write-back) finish before the next
         // round, so it does not land on another figure.
         quiesce(&miss.rt);
+        quiesce(&host.rt);
         quiesce(&pool.rt);
     }
     let miss_after = miss.rt.stats();
+    let host_after = host.rt.stats();
     let pool_after = pool.rt.stats();
     Ok(FaultBenchReport {
         floor_p50_us: p(&hf, 0.5),
         rtt_p50_us: p(&hr, 0.5),
         miss_p50_us: p(&hm, 0.5),
         miss_p99_us: p(&hm, 0.99),
+        host_miss_p50_us: p(&hh, 0.5),
+        host_miss_p99_us: p(&hh, 0.99),
         pool_hit_p50_us: p(&hp, 0.5),
         miss_remote_fraction: (miss_after.faults_remote - miss.before.faults_remote) as f64
+            / samples as f64,
+        host_miss_tier_fraction: (host_after.faults_tier - host.before.faults_tier) as f64
             / samples as f64,
         pool_hit_fraction: (pool_after.faults_pool_hit - pool.before.faults_pool_hit) as f64
             / samples as f64,

@@ -18,7 +18,7 @@ use crate::measure::scan_once;
 use anyhow::Context;
 use clap::Args;
 use farmem_donor::{DonorConfig, DonorServer};
-use farmem_runtime::{PrefetchInstall, RuntimeConfig, Stats};
+use farmem_runtime::{PrefetchInstall, RuntimeConfig, Stats, TierMode};
 use serde::Serialize;
 
 const PAGE: usize = 4096;
@@ -86,6 +86,8 @@ fn one(
         RuntimeConfig {
             budget_bytes: (args.pages / 2 * PAGE) as u64,
             donors: vec![donor.to_string()],
+            // The donor only: pages in a host tier (a node on this machine) are not prefetched.
+            tier: TierMode::Off,
             prefetch: prefetch.into(),
             prefetch_install: install,
             link_delay_us: args.link_delay_us,

@@ -347,26 +347,35 @@ fn farmem_system_runs_the_workload_under_farmem_run() {
         "--local",
         "0.5",
         "--systems",
-        "farmem",
+        "farmem,farmem-tcp",
         "--json",
     ]);
     let rows = json_rows(&o);
-    let r = row(&rows, "farmem", "random");
-    check_keys(r);
-    assert_eq!(r["local_fraction"], 0.5);
-    let avg = r["avg_access_us"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("farmem did not run: {}", stderr(&o)));
-    assert!(avg > 0.0);
-    // The table (stderr) shows the limit and what farmem sent to its donor (half the working
-    // set did not fit).
-    let line = stderr(&o)
-        .lines()
-        .find(|l| l.starts_with("farmem"))
-        .map(str::to_string)
-        .unwrap();
-    assert!(
-        line.matches("MiB").count() >= 2,
-        "no remote bytes (only the limit) in {line}"
-    );
+    // farmem: the host tier (a private node); farmem-tcp: the embedded TCP donor.
+    for system in ["farmem", "farmem-tcp"] {
+        let r = row(&rows, system, "random");
+        check_keys(r);
+        assert_eq!(r["local_fraction"], 0.5);
+        let avg = r["avg_access_us"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{system} did not run: {}", stderr(&o)));
+        assert!(avg > 0.0);
+        // The table (stderr) shows the limit and what farmem moved out, to its donor or into
+        // the host tier (half the working set did not fit): not nothing.
+        let line = stderr(&o)
+            .lines()
+            .find(|l| l.starts_with(&format!("{system} ")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {system} row in {}", stderr(&o)));
+        assert!(
+            line.matches("MiB").count() >= 2 && !line.contains(" 0.0 MiB"),
+            "no moved bytes (only the limit) in {line}"
+        );
+        let faults = if system == "farmem" {
+            "tier faults"
+        } else {
+            "remote faults"
+        };
+        assert!(line.contains(faults), "{line}");
+    }
 }

@@ -35,7 +35,8 @@ pub struct RunRow {
     pub avg_access_us: Option<f64>,
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
-    /// Bytes written to swap (swap, zram) or to donors (farmem) during the run.
+    /// Bytes written to swap (swap, zram), or to donors and into the host tier (farmem,
+    /// farmem-tcp) during the run.
     pub moved_bytes: Option<u64>,
     /// Why the row has no figures (skipped or failed), or details of the run.
     pub note: Option<String>,
@@ -122,7 +123,7 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
         );
         let _ = writeln!(
             out,
-            "{:<7} {:>5} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  note",
+            "{:<10} {:>5} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  note",
             "system",
             "local",
             "limit",
@@ -148,7 +149,7 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
             let vs_swap = swap.and_then(|s| r.ratio_to(s));
             let _ = writeln!(
                 out,
-                "{:<7} {:>5.2} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  {}",
+                "{:<10} {:>5.2} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  {}",
                 r.system.name(),
                 r.local_fraction,
                 r.limit_bytes.map(bytes).unwrap_or_else(|| "none".into()),
@@ -182,13 +183,9 @@ fn escape(s: &str) -> String {
 /// `--plot`: grouped bars, one group per (workload, fraction), one bar per system, height =
 /// slowdown versus `local` (the metric's ratio, inverted for throughput) on a log scale.
 pub fn svg(rows: &[RunRow]) -> String {
-    let systems = [
-        SystemKind::Local,
-        SystemKind::Farmem,
-        SystemKind::Swap,
-        SystemKind::Zram,
-    ];
-    let colors = ["#888888", "#1f77b4", "#d62728", "#2ca02c"];
+    let systems = SystemKind::ALL;
+    // farmem-tcp: a lighter shade of farmem's blue.
+    let colors = ["#888888", "#1f77b4", "#9ecae1", "#d62728", "#2ca02c"];
     let mut groups: Vec<(Workload, f64)> = Vec::new();
     for r in rows.iter().filter(|r| r.system != SystemKind::Local) {
         if !groups.contains(&(r.workload, r.local_fraction)) {
@@ -392,6 +389,42 @@ mod tests {
         assert!((f.slowdown_vs(&l).unwrap() - 4.0).abs() < 1e-9);
         let skipped = row(SystemKind::Zram, Workload::Redis, 0.5, None, None);
         assert_eq!(skipped.ratio_to(&l), None);
+    }
+
+    #[test]
+    fn farmem_tcp_is_named_in_json_table_and_plot() {
+        let rows = vec![
+            row(SystemKind::Local, Workload::Seq, 1.0, Some(0.1), None),
+            row(SystemKind::Farmem, Workload::Seq, 0.5, Some(2.0), None),
+            RunRow {
+                moved_bytes: Some(3 << 20),
+                ..row(SystemKind::FarmemTcp, Workload::Seq, 0.5, Some(4.0), None)
+            },
+        ];
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        let names: Vec<&str> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["system"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["local", "farmem", "farmem-tcp"]);
+        let t = table(&rows, &[(Workload::Seq, 1 << 30)]);
+        let tcp = t.lines().find(|l| l.starts_with("farmem-tcp ")).unwrap();
+        assert!(tcp.contains("3.0 MiB") && tcp.contains("40.00"), "{tcp}");
+        // The columns line up: every row's fraction starts where the header's does.
+        let header = t.lines().find(|l| l.starts_with("system")).unwrap();
+        let col = header.find(" local").unwrap();
+        for l in t.lines().filter(|l| l.starts_with("farmem")) {
+            assert_eq!(&l[col..col + 6], "  0.50", "{l}\n{header}");
+        }
+        let svg = svg(&rows);
+        assert!(svg.contains("<title>farmem-tcp: 40.00×</title>"), "{svg}");
+        assert!(
+            svg.contains(">farmem-tcp</text>"),
+            "the legend names it: {svg}"
+        );
+        assert_eq!(svg.matches("<title>").count(), 3, "{svg}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The systems a workload runs under — `local`, `farmem`, `swap`, `zram` — and the machine
+//! The systems a workload runs under — `local`, `farmem`, `farmem-tcp`, `swap`, `zram` — and the machine
 //! state they need: memory cgroups (v1 or v2), a swap file, a zram device, and the machine's own
 //! swap areas, which are switched off for the run and switched back on afterwards.
 //!
@@ -35,8 +35,12 @@ use anyhow::{bail, Context};
 pub enum SystemKind {
     /// No limit: the baseline, and the run that measures the workload's peak memory.
     Local,
-    /// `farmem run --local-mem LIMIT`: pages beyond the budget live on a donor.
+    /// `farmem run --local-mem LIMIT`: pages beyond the budget go to the host tier (the host's
+    /// `farmem node`, else a private one), or to the donors named with `--farmem-arg`.
     Farmem,
+    /// `farmem run --local-donor tcp --local-mem LIMIT`: no host tier; pages beyond the budget
+    /// go to the embedded donor over loopback TCP (farmem's default before the host tier).
+    FarmemTcp,
     /// Linux swap to a swap file on local disk, the workload in a memory cgroup with the limit.
     Swap,
     /// Linux swap on a zram device (lz4), the workload in a memory cgroup with the limit.
@@ -45,9 +49,10 @@ pub enum SystemKind {
 
 impl SystemKind {
     /// Every system, in the order runs happen.
-    pub const ALL: [SystemKind; 4] = [
+    pub const ALL: [SystemKind; 5] = [
         SystemKind::Local,
         SystemKind::Farmem,
+        SystemKind::FarmemTcp,
         SystemKind::Swap,
         SystemKind::Zram,
     ];
@@ -57,9 +62,15 @@ impl SystemKind {
         match self {
             SystemKind::Local => "local",
             SystemKind::Farmem => "farmem",
+            SystemKind::FarmemTcp => "farmem-tcp",
             SystemKind::Swap => "swap",
             SystemKind::Zram => "zram",
         }
+    }
+
+    /// What `farmem run` is given for `--local-donor` (None: its default, the host tier).
+    pub fn local_donor(self) -> Option<&'static str> {
+        (self == SystemKind::FarmemTcp).then_some("tcp")
     }
 }
 
@@ -69,7 +80,8 @@ impl fmt::Display for SystemKind {
     }
 }
 
-/// Parses `--systems`: a comma-separated list of `local`, `farmem`, `swap`, `zram` (or `all`).
+/// Parses `--systems`: a comma-separated list of `local`, `farmem`, `farmem-tcp`, `swap`, `zram`
+/// (or `all`).
 /// `local` is always included (it measures the peak every limit derives from and is the
 /// baseline of every ratio); the result is in run order without duplicates.
 pub fn parse_systems(text: &str) -> Result<Vec<SystemKind>, String> {
@@ -86,12 +98,14 @@ pub fn parse_systems(text: &str) -> Result<Vec<SystemKind>, String> {
             continue;
         }
         let kind = SystemKind::ALL.into_iter().find(|k| k.name() == part).ok_or_else(|| {
-            format!("unknown system `{part}`: expected a comma-separated list of local, farmem, swap, zram (or all)")
+            format!("unknown system `{part}`: expected a comma-separated list of local, farmem, farmem-tcp, swap, zram (or all)")
         })?;
         set.insert(kind);
     }
     if !any {
-        return Err("no system given: expected e.g. `local,farmem,swap,zram`".to_string());
+        return Err(
+            "no system given: expected e.g. `local,farmem,farmem-tcp,swap,zram`".to_string(),
+        );
     }
     Ok(set.into_iter().collect())
 }
@@ -744,6 +758,28 @@ mod tests {
             parse_systems("farmem, farmem").unwrap(),
             vec![SystemKind::Local, SystemKind::Farmem]
         );
+    }
+
+    #[test]
+    fn farmem_tcp_is_a_system_of_its_own_beside_farmem() {
+        assert_eq!(
+            parse_systems("farmem-tcp, swap,farmem").unwrap(),
+            vec![
+                SystemKind::Local,
+                SystemKind::Farmem,
+                SystemKind::FarmemTcp,
+                SystemKind::Swap
+            ]
+        );
+        assert_eq!(SystemKind::FarmemTcp.to_string(), "farmem-tcp");
+        assert!(SystemKind::ALL.contains(&SystemKind::FarmemTcp));
+        for k in SystemKind::ALL {
+            assert_eq!(parse_systems(k.name()).unwrap().last(), Some(&k), "{k}");
+        }
+        assert_eq!(SystemKind::FarmemTcp.local_donor(), Some("tcp"));
+        assert_eq!(SystemKind::Farmem.local_donor(), None);
+        let err = parse_systems("farmem_tcp").unwrap_err();
+        assert!(err.contains("farmem-tcp"), "{err}");
     }
 
     #[test]

@@ -182,9 +182,12 @@ pub enum Wrap {
     Direct,
     /// Joins the cgroup whose `cgroup.procs` is given, then execs the workload.
     Cgroup(PathBuf),
-    /// Under `farmem run --local-mem BUDGET --stats FILE --quiet [extra] -- …`.
+    /// Under `farmem run [--local-donor KIND] --local-mem BUDGET --stats FILE --quiet [extra]
+    /// -- …`.
     Farmem {
         exe: PathBuf,
+        /// `--local-donor` (`tcp` for the `farmem-tcp` system); None: farmem's default.
+        local_donor: Option<&'static str>,
         budget_bytes: u64,
         stats: PathBuf,
         extra: Vec<String>,
@@ -210,13 +213,17 @@ impl Wrap {
             }
             Wrap::Farmem {
                 exe,
+                local_donor,
                 budget_bytes,
                 stats,
                 extra,
             } => {
                 let mut c = Command::new(exe);
-                c.arg("run")
-                    .arg("--local-mem")
+                c.arg("run");
+                if let Some(kind) = local_donor {
+                    c.arg("--local-donor").arg(kind);
+                }
+                c.arg("--local-mem")
                     .arg(budget_bytes.to_string())
                     .arg("--stats")
                     .arg(stats)
@@ -692,6 +699,7 @@ mod tests {
         assert_eq!(&args[3..], ["/bin/prog", "a b"]);
         let c = Wrap::Farmem {
             exe: "/x/farmem".into(),
+            local_donor: None,
             budget_bytes: 1 << 20,
             stats: "/tmp/s.json".into(),
             extra: vec!["--prefetch=leap".into()],
@@ -711,6 +719,35 @@ mod tests {
                 "/tmp/s.json",
                 "--quiet",
                 "--prefetch=leap",
+                "--",
+                "/bin/prog",
+                "a b"
+            ]
+        );
+        // farmem-tcp: the embedded TCP donor instead of the host tier.
+        let c = Wrap::Farmem {
+            exe: "/x/farmem".into(),
+            local_donor: Some("tcp"),
+            budget_bytes: 1 << 20,
+            stats: "/tmp/s.json".into(),
+            extra: vec![],
+        }
+        .command(&argv);
+        let args: Vec<_> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "run",
+                "--local-donor",
+                "tcp",
+                "--local-mem",
+                "1048576",
+                "--stats",
+                "/tmp/s.json",
+                "--quiet",
                 "--",
                 "/bin/prog",
                 "a b"
