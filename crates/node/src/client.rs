@@ -403,9 +403,11 @@ impl NodeClient {
             alive: AtomicBool::new(true),
             next_req: AtomicU32::new(1),
         });
-        inner.send(&ClientFrame::Hello {
+        // A node that refuses the connection (too many clients) may have answered and closed
+        // before HELLO is sent: its answer is still worth reading.
+        let hello = inner.send(&ClientFrame::Hello {
             version: PROTOCOL_VERSION,
-        })?;
+        });
         let mut reader = FrameReader {
             stream: inner.stream.try_clone()?,
             buf: Vec::new(),
@@ -447,6 +449,7 @@ impl NodeClient {
             Ok((NodeFrame::Error { message, .. }, _)) => {
                 return Err(NodeError::Refused { message })
             }
+            _ if hello.is_err() => return Err(hello.err().unwrap_or(NodeError::Gone)),
             Ok((other, _)) => return Err(not_a_node(format!("{other:?} instead of WELCOME"))),
             Err(ReadEnd::Eof) => return Err(not_a_node("it closed the connection".into())),
             Err(ReadEnd::TimedOut) => return Err(NodeError::Timeout),

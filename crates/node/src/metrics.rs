@@ -152,31 +152,41 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
             let _ = writeln!(o, "{name}{labels} {v}");
         }
     };
-    let one = |v: u64| [(String::new(), v)];
-    family(
-        "farmem_node_capacity_bytes",
-        "gauge",
-        "Bytes the node may lend.",
-        &one(stats.capacity_bytes),
-    );
-    family(
-        "farmem_node_used_bytes",
-        "gauge",
-        "Bytes in slabs held by clients.",
-        &one(stats.used_bytes),
-    );
-    family(
-        "farmem_node_slab_bytes",
-        "gauge",
-        "Size of one slab in bytes.",
-        &one(stats.slab_bytes),
-    );
-    family(
-        "farmem_node_clients",
-        "gauge",
-        "Connected clients.",
-        &one(stats.clients.len() as u64),
-    );
+    let single: [(&str, &str, &str, u64); 5] = [
+        (
+            "farmem_node_capacity_bytes",
+            "gauge",
+            "Bytes the node may lend.",
+            stats.capacity_bytes,
+        ),
+        (
+            "farmem_node_used_bytes",
+            "gauge",
+            "Bytes in slabs held by clients.",
+            stats.used_bytes,
+        ),
+        (
+            "farmem_node_slab_bytes",
+            "gauge",
+            "Size of one slab in bytes.",
+            stats.slab_bytes,
+        ),
+        (
+            "farmem_node_clients",
+            "gauge",
+            "Connected clients.",
+            stats.clients.len() as u64,
+        ),
+        (
+            "farmem_node_under_pressure",
+            "gauge",
+            "1 while the host's MemAvailable is below --keep-free (new slabs refused).",
+            u64::from(stats.under_pressure),
+        ),
+    ];
+    for (name, kind, help, v) in single {
+        family(name, kind, help, &[(String::new(), v)]);
+    }
     let per_client: Vec<(String, u64)> = stats
         .clients
         .iter()
@@ -188,24 +198,20 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
         "Slabs held, by client.",
         &per_client,
     );
-    family(
-        "farmem_node_under_pressure",
-        "gauge",
-        "1 while the host's MemAvailable is below --keep-free (new slabs refused).",
-        &one(u64::from(stats.under_pressure)),
-    );
-    family(
-        "farmem_node_reclaim_requests_total",
-        "counter",
-        "RECLAIM requests sent to clients.",
-        &one(stats.reclaim_requests_total),
-    );
-    family(
-        "farmem_node_reclaimed_slabs_total",
-        "counter",
-        "Slabs given back by clients asked to reclaim.",
-        &one(stats.reclaimed_slabs_total),
-    );
+    for (name, help, v) in [
+        (
+            "farmem_node_reclaim_requests_total",
+            "RECLAIM requests sent to clients.",
+            stats.reclaim_requests_total,
+        ),
+        (
+            "farmem_node_reclaimed_slabs_total",
+            "Slabs given back by clients asked to reclaim.",
+            stats.reclaimed_slabs_total,
+        ),
+    ] {
+        family(name, "counter", help, &[(String::new(), v)]);
+    }
     let r = &stats.refusals;
     let by_reason: Vec<(String, u64)> = [
         ("full", r.full),

@@ -83,6 +83,9 @@ pub struct NodeConfig {
     pub watch_period: Duration,
     /// How long a RECLAIM ask is outstanding before the client may be asked again.
     pub reclaim_patience: Duration,
+    /// Where the watcher reads the host's available memory (`MemAvailable`; tests give their
+    /// own).
+    pub mem_available: fn() -> Option<u64>,
 }
 
 impl Default for NodeConfig {
@@ -97,6 +100,7 @@ impl Default for NodeConfig {
             frame_deadline: FRAME_DEADLINE,
             watch_period: Duration::from_millis(250),
             reclaim_patience: Duration::from_secs(2),
+            mem_available: farmem_donor::host::mem_available_bytes,
         }
     }
 }
@@ -456,7 +460,7 @@ impl Shared {
     /// One watcher round: the host's available memory, then reclaim.
     fn watch_once(&self) {
         if let Some(keep) = self.cfg.keep_free_bytes {
-            let avail = farmem_donor::host::mem_available_bytes();
+            let avail = (self.cfg.mem_available)();
             let mut st = lock(&self.state);
             let was = st.under_pressure;
             st.mem_available = avail;
@@ -1181,6 +1185,86 @@ mod tests {
         })
         .unwrap()
         .spawn()
+    }
+
+    static AVAILABLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+    fn fake_available() -> Option<u64> {
+        Some(AVAILABLE.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn below_keep_free_the_largest_users_are_asked_for_the_shortfall() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = NodeServer::bind(NodeConfig {
+            socket_path: dir.path().join("node.sock"),
+            capacity_bytes: 16 << 20,
+            slab_bytes: 1 << 20,
+            keep_free_bytes: Some(100 << 20),
+            watch_period: Duration::from_millis(20),
+            mem_available: fake_available,
+            ..NodeConfig::default()
+        })
+        .unwrap()
+        .spawn();
+        let big = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+        let small = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+        let a: Vec<_> = (0..3).map(|_| big.alloc_slab().unwrap()).collect();
+        let b: Vec<_> = (0..2).map(|_| small.alloc_slab().unwrap()).collect();
+        // 4.5 MiB short of the watermark: 5 slabs, more than the largest user holds, so the
+        // next one is asked for the rest.
+        AVAILABLE.store((100 << 20) - (9 << 19), Ordering::Relaxed);
+        let first = big.reclaims().recv_timeout(Duration::from_secs(5)).unwrap();
+        let second = small
+            .reclaims()
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap();
+        assert_eq!((first.slabs, second.slabs), (3, 2));
+        assert!(matches!(big.alloc_slab(), Err(NodeError::Pressure)));
+        let s = n.stats();
+        assert!(s.under_pressure);
+        assert_eq!(s.reclaim_requests_total, 2);
+        // Nobody is asked again while the asks are outstanding.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(big.reclaims().try_recv().is_err());
+        AVAILABLE.store(u64::MAX, Ordering::Relaxed);
+        let until = Instant::now() + Duration::from_secs(5);
+        while n.stats().under_pressure && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let more = big.alloc_slab().unwrap();
+        drop((a, b, more));
+    }
+
+    #[test]
+    fn a_client_beyond_the_bound_is_refused_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = NodeServer::bind(NodeConfig {
+            socket_path: dir.path().join("node.sock"),
+            capacity_bytes: 4 << 20,
+            slab_bytes: 1 << 20,
+            max_clients: 2,
+            ..NodeConfig::default()
+        })
+        .unwrap()
+        .spawn();
+        let _a = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+        let _b = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+        let e = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap_err();
+        assert!(
+            matches!(e, NodeError::Refused { ref message } if message.contains("node full")),
+            "{e}"
+        );
+        assert_eq!(n.stats().refusals.too_many_clients, 1);
+        drop(_a);
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            match NodeClient::connect(n.socket_path(), NodeClientConfig::default()) {
+                Ok(_) => break,
+                Err(e) => assert!(Instant::now() < until, "{e}"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]

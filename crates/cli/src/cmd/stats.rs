@@ -1,10 +1,14 @@
-//! `farmem stats --donor ADDR`: a donor's capacity, use and load, as a table or JSON.
+//! `farmem stats --donor ADDR`: a donor's capacity, use and load, as a table or JSON; and
+//! `farmem stats --node [PATH]`: the host tier's capacity, use, clients and reclaims.
 //!
 //! Asks the donor for its counters (STATS) over an ordinary client connection. Requests per
 //! second come from two samples `--interval-ms` apart (default 1000): the difference in requests
 //! served divided by the difference in the donor's uptime. `--interval-ms 0` takes one sample
 //! and divides the lifetime total by the uptime instead. Service-time percentiles are the
 //! donor's own, over its lifetime.
+//!
+//! For a node, one STATS request over an ordinary client connection (the socket is checked
+//! before use like any client does); this command's own connection is left out of the clients.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,21 +17,29 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use farmem_node::{NodeClient, NodeClientConfig, NodeStats};
 use farmem_transport::{ClientConfig, DonorClient, DonorStats};
 use serde::Serialize;
 
-/// Show a donor's capacity, use and load.
+/// Show a donor's capacity, use and load (--donor), or the host tier's (--node).
 ///
 /// Requests per second are measured from two STATS samples --interval-ms apart (default 1000 ms):
 /// (requests served between them) / (donor uptime between them). With --interval-ms 0 they are
 /// the donor's lifetime total divided by its uptime. The p50/p99 service times are the donor's
 /// own, over its lifetime. "clients" counts the other connected client ids (this command's own
 /// connection is left out).
+///
+/// With --node: the node's capacity and use, its clients (pid, uid, slabs), the slabs they were
+/// asked to give back and gave back, and the requests it refused.
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("server").required(true).args(["donor", "node"])))]
 pub struct StatsArgs {
     /// The donor to ask, HOST:PORT (e.g. 127.0.0.1:7070).
     #[arg(long, value_name = "ADDR")]
-    pub donor: String,
+    pub donor: Option<String>,
+    /// Ask the host tier's node instead, on its Unix socket (default /run/farmem/node.sock).
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = farmem_node::DEFAULT_SOCKET_PATH, conflicts_with_all = ["donor", "token_file"])]
+    pub node: Option<PathBuf>,
     /// File holding the donor's auth token (the same file as `farmem donor --token-file`; one
     /// trailing newline stripped; mode 600).
     #[arg(long, value_name = "FILE")]
@@ -88,6 +100,9 @@ pub struct StatsReport {
 
 /// Runs `farmem stats`.
 pub fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.node {
+        return node_stats(path, &args);
+    }
     let report = collect(&args)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -101,6 +116,9 @@ pub fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
 
 /// Connects, samples and builds the report.
 pub fn collect(args: &StatsArgs) -> anyhow::Result<StatsReport> {
+    let Some(donor) = args.donor.as_deref() else {
+        anyhow::bail!("name the donor to ask with --donor HOST:PORT");
+    };
     let token = args
         .token_file
         .as_deref()
@@ -113,8 +131,8 @@ pub fn collect(args: &StatsArgs) -> anyhow::Result<StatsReport> {
         request_timeout: timeout,
         ..ClientConfig::default()
     };
-    let client = DonorClient::connect(&args.donor, cfg)
-        .with_context(|| format!("farmem stats could not reach donor {}", args.donor))?;
+    let client = DonorClient::connect(donor, cfg)
+        .with_context(|| format!("farmem stats could not reach donor {donor}"))?;
     let first = client
         .stats()
         .context("asking the donor for its counters")?;
@@ -133,7 +151,7 @@ pub fn collect(args: &StatsArgs) -> anyhow::Result<StatsReport> {
         let interval = second.uptime_ms.saturating_sub(first.uptime_ms);
         (second, rate, "sampled", interval)
     };
-    Ok(report(&args.donor, &last, rate, method, interval_ms))
+    Ok(report(donor, &last, rate, method, interval_ms))
 }
 
 fn per_second(count: u64, ms: u64) -> f64 {
@@ -243,6 +261,122 @@ pub fn render(r: &StatsReport) -> String {
     out
 }
 
+/// `farmem stats --node PATH`: one STATS request, printed as JSON or a table.
+fn node_stats(path: &std::path::Path, args: &StatsArgs) -> anyhow::Result<ExitCode> {
+    let cfg = NodeClientConfig {
+        timeout: Duration::from_millis(args.timeout_ms.max(1)),
+        ..NodeClientConfig::default()
+    };
+    let client = NodeClient::connect(path, cfg).with_context(|| {
+        format!(
+            "farmem stats could not reach the node on {}",
+            path.display()
+        )
+    })?;
+    let mut stats = client.stats().context("asking the node for its figures")?;
+    // This command's own connection is not one of the node's clients.
+    let me = std::process::id();
+    stats.clients.retain(|c| c.pid != me || c.slabs > 0);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &stats)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", render_node(&path.display().to_string(), &stats))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The readable table of a node's figures.
+pub fn render_node(path: &str, s: &NodeStats) -> String {
+    let keep_free = match (s.keep_free_bytes, s.mem_available_bytes) {
+        (None, _) => "off".to_string(),
+        (Some(k), avail) => format!(
+            "{} (host has {} available{})",
+            human_bytes(k),
+            avail.map_or_else(|| "?".to_string(), human_bytes),
+            if s.under_pressure {
+                "; under pressure: no new slabs"
+            } else {
+                ""
+            }
+        ),
+    };
+    let r = &s.refusals;
+    let refusals: Vec<String> = [
+        ("full", r.full),
+        ("pressure", r.pressure),
+        ("not yours", r.not_yours),
+        ("bad request", r.bad_request),
+        ("denied", r.denied),
+        ("too many clients", r.too_many_clients),
+        ("version", r.version),
+        ("internal", r.internal),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(what, n)| format!("{what} {n}"))
+    .collect();
+    let rows = [
+        ("capacity", human_bytes(s.capacity_bytes)),
+        (
+            "used",
+            format!(
+                "{} ({:.1}%) in {} slabs of {}",
+                human_bytes(s.used_bytes),
+                percent(s.used_bytes, s.capacity_bytes),
+                s.slabs,
+                human_bytes(s.slab_bytes)
+            ),
+        ),
+        (
+            "free",
+            human_bytes(s.capacity_bytes.saturating_sub(s.used_bytes)),
+        ),
+        ("keep-free", keep_free),
+        (
+            "reclaims",
+            format!(
+                "{} asked, {} slabs given back",
+                s.reclaim_requests_total, s.reclaimed_slabs_total
+            ),
+        ),
+        (
+            "refusals",
+            if refusals.is_empty() {
+                "none".to_string()
+            } else {
+                refusals.join(", ")
+            },
+        ),
+        ("clients", s.clients.len().to_string()),
+    ];
+    let mut out = format!(
+        "node {path} (pid {}, up {:.0} s)\n",
+        s.node_pid,
+        s.uptime_ms as f64 / 1000.0
+    );
+    for (name, value) in rows {
+        out.push_str(&format!("  {name:<12} {value}\n"));
+    }
+    for c in &s.clients {
+        let asked = if c.reclaim_outstanding > 0 {
+            format!(", asked to give back {}", c.reclaim_outstanding)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "    pid {:<8} uid {:<6} gid {:<6} {} slabs ({}){asked}\n",
+            c.pid,
+            c.uid,
+            c.gid,
+            c.slabs,
+            human_bytes(c.bytes)
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +415,48 @@ mod tests {
             "1234.5 (over 1.00 s)",
             "12.3 µs",
             "45.6 µs",
+        ] {
+            assert!(t.contains(needle), "{needle:?} missing from\n{t}");
+        }
+    }
+
+    #[test]
+    fn the_node_table_names_every_figure() {
+        let s = NodeStats {
+            node_pid: 7,
+            capacity_bytes: 1 << 30,
+            used_bytes: 8 << 20,
+            slab_bytes: 4 << 20,
+            slabs: 2,
+            keep_free_bytes: Some(1 << 30),
+            mem_available_bytes: Some(20 << 30),
+            clients: vec![farmem_node::ClientStats {
+                pid: 42,
+                uid: 1000,
+                gid: 100,
+                slabs: 2,
+                bytes: 8 << 20,
+                reclaim_outstanding: 1,
+            }],
+            reclaim_requests_total: 3,
+            reclaimed_slabs_total: 2,
+            refusals: farmem_node::metrics::Refusals {
+                full: 4,
+                ..Default::default()
+            },
+            uptime_ms: 5000,
+            ..NodeStats::default()
+        };
+        let t = render_node("/run/farmem/node.sock", &s);
+        for needle in [
+            "node /run/farmem/node.sock (pid 7, up 5 s)",
+            "1.0 GiB",
+            "8.0 MiB (0.8%) in 2 slabs of 4.0 MiB",
+            "1.0 GiB (host has 20.0 GiB available)",
+            "3 asked, 2 slabs given back",
+            "full 4",
+            "pid 42",
+            "2 slabs (8.0 MiB), asked to give back 1",
         ] {
             assert!(t.contains(needle), "{needle:?} missing from\n{t}");
         }
