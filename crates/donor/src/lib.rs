@@ -17,8 +17,10 @@
 //!
 //! # Design
 //! - [`child`]: a `farmem donor` child process and its `listening on` banner.
-//! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown.
-//! - `conn`: one thread per connection; request checking and the data path.
+//! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown; and
+//!   [`SessionDonor`], which serves client sessions given as byte streams, without sockets.
+//! - `conn`: one thread per connection; request checking and the data path, over a socket or
+//!   any byte stream.
 //! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
 //! - `mem`: the slab memory mappings and the only code touching their bytes (the crate's only
 //!   `unsafe`, fenced there).
@@ -47,8 +49,8 @@ pub mod store;
 
 pub use child::{ChildDonor, ChildDonorCommand, ChildDonorError, DonorBanner, DonorStderr};
 pub use server::{
-    DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, Tenant, HELLO_TIMEOUT,
-    MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
+    DonorConfig, DonorError, DonorServer, RunningDonor, SessionDonor, ShutdownHandle, Tenant,
+    HELLO_TIMEOUT, MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
     REFUSALS_LOGGED_PER_INTERVAL, REFUSAL_LOG_INTERVAL, STALL_TIMEOUT, WRITE_TIMEOUT,
 };
 pub use store::{SlabInfo, SlabStore, TenantQuota};
