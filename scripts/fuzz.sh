@@ -8,8 +8,10 @@
 #   scripts/fuzz.sh all SECONDS      fuzz each target for SECONDS, one after the other
 #   scripts/fuzz.sh seeds            rewrite the seed files of every corpus
 #
-# One job (-jobs=1 -workers=1): the machine is shared. libFuzzer's last status line (#runs,
-# cov, ft, corp) is printed per target; a crash stops with its input under fuzz/artifacts/.
+# One process per target, in the foreground (no -jobs/-workers: their worker writes fuzz-N.log
+# in this folder, and two targets run at once would share one): the machine is shared.
+# libFuzzer's last status line (#runs, cov, ft, corp, exec/s) and its final counters are printed
+# per target; a crash stops with its input under fuzz/artifacts/.
 #
 # Targets are built with AddressSanitizer (FUZZ_SANITIZER=none builds without: about twice the
 # executions per second, see docs/architecture.md; switching rebuilds every crate). What makes
@@ -25,7 +27,8 @@
 #   450 MB and its allocations warm in the cache), and no allocation stack per malloc (a crash
 #   report still shows where the bad access happened; `cargo +nightly fuzz run TARGET INPUT`
 #   reruns the input with ASan's defaults, which add the allocation and free stacks).
-# Each default gives way to the variable set in the environment.
+# Each default gives way to the variable set in the environment. FUZZ_LOG_DIR=DIR keeps each
+# target's whole libFuzzer log as DIR/TARGET.log.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
@@ -41,16 +44,6 @@ usage() {
     exit 2
 }
 
-# With -jobs, libFuzzer's worker writes its output to fuzz-N.log in the current folder.
-collect_worker_logs() {
-    local f
-    for f in fuzz-*.log; do
-        [ -e "$f" ] || continue
-        cat "$f" >>"$1"
-        rm -f "$f"
-    done
-}
-
 run_one() {
     local target=$1 secs=$2 log
     log=$(mktemp)
@@ -62,17 +55,18 @@ run_one() {
         extra=(-timeout=10)
     fi
     if ! cargo +nightly fuzz run -s "$SANITIZER" "$target" "corpus/$target" -- \
-        -max_total_time="$secs" -jobs=1 -workers=1 -print_final_stats=1 "${extra[@]}" \
+        -max_total_time="$secs" -print_final_stats=1 "${extra[@]}" \
         >"$log" 2>&1; then
-        collect_worker_logs "$log"
         tail -n 40 "$log"
         echo "fuzz target $target failed (see the crash input under fuzz/artifacts/$target/)" >&2
         rm -f "$log"
         return 1
     fi
-    collect_worker_logs "$log"
     grep -E '^#[0-9]+' "$log" | tail -n 1
-    grep -E '^stat::number_of_executed_units' "$log" || true
+    grep -E '^stat::' "$log" || true
+    if [ -n "${FUZZ_LOG_DIR:-}" ]; then
+        cp "$log" "$FUZZ_LOG_DIR/$target.log"
+    fi
     rm -f "$log"
 }
 
