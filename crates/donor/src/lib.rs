@@ -17,14 +17,16 @@
 //!
 //! # Design
 //! - [`child`]: a `farmem donor` child process and its `listening on` banner.
-//! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown; and
-//!   [`SessionDonor`], which serves client sessions given as byte streams, without sockets.
-//! - `conn`: one thread per connection; request checking and the data path, over a socket or
-//!   any byte stream.
+//! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown.
+//! - `conn`: one thread per connection; request checking and the data path.
 //! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
 //! - `mem`: the slab memory mappings and the only code touching their bytes (the crate's only
 //!   `unsafe`, fenced there).
 //! - [`metrics`]: counters, STATS, and the Prometheus text endpoint.
+//!
+//! [`SessionDonor`] serves client sessions given as byte streams (any `Read + Write`) on the
+//! caller's thread, without sockets: the connection code of the server's sockets over an
+//! in-memory stream (the fuzz target and tests use it).
 //!
 //! Memory is committed when a slab page is first written and returned to the operating system
 //! when the slab is freed (`munmap`). Slabs belong to a client's reconnect key, registered with
