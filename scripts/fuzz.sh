@@ -13,9 +13,13 @@
 # libFuzzer's last status line (#runs, cov, ft, corp, exec/s) and its final counters are printed
 # per target; a crash stops with its input under fuzz/artifacts/.
 #
-# Targets are built with AddressSanitizer (FUZZ_SANITIZER=none builds without: about twice the
-# executions per second, see docs/architecture.md; switching rebuilds every crate). What makes
-# the runs faster without checking less:
+# Sanitizer: AddressSanitizer for decode, trace and config; none for donor, whose unsafe code
+# touches only slab memory, which is mmap'd and which ASan does not watch (syscalls and atomic
+# page copies), while ASan costs that target two thirds of its executions (each input is a
+# whole session of up to hundreds of requests; see docs/architecture.md). FUZZ_SANITIZER=address
+# (or none) sets it for every target; each sanitizer builds into a folder of its own under
+# fuzz/target/, so switching does not rebuild. What makes the ASan runs faster without checking
+# less:
 # - libFuzzer's own C++ is compiled without ASan (cc, which builds libfuzzer-sys, otherwise
 #   copies rustc's -Zsanitizer=address onto it, and libFuzzer's per-input coverage bookkeeping
 #   then runs instrumented: a third of the config target's time);
@@ -32,7 +36,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
-SANITIZER=${FUZZ_SANITIZER:-address}
+# The sanitizer target $1 is built with.
+sanitizer() {
+    if [ -n "${FUZZ_SANITIZER:-}" ]; then
+        echo "$FUZZ_SANITIZER"
+    elif [ "$1" = donor ]; then
+        echo none
+    else
+        echo address
+    fi
+}
 export CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }-fno-sanitize=address"
 export RUST_LIB_BACKTRACE=${RUST_LIB_BACKTRACE:-0}
 export ASAN_OPTIONS=${ASAN_OPTIONS-detect_stack_use_after_return=0:quarantine_size_mb=16:malloc_context_size=0}
@@ -45,16 +58,20 @@ usage() {
 }
 
 run_one() {
-    local target=$1 secs=$2 log
+    local target=$1 secs=$2 log san dir=()
     log=$(mktemp)
     mkdir -p "corpus/$target"
-    echo "== fuzzing $target for ${secs}s"
+    san=$(sanitizer "$target")
+    if [ "$san" != address ]; then
+        dir=(--target-dir "target/$san")
+    fi
+    echo "== fuzzing $target for ${secs}s (sanitizer: $san)"
     # Each donor input is a whole session (in-process, no socket): a hang is a bug.
     local extra=()
     if [ "$target" = donor ]; then
         extra=(-timeout=10)
     fi
-    if ! cargo +nightly fuzz run -s "$SANITIZER" "$target" "corpus/$target" -- \
+    if ! cargo +nightly fuzz run -s "$san" "${dir[@]}" "$target" "corpus/$target" -- \
         -max_total_time="$secs" -print_final_stats=1 "${extra[@]}" \
         >"$log" 2>&1; then
         tail -n 40 "$log"
