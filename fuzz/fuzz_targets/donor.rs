@@ -1,10 +1,10 @@
-//! A session of arbitrary frames against a real in-process donor, after a genuine handshake;
-//! a panic in the donor's connection thread, a dead donor or a hang is a bug.
+//! A session of arbitrary frames against the donor's request handling (in-process, no socket),
+//! after a genuine handshake; a panic in the donor, a hang, a failed handshake or slabs that
+//! outlive the session are bugs.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let addr = farmem_fuzz::session::donor();
-    farmem_fuzz::session::run_session(addr, data);
+    farmem_fuzz::session::run_session(farmem_fuzz::session::donor(), data);
 });

@@ -7,6 +7,15 @@
 //! and then `readv`s the page data straight into the slab pages; READ_PAGES `sendmsg`s the
 //! response header and the slab pages in one vectored write.
 //!
+//! The connection is generic over its byte stream ([`Wire`]): a [`TcpStream`] (what the server
+//! accepts), or any `Read + Write` wrapped in [`Stream`] (a session served in-process, see
+//! `SessionDonor`). The request handling is the same code for both; only what depends on a
+//! socket differs. On a socket, reads are bounded by deadlines through its receive timeout
+//! (the HELLO deadline, the stall timeout), responses by its send timeout, and pages move with
+//! `readv`/`sendmsg`. On a [`Stream`] there is no clock: a read returns bytes or the end of the
+//! stream, so no deadline applies, service times are not measured (recorded as zero), and a
+//! session's course depends on its bytes alone; pages are copied through a one-page buffer.
+//!
 //! Framing errors (bad magic, bad version, reserved flags, a payload over the limit, a frame cut
 //! short) leave the byte stream unusable: the donor answers when it can still read the request
 //! id, logs, and closes the connection. Every other bad request gets an error status and the
@@ -15,6 +24,7 @@
 //!
 //! Error log lines are rate-limited per connection: the first [`ERRORS_LOGGED_IN_FULL`] in
 //! full, then one in a thousand.
+use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
@@ -28,7 +38,7 @@ use farmem_proto::{
     MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN, PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
 
-use crate::mem;
+use crate::mem::{self, SlabMemory};
 use crate::server::{Shared, WRITE_TIMEOUT};
 use crate::store::{Refusal, Slab};
 
@@ -51,6 +61,214 @@ const ERRORS_LOGGED_IN_FULL: u64 = 16;
 /// before it is closed.
 const MAX_AUTH_ATTEMPTS: u32 = 4;
 
+/// The byte stream a [`Connection`] is served over: what differs between a socket and an
+/// in-process stream.
+pub(crate) trait Wire: Read + Write {
+    /// Prepares the stream before the first request (socket options).
+    fn setup(&mut self) -> io::Result<()>;
+    /// Bounds the next read by `deadline`, if any: fails with a timeout once it has passed, so
+    /// that no sequence of reads can outlast it.
+    fn arm(&self, deadline: Option<Instant>) -> io::Result<()>;
+    /// Between requests of an authenticated client: reads may wait, in steps of `pace`.
+    fn idle(&self, pace: Duration) -> io::Result<()>;
+    /// After a single-page read: waits briefly for the next request before blocking.
+    fn spin_until_readable(&self);
+    /// Sends `prefix`, then the bytes of `pages` in order.
+    fn send_pages<'a>(
+        &mut self,
+        prefix: &[u8],
+        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
+    ) -> io::Result<()>;
+    /// Receives the bytes of `pages` in order straight into them; every read is bounded by
+    /// `deadline` (see [`Wire::arm`]).
+    fn recv_pages<'a>(
+        &mut self,
+        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
+        deadline: Option<Instant>,
+    ) -> io::Result<()>;
+    /// How long serving a request that began at `t0` took, for the counters.
+    fn service_time(&self, t0: Instant) -> Duration;
+    /// The connection is over.
+    fn close(&mut self);
+}
+
+impl Wire for TcpStream {
+    fn setup(&mut self) -> io::Result<()> {
+        self.set_nodelay(true)?;
+        self.set_write_timeout(Some(WRITE_TIMEOUT))
+    }
+
+    /// Sets the socket's receive timeout to the time left before `deadline`.
+    fn arm(&self, deadline: Option<Instant>) -> io::Result<()> {
+        let Some(deadline) = deadline else {
+            return Ok(());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(deadline_passed());
+        }
+        self.set_read_timeout(Some(left))
+    }
+
+    /// The receive timeout only paces the checks of the idle loop (see `read_head`).
+    fn idle(&self, pace: Duration) -> io::Result<()> {
+        self.set_read_timeout(Some(pace))
+    }
+
+    fn spin_until_readable(&self) {
+        spin_until_readable(self);
+    }
+
+    fn send_pages<'a>(
+        &mut self,
+        prefix: &[u8],
+        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
+    ) -> io::Result<()> {
+        mem::send_pages(self, prefix, pages)
+    }
+
+    /// The socket's timeout is re-armed to what is left of `deadline` before every `readv`, so
+    /// trickling bytes gains nothing.
+    fn recv_pages<'a>(
+        &mut self,
+        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
+        deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        let sock = &*self;
+        mem::recv_pages(sock, pages, || sock.arm(deadline))
+    }
+
+    fn service_time(&self, t0: Instant) -> Duration {
+        t0.elapsed()
+    }
+
+    fn close(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Any `Read + Write` as a connection's byte stream (an in-process session). Nothing is
+/// timed: a read should return bytes or the end of the stream. A read failing with
+/// `WouldBlock` or `TimedOut` counts as a passed deadline (an unfinished handshake, a stalled
+/// request), except between the requests of an authenticated client, where it is retried, as
+/// on a socket. Every response is flushed.
+pub(crate) struct Stream<S> {
+    inner: S,
+    /// One page, between the stream and slab memory (allocated on the first page moved).
+    page: Vec<u8>,
+}
+
+impl<S> Stream<S> {
+    pub(crate) fn new(inner: S) -> Stream<S> {
+        Stream {
+            inner,
+            page: Vec::new(),
+        }
+    }
+}
+
+impl<S: Read> Read for Stream<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<S: Write> Write for Stream<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<S: Read + Write> Wire for Stream<S> {
+    fn setup(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn arm(&self, _deadline: Option<Instant>) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn idle(&self, _pace: Duration) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn spin_until_readable(&self) {}
+
+    fn send_pages<'a>(
+        &mut self,
+        prefix: &[u8],
+        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
+    ) -> io::Result<()> {
+        self.page.resize(PAGE_SIZE, 0);
+        self.inner.write_all(prefix)?;
+        for (m, p) in pages {
+            mem::copy_page_out(m, p, &mut self.page);
+            self.inner.write_all(&self.page)?;
+        }
+        self.inner.flush()
+    }
+
+    fn recv_pages<'a>(
+        &mut self,
+        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
+        _deadline: Option<Instant>,
+    ) -> io::Result<()> {
+        self.page.resize(PAGE_SIZE, 0);
+        for (m, p) in pages {
+            self.inner.read_exact(&mut self.page).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed in the middle of WRITE_PAGES data",
+                    )
+                } else {
+                    e
+                }
+            })?;
+            mem::copy_page_in(m, p, &self.page);
+        }
+        Ok(())
+    }
+
+    /// Not measured (zero): nothing a session does depends on a clock, not even its counters.
+    fn service_time(&self, _t0: Instant) -> Duration {
+        Duration::ZERO
+    }
+
+    fn close(&mut self) {
+        let _ = self.inner.flush();
+    }
+}
+
+/// Who is at the other end of a connection, for log lines.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Peer {
+    /// A TCP peer.
+    Tcp(SocketAddr),
+    /// An in-process session.
+    InProcess,
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Tcp(a) => a.fmt(f),
+            Peer::InProcess => f.write_str("in-process session"),
+        }
+    }
+}
+
+fn deadline_passed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "no complete handshake within the HELLO timeout, or no complete request within the stall timeout",
+    )
+}
+
 /// Whether to keep the connection after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -65,9 +283,9 @@ struct Served {
     flow: Flow,
 }
 
-pub(crate) struct Connection {
-    stream: TcpStream,
-    peer: SocketAddr,
+pub(crate) struct Connection<W: Wire> {
+    stream: W,
+    peer: Peer,
     shared: Arc<Shared>,
     /// This connection's id in the server's connection table.
     id: u64,
@@ -92,7 +310,7 @@ pub(crate) struct Connection {
     spin_next: bool,
 }
 
-impl Drop for Connection {
+impl<W: Wire> Drop for Connection<W> {
     /// Runs however the connection ends (even by a panic): its client may become orphaned.
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
@@ -101,13 +319,8 @@ impl Drop for Connection {
     }
 }
 
-impl Connection {
-    pub(crate) fn new(
-        stream: TcpStream,
-        peer: SocketAddr,
-        id: u64,
-        shared: Arc<Shared>,
-    ) -> Connection {
+impl<W: Wire> Connection<W> {
+    pub(crate) fn new(stream: W, peer: Peer, id: u64, shared: Arc<Shared>) -> Connection<W> {
         let hello_deadline = Instant::now() + shared.hello_timeout;
         Connection {
             stream,
@@ -132,11 +345,7 @@ impl Connection {
 
     /// Serves the connection until the peer closes it, it breaks the protocol, or shutdown.
     pub(crate) fn serve(mut self) {
-        let setup = self
-            .stream
-            .set_nodelay(true)
-            .and_then(|()| self.stream.set_write_timeout(Some(WRITE_TIMEOUT)));
-        if let Err(e) = setup {
+        if let Err(e) = self.stream.setup() {
             tracing::warn!(peer = %self.peer, "closing a connection: socket setup failed: {e}");
             return;
         }
@@ -158,7 +367,7 @@ impl Connection {
                 break;
             }
         }
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.stream.close();
         tracing::debug!(peer = %self.peer, client = ?self.client, "connection closed");
     }
 
@@ -172,26 +381,6 @@ impl Connection {
         self.frame_deadline
     }
 
-    /// Sets the socket's receive timeout to the time left before `deadline` (the HELLO deadline
-    /// of an unauthenticated connection), so that no sequence of reads can outlast it.
-    fn arm(stream: &TcpStream, deadline: Option<Instant>) -> io::Result<()> {
-        let Some(deadline) = deadline else {
-            return Ok(());
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Self::deadline_passed());
-        }
-        stream.set_read_timeout(Some(left))
-    }
-
-    fn deadline_passed() -> io::Error {
-        io::Error::new(
-            io::ErrorKind::TimedOut,
-            "no complete handshake within the HELLO timeout, or no complete request within the stall timeout",
-        )
-    }
-
     /// Reads a frame header. `Ok(false)`: the peer closed cleanly between frames.
     fn read_head(&mut self, head: &mut [u8; HEADER_LEN]) -> io::Result<bool> {
         let authenticated = self.client.is_some();
@@ -200,13 +389,12 @@ impl Connection {
             if std::mem::take(&mut self.frame_armed) {
                 // Idle between requests: wait as long as the client likes (the stall timeout
                 // only paces the checks of this loop).
-                self.stream
-                    .set_read_timeout(Some(self.shared.stall_timeout))?;
+                self.stream.idle(self.shared.stall_timeout)?;
             }
         }
         let mut deadline = self.read_deadline();
         if deadline.is_none() && self.spin_next {
-            spin_until_readable(&self.stream);
+            self.stream.spin_until_readable();
         }
         let mut filled = 0;
         while filled < HEADER_LEN {
@@ -215,7 +403,7 @@ impl Connection {
                 self.frame_deadline = Some(Instant::now() + self.shared.stall_timeout);
                 deadline = self.read_deadline();
             }
-            Self::arm(&self.stream, deadline)?;
+            self.stream.arm(deadline)?;
             match self.stream.read(&mut head[filled..]) {
                 Ok(0) if filled == 0 => return Ok(false),
                 Ok(0) => {
@@ -233,7 +421,7 @@ impl Connection {
                 Err(e) if authenticated && is_timeout(&e) => {
                     return Err(self.stalled("a frame header"))
                 }
-                Err(e) if is_timeout(&e) => return Err(Self::deadline_passed()),
+                Err(e) if is_timeout(&e) => return Err(deadline_passed()),
                 Err(e) => return Err(e),
             }
         }
@@ -256,14 +444,10 @@ impl Connection {
 
     /// Reads exactly `buf.len()` payload bytes; a close midway is a truncated frame. Before
     /// HELLO every read is bounded by the HELLO deadline.
-    fn read_payload(
-        stream: &mut TcpStream,
-        deadline: Option<Instant>,
-        buf: &mut [u8],
-    ) -> io::Result<()> {
+    fn read_payload(stream: &mut W, deadline: Option<Instant>, buf: &mut [u8]) -> io::Result<()> {
         let mut filled = 0;
         while filled < buf.len() {
-            Self::arm(stream, deadline)?;
+            stream.arm(deadline)?;
             match stream.read(&mut buf[filled..]) {
                 Ok(0) => {
                     return Err(io::Error::new(
@@ -273,7 +457,7 @@ impl Connection {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => return Err(Self::deadline_passed()),
+                Err(e) if is_timeout(&e) => return Err(deadline_passed()),
                 Err(e) => return Err(e),
             }
         }
@@ -332,7 +516,11 @@ impl Connection {
 
     /// Sends `self.out`; a failure (peer gone, send timeout) closes the connection.
     fn send_out(&mut self) -> Flow {
-        match self.stream.write_all(&self.out) {
+        match self
+            .stream
+            .write_all(&self.out)
+            .and_then(|()| self.stream.flush())
+        {
             Ok(()) => Flow::Continue,
             Err(e) => {
                 tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: sending a response failed: {e}");
@@ -394,9 +582,13 @@ impl Connection {
                 return Flow::Close;
             }
         };
-        self.shared
-            .metrics
-            .record(op, served.status, bytes_in, served.bytes_out, t0.elapsed());
+        self.shared.metrics.record(
+            op,
+            served.status,
+            bytes_in,
+            served.bytes_out,
+            self.stream.service_time(t0),
+        );
         served.flow
     }
 
@@ -415,14 +607,18 @@ impl Connection {
                     status,
                     HEADER_LEN as u64,
                     served.bytes_out,
-                    t0.elapsed(),
+                    self.stream.service_time(t0),
                 );
             }
             None => {
                 self.log_refusal(0, status, &message);
-                self.shared
-                    .metrics
-                    .record(None, status, HEADER_LEN as u64, 0, t0.elapsed());
+                self.shared.metrics.record(
+                    None,
+                    status,
+                    HEADER_LEN as u64,
+                    0,
+                    self.stream.service_time(t0),
+                );
             }
         }
         Flow::Close
@@ -536,8 +732,7 @@ impl Connection {
                     return self.refuse(op, id, &r, Flow::Continue);
                 }
                 let slabs = &self.slabs;
-                let sent = mem::send_pages(
-                    &self.stream,
+                let sent = self.stream.send_pages(
                     &self.out,
                     self.pages.iter().map(|&(i, p)| (slabs[i].mem(), p)),
                 );
@@ -667,10 +862,7 @@ impl Connection {
         self.shared.authenticated(self.id);
         // From now on a read may wait forever between requests but a request must arrive
         // whole within the stall timeout (see `read_head`).
-        if let Err(e) = self
-            .stream
-            .set_read_timeout(Some(self.shared.stall_timeout))
-        {
+        if let Err(e) = self.stream.idle(self.shared.stall_timeout) {
             tracing::warn!(peer = %self.peer, "closing the connection: setting the read timeout failed: {e}");
             return Served {
                 status: Status::Internal,
@@ -766,11 +958,10 @@ impl Connection {
         // The page data too must arrive before the request's deadline: the socket's timeout is
         // re-armed to what is left of it before every read, so trickling bytes gains nothing.
         let deadline = self.read_deadline();
-        let (stream, slabs) = (&self.stream, &self.slabs);
-        let received = mem::recv_pages(
-            stream,
+        let slabs = &self.slabs;
+        let received = self.stream.recv_pages(
             self.pages.iter().map(|&(i, p)| (slabs[i].mem(), p)),
-            || Self::arm(stream, deadline),
+            deadline,
         );
         self.slabs.clear();
         received.map_err(|e| {

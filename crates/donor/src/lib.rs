@@ -25,6 +25,10 @@
 //!   `unsafe`, fenced there).
 //! - [`metrics`]: counters, STATS, and the Prometheus text endpoint.
 //!
+//! [`SessionDonor`] serves client sessions given as byte streams (any `Read + Write`) on the
+//! caller's thread, without sockets: the connection code of the server's sockets over an
+//! in-memory stream (the fuzz target and tests use it).
+//!
 //! Memory is committed when a slab page is first written and returned to the operating system
 //! when the slab is freed (`munmap`). Slabs belong to a client's reconnect key, registered with
 //! its client id by its first connection and proven (not sent) by every later one; several
@@ -51,8 +55,8 @@ pub use child::{
     ChildServerError, DonorBanner, DonorStderr, NotABanner, ServerBanner, ServerStderr,
 };
 pub use server::{
-    DonorConfig, DonorError, DonorServer, RunningDonor, ShutdownHandle, Tenant, HELLO_TIMEOUT,
-    MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
+    DonorConfig, DonorError, DonorServer, RunningDonor, SessionDonor, ShutdownHandle, Tenant,
+    HELLO_TIMEOUT, MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
     REFUSALS_LOGGED_PER_INTERVAL, REFUSAL_LOG_INTERVAL, STALL_TIMEOUT, WRITE_TIMEOUT,
 };
 pub use store::{SlabInfo, SlabStore, TenantQuota};

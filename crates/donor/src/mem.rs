@@ -1,11 +1,14 @@
 //! Slab memory: the donor's memory mappings and the only code that touches their bytes.
 //!
-//! This is the one module of the donor that uses `unsafe`. It owns three things:
+//! This is the one module of the donor that uses `unsafe`. It owns four things:
 //! - mapping a slab (a [`farmem_mm::Mapping`]: private anonymous memory with `MAP_NORESERVE`)
 //!   and unmapping it when the last reference goes away (`munmap` returns the memory to the
 //!   operating system);
 //! - receiving page data from a socket straight into slab pages (`readv`);
-//! - sending slab pages straight to a socket (`sendmsg` with `MSG_NOSIGNAL`).
+//! - sending slab pages straight to a socket (`sendmsg` with `MSG_NOSIGNAL`);
+//! - for sessions served over a byte stream that is not a socket (in-process, see
+//!   `SessionDonor`), copying pages between slab memory and a buffer ([`copy_page_out`],
+//!   [`copy_page_in`]).
 //!
 //! # Design
 //! A slab is mapped at allocation time but costs nothing until written: the kernel backs a page
@@ -14,10 +17,11 @@
 //! pages are switched off for slabs (`MADV_NOHUGEPAGE`) so that writing one 4 KiB page commits
 //! 4 KiB, not 2 MiB, and the donor's committed-bytes figure stays true.
 //!
-//! Slab bytes are only ever read or written by the kernel, inside `readv`/`sendmsg`; no Rust
+//! Slab bytes are read or written by the kernel, inside `readv`/`sendmsg`, or by this module's
+//! page copies, which go through 8-byte atomic loads and stores (relaxed); no plain Rust
 //! reference to slab memory is ever created. Two connections of one client that race on the same
-//! page therefore cannot cause undefined behaviour in the donor: the page simply ends up with one
-//! of the writes (the client's own race). A [`SlabMemory`] is kept alive (by `Arc`) for as long as
+//! page therefore cannot cause undefined behaviour in the donor: the page simply ends up with a
+//! mix of the writes (the client's own race). A [`SlabMemory`] is kept alive (by `Arc`) for as long as
 //! any transfer uses it, so a concurrent FREE_SLAB unmaps it only after the transfer ends.
 //!
 //! # Limitations
@@ -28,6 +32,7 @@ use farmem_mm::{Advice, Mapping};
 use farmem_proto::PAGE_SIZE;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One slab's memory mapping ([`farmem_mm::Mapping`]). Unmapped on drop.
 pub struct SlabMemory {
@@ -64,6 +69,41 @@ impl SlabMemory {
         );
         // Pointer arithmetic only (no dereference), inside the mapping (checked above).
         self.map.as_ptr().wrapping_add(off)
+    }
+}
+
+/// Words of a page, for the atomic page copies.
+const PAGE_WORDS: usize = PAGE_SIZE / 8;
+
+/// The words of page `page` of `mem`, as atomics (the page is 4096-aligned, inside the mapping).
+fn page_words(mem: &SlabMemory, page: u32) -> &[AtomicU64] {
+    let p = mem.page_ptr(page).cast::<AtomicU64>();
+    // SAFETY: `p` is the start of a whole page inside the mapping (`page_ptr` checks the range),
+    // page-aligned so 8-aligned, and the mapping lives as long as the `&SlabMemory` borrow this
+    // slice is tied to. The memory is only ever accessed as atomics here or by the kernel
+    // (`readv`/`sendmsg`), never through plain references, so the shared atomic view aliases
+    // nothing that Rust assumes unique; `AtomicU64` has the layout of `u64`.
+    unsafe { std::slice::from_raw_parts(p, PAGE_WORDS) }
+}
+
+/// Copies page `page` of `mem` into `out` (one page long), for a session served over a byte
+/// stream that is not a socket. Panics if `out` is not one page long or `page` is out of range
+/// (callers check ranges first).
+pub fn copy_page_out(mem: &SlabMemory, page: u32, out: &mut [u8]) {
+    assert_eq!(out.len(), PAGE_SIZE, "a page copy takes one page");
+    for (w, chunk) in page_words(mem, page).iter().zip(out.chunks_exact_mut(8)) {
+        chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+    }
+}
+
+/// Copies `data` (one page long) into page `page` of `mem`, the counterpart of
+/// [`copy_page_out`].
+pub fn copy_page_in(mem: &SlabMemory, page: u32, data: &[u8]) {
+    assert_eq!(data.len(), PAGE_SIZE, "a page copy takes one page");
+    for (w, chunk) in page_words(mem, page).iter().zip(data.chunks_exact(8)) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        w.store(u64::from_ne_bytes(b), Ordering::Relaxed);
     }
 }
 
@@ -265,6 +305,26 @@ mod tests {
         );
         assert!(page(3).iter().all(|&v| v == 3));
         assert!(page(4).iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn page_copies_round_trip_and_unwritten_pages_are_zero() {
+        let a = SlabMemory::map(4 * PAGE_SIZE).unwrap();
+        let data: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+        copy_page_in(&a, 2, &data);
+        let mut got = vec![1u8; PAGE_SIZE];
+        copy_page_out(&a, 2, &mut got);
+        assert_eq!(got, data);
+        copy_page_out(&a, 3, &mut got);
+        assert!(
+            got.iter().all(|&v| v == 0),
+            "never-written page reads as zeros"
+        );
+        // The kernel sees the copied bytes too.
+        let (mut x, y) = UnixStream::pair().unwrap();
+        send_pages(&y, &[], [(&a, 2)]).unwrap();
+        x.read_exact(&mut got).unwrap();
+        assert_eq!(got, data);
     }
 
     #[test]

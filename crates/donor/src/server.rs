@@ -26,8 +26,12 @@
 //! Shutdown ([`ShutdownHandle::shutdown`]) sets a flag, shuts the listening sockets down (which
 //! wakes the blocked `accept`) and shuts every open connection down (which wakes its blocked
 //! read); `run` then joins every thread it started and returns.
+//!
+//! [`SessionDonor`] serves client sessions handed to it as byte streams, on the caller's thread,
+//! with no socket: the same connection code over an in-memory stream, with the same checks of
+//! the configuration ([`DonorServer::bind`] and it share them), for the fuzz target and tests.
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,7 +41,7 @@ use std::time::{Duration, Instant};
 use farmem_proto::{encode_error, Opcode, Status, MAX_TOKEN_LEN, PAGE_SIZE};
 use parking_lot::{Condvar, Mutex};
 
-use crate::conn::Connection;
+use crate::conn::{Connection, Peer, Stream};
 use crate::host;
 use crate::metrics::{self, Metrics};
 use crate::store::{Refusal, SlabStore, TenantQuota};
@@ -241,7 +245,8 @@ pub(crate) struct Shared {
     refusal_log: Mutex<(Option<Instant>, u64, u64)>,
     pub(crate) hello_timeout: Duration,
     pub(crate) stall_timeout: Duration,
-    listener: TcpListener,
+    /// The data listener (`None` for a [`SessionDonor`]).
+    listener: Option<TcpListener>,
     metrics_listener: Option<TcpListener>,
     conns: Mutex<HashMap<u64, TcpStream>>,
     next_conn: AtomicU64,
@@ -353,7 +358,9 @@ impl Shared {
         }
         tracing::info!("donor shutting down");
         // Wakes the blocked accept() (Linux answers it with EINVAL).
-        let _ = rustix::net::shutdown(&self.listener, rustix::net::Shutdown::Read);
+        if let Some(l) = &self.listener {
+            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Read);
+        }
         if let Some(m) = &self.metrics_listener {
             let _ = rustix::net::shutdown(m, rustix::net::Shutdown::Read);
         }
@@ -407,10 +414,26 @@ fn resolve(addr: &str) -> Result<Vec<SocketAddr>, DonorError> {
     Ok(addrs)
 }
 
-impl DonorServer {
-    /// Checks the configuration and binds the listening sockets (nothing is served until
-    /// [`DonorServer::run`] or [`DonorServer::spawn`]).
-    pub fn bind(cfg: DonorConfig) -> Result<DonorServer, DonorError> {
+/// What a checked configuration makes of a donor before any socket: the store's shape, the
+/// tenants, the limits. [`DonorServer::bind`] and [`SessionDonor::new`] share it.
+struct Plan {
+    /// Whole slabs.
+    capacity_bytes: u64,
+    slab_size_bytes: u64,
+    quota_bytes: Option<u64>,
+    quotas: Vec<TenantQuota>,
+    /// Each tenant's token; `None`: an open donor.
+    tokens: Option<Vec<Vec<u8>>>,
+    memory_watermark_bytes: u64,
+    max_connections: usize,
+    hello_timeout: Duration,
+    stall_timeout: Duration,
+    orphan_grace: Duration,
+}
+
+impl Plan {
+    /// Checks `cfg` (all but its addresses), its capacity against the host's memory included.
+    fn check(cfg: &DonorConfig) -> Result<Plan, DonorError> {
         let page = PAGE_SIZE as u64;
         if cfg.slab_size_bytes == 0 || !cfg.slab_size_bytes.is_multiple_of(page) {
             return Err(DonorError::Config(format!(
@@ -519,8 +542,78 @@ impl DonorServer {
         let memory_watermark_bytes = cfg
             .memory_watermark_bytes
             .unwrap_or_else(|| host::mem_total_bytes().map_or(0, host::default_watermark_bytes));
+        let quotas = if tenants.is_empty() {
+            vec![TenantQuota {
+                name: "default".into(),
+                quota_bytes: None,
+            }]
+        } else {
+            tenants
+                .iter()
+                .map(|t| TenantQuota {
+                    name: t.name.clone(),
+                    quota_bytes: t.quota_bytes,
+                })
+                .collect()
+        };
+        let tokens = (!tenants.is_empty()).then(|| tenants.into_iter().map(|t| t.token).collect());
+        Ok(Plan {
+            capacity_bytes: cfg.capacity_bytes / cfg.slab_size_bytes * cfg.slab_size_bytes,
+            slab_size_bytes: cfg.slab_size_bytes,
+            quota_bytes: cfg.quota_bytes,
+            quotas,
+            tokens,
+            memory_watermark_bytes,
+            max_connections: cfg.max_connections,
+            hello_timeout: cfg.hello_timeout,
+            stall_timeout: cfg.stall_timeout,
+            orphan_grace: cfg.orphan_grace,
+        })
+    }
+
+    /// The state a donor's connections share: an empty store, the counters `metrics`, and the
+    /// listeners, if any.
+    fn shared(
+        &self,
+        metrics: Arc<Metrics>,
+        listener: Option<TcpListener>,
+        metrics_listener: Option<TcpListener>,
+    ) -> Shared {
+        Shared {
+            store: Arc::new(SlabStore::with_tenants(
+                self.capacity_bytes,
+                self.slab_size_bytes,
+                self.quota_bytes,
+                self.quotas.clone(),
+            )),
+            metrics,
+            tokens: self.tokens.clone(),
+            tenant_names: self.quotas.iter().map(|t| t.name.clone()).collect(),
+            stop: AtomicBool::new(false),
+            memory_watermark_bytes: self.memory_watermark_bytes,
+            max_connections: self.max_connections,
+            pending: Mutex::new(VecDeque::new()),
+            refusal_log: Mutex::new((None, 0, 0)),
+            hello_timeout: self.hello_timeout,
+            stall_timeout: self.stall_timeout,
+            listener,
+            metrics_listener,
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+            orphan_grace: self.orphan_grace,
+            reaper_lock: Mutex::new(()),
+            reaper_wake: Condvar::new(),
+        }
+    }
+}
+
+impl DonorServer {
+    /// Checks the configuration and binds the listening sockets (nothing is served until
+    /// [`DonorServer::run`] or [`DonorServer::spawn`]).
+    pub fn bind(cfg: DonorConfig) -> Result<DonorServer, DonorError> {
+        let plan = Plan::check(&cfg)?;
         let addrs = resolve(&cfg.listen)?;
-        if tenants.is_empty() && !cfg.insecure {
+        if plan.tokens.is_none() && !cfg.insecure {
             if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
                 return Err(DonorError::InsecureListen {
                     addr: a.to_string(),
@@ -548,49 +641,9 @@ impl DonorServer {
             Some(l) => Some(l.local_addr().map_err(DonorError::Socket)?),
             None => None,
         };
-        let quotas = if tenants.is_empty() {
-            vec![TenantQuota {
-                name: "default".into(),
-                quota_bytes: None,
-            }]
-        } else {
-            tenants
-                .iter()
-                .map(|t| TenantQuota {
-                    name: t.name.clone(),
-                    quota_bytes: t.quota_bytes,
-                })
-                .collect()
-        };
-        let tenant_names = quotas.iter().map(|t| t.name.clone()).collect();
-        let store = Arc::new(SlabStore::with_tenants(
-            cfg.capacity_bytes / cfg.slab_size_bytes * cfg.slab_size_bytes,
-            cfg.slab_size_bytes,
-            cfg.quota_bytes,
-            quotas,
-        ));
-        let tokens = (!tenants.is_empty()).then(|| tenants.into_iter().map(|t| t.token).collect());
+        let metrics = Arc::new(Metrics::new());
         Ok(DonorServer {
-            shared: Arc::new(Shared {
-                store,
-                metrics: Arc::new(Metrics::new()),
-                tokens,
-                tenant_names,
-                stop: AtomicBool::new(false),
-                memory_watermark_bytes,
-                max_connections: cfg.max_connections,
-                pending: Mutex::new(VecDeque::new()),
-                refusal_log: Mutex::new((None, 0, 0)),
-                hello_timeout: cfg.hello_timeout,
-                stall_timeout: cfg.stall_timeout,
-                listener,
-                metrics_listener,
-                conns: Mutex::new(HashMap::new()),
-                next_conn: AtomicU64::new(1),
-                orphan_grace: cfg.orphan_grace,
-                reaper_lock: Mutex::new(()),
-                reaper_wake: Condvar::new(),
-            }),
+            shared: Arc::new(plan.shared(metrics, Some(listener), metrics_listener)),
             local_addr,
             metrics_addr,
         })
@@ -688,8 +741,11 @@ impl DonorServer {
 }
 
 fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Result<(), DonorError> {
+    let Some(listener) = &shared.listener else {
+        return Ok(());
+    };
     loop {
-        let accepted = shared.listener.accept();
+        let accepted = listener.accept();
         if shared.stop.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -728,7 +784,7 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
             .stack_size(CONN_STACK_BYTES)
             .spawn(move || {
                 let _guard = ConnGuard::new(Arc::clone(&sh), id);
-                Connection::new(stream, peer, id, sh).serve();
+                Connection::new(stream, Peer::Tcp(peer), id, sh).serve();
             });
         match spawned {
             Ok(t) => threads.push(t),
@@ -845,6 +901,77 @@ impl Drop for RunningDonor {
         if let Err(e) = self.stop_inner() {
             tracing::error!("donor stopped with an error: {e}");
         }
+    }
+}
+
+/// A donor without sockets: it serves client sessions handed to it as byte streams
+/// ([`SessionDonor::serve`]), each on the calling thread, with the request handling of a
+/// [`DonorServer`]'s connections (the same code), against a store of its own. For in-process
+/// use: the donor fuzz target, tests.
+///
+/// A session has no clock: its reads return bytes or the end of the stream, so the HELLO and
+/// stall timeouts, which bound socket reads, do not apply; its service times are not measured
+/// (recorded as zero); and a session's course depends on its bytes alone (and on the host's free
+/// memory when ALLOC_SLAB checks the memory watermark, unless that is 0). Sessions are not counted against the connection limits, which are about sockets.
+/// There is no reaper thread: the slabs of clients disconnected longer than the orphan grace are
+/// freed when a session ends.
+pub struct SessionDonor {
+    shared: Arc<Shared>,
+    plan: Arc<Plan>,
+}
+
+impl SessionDonor {
+    /// Checks the configuration as [`DonorServer::bind`] does (its `listen`, `insecure` and
+    /// `metrics_listen` are not used) and binds nothing.
+    pub fn new(cfg: DonorConfig) -> Result<SessionDonor, DonorError> {
+        let plan = Plan::check(&cfg)?;
+        let shared = Arc::new(plan.shared(Arc::new(Metrics::new()), None, None));
+        Ok(SessionDonor {
+            shared,
+            plan: Arc::new(plan),
+        })
+    }
+
+    /// The same donor with nothing lent: the same configuration and counters, an empty store
+    /// (whose slab ids start again at 1). Cheap (no check of the host, no socket): a fuzz target
+    /// runs each input against one, so that what an input does never depends on the inputs
+    /// before it.
+    pub fn with_empty_store(&self) -> SessionDonor {
+        SessionDonor {
+            shared: Arc::new(
+                self.plan
+                    .shared(Arc::clone(&self.shared.metrics), None, None),
+            ),
+            plan: Arc::clone(&self.plan),
+        }
+    }
+
+    /// Serves one client session over `stream` (the client's bytes are read from it, the
+    /// donor's answers written to it and flushed) until the stream ends or the session breaks
+    /// the protocol, exactly as a connection accepted by a [`DonorServer`] is served. Then frees
+    /// the slabs of clients disconnected longer than the orphan grace (with a zero grace, the
+    /// slabs this session's client held, unless another session still holds the client).
+    pub fn serve<S: Read + Write>(&self, stream: S) {
+        let id = self.shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        {
+            let _guard = ConnGuard::new(Arc::clone(&self.shared), id);
+            Connection::new(
+                Stream::new(stream),
+                Peer::InProcess,
+                id,
+                Arc::clone(&self.shared),
+            )
+            .serve();
+        }
+        let (clients, slabs) = self.shared.store.reap_orphans(self.shared.orphan_grace);
+        if clients > 0 {
+            tracing::info!(clients, slabs, "reaped orphaned slabs");
+        }
+    }
+
+    /// The slab store (slabs, owners, activity tags), for inspection.
+    pub fn store(&self) -> Arc<SlabStore> {
+        Arc::clone(&self.shared.store)
     }
 }
 

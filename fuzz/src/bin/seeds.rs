@@ -17,8 +17,9 @@ fn write(dir: &Path, name: &str, data: &[u8]) {
     std::fs::write(dir.join(format!("seed-{name}")), data).expect("write a seed");
 }
 
-/// Requests a session may send after its handshake; the first slab a fresh donor client gets
-/// is unknown in advance, so slabs 1..=3 are named.
+/// Requests a session may send after its handshake. Each session runs against an empty store
+/// (`farmem_fuzz::session`), so its slabs are 1, 2, … in allocation order; slabs 1..=3 are
+/// named.
 fn requests() -> Vec<(&'static str, Vec<u8>)> {
     let page = vec![0xA5u8; PAGE_SIZE];
     let a = |slab, page| PageAddr { slab, page };
