@@ -42,6 +42,45 @@ pub(crate) struct MemSlab {
     pub(crate) last_write: u64,
     /// Writes so far.
     pub(crate) writes: u64,
+    /// Its write-through copy on a donor (donor index, donor slab), once one was placed.
+    pub(crate) donor: Option<(usize, u32)>,
+    /// Pages written since their last write-through (one bit a page).
+    unflushed: Vec<u64>,
+    unflushed_count: u64,
+}
+
+impl MemSlab {
+    /// Pages written since their last write-through to the donor copy.
+    pub(crate) fn unflushed(&self) -> u64 {
+        self.unflushed_count
+    }
+
+    /// Takes up to `max` pages written since their last write-through, oldest index first,
+    /// marking them flushed (a write after this marks a page again).
+    pub(crate) fn take_unflushed(&mut self, max: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (w, word) in self.unflushed.iter_mut().enumerate() {
+            while *word != 0 && out.len() < max {
+                let bit = word.trailing_zeros();
+                *word &= !(1u64 << bit);
+                out.push(w as u32 * 64 + bit);
+            }
+            if out.len() >= max {
+                break;
+            }
+        }
+        self.unflushed_count -= out.len() as u64;
+        out
+    }
+
+    /// Marks `page` as not written through (a write, or a write-through that failed).
+    pub(crate) fn mark_unflushed(&mut self, page: u32) {
+        let (w, bit) = ((page / 64) as usize, page % 64);
+        if self.unflushed[w] & (1u64 << bit) == 0 {
+            self.unflushed[w] |= 1u64 << bit;
+            self.unflushed_count += 1;
+        }
+    }
 }
 
 /// Every memory slab of the runtime, by index (the index is the placement's
@@ -56,12 +95,16 @@ pub(crate) struct MemSlabs {
 impl MemSlabs {
     /// Adds a slab holding far slab `far_slab`; returns its index.
     pub(crate) fn insert(&mut self, mapping: Mapping, kind: MemKind, far_slab: u64) -> u32 {
+        let mapping_pages = mapping.pages();
         let slab = MemSlab {
             mapping,
             kind,
             far_slab,
             last_write: self.clock,
             writes: 0,
+            donor: None,
+            unflushed: vec![0; mapping_pages.div_ceil(64)],
+            unflushed_count: 0,
         };
         match self.free.pop() {
             Some(m) => {
@@ -77,6 +120,22 @@ impl MemSlabs {
 
     pub(crate) fn get(&self, m: u32) -> Option<&MemSlab> {
         self.slabs.get(m as usize)?.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, m: u32) -> Option<&mut MemSlab> {
+        self.slabs.get_mut(m as usize)?.as_mut()
+    }
+
+    /// Indexes of every slab, least recently written first.
+    pub(crate) fn oldest_first(&self) -> Vec<u32> {
+        let mut all: Vec<(u64, u32)> = self
+            .slabs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((s.as_ref()?.last_write, i as u32)))
+            .collect();
+        all.sort_unstable();
+        all.into_iter().map(|(_, i)| i).collect()
     }
 
     /// Gives slab `m` new memory (`mapping`, a copy of the old) of `kind`; returns the old
@@ -115,6 +174,7 @@ impl MemSlabs {
         crate::mm::write_page(&s.mapping, page, src);
         s.last_write = clock;
         s.writes += 1;
+        s.mark_unflushed(page);
         true
     }
 
@@ -131,21 +191,6 @@ impl MemSlabs {
             .collect();
         tier.sort_unstable();
         tier.into_iter().take(n).map(|(_, i)| i).collect()
-    }
-
-    /// The local slabs, least recently written first (the first to move on to a donor).
-    pub(crate) fn local(&self) -> Vec<u32> {
-        let mut local: Vec<(u64, u32)> = self
-            .slabs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let s = s.as_ref()?;
-                (s.kind == MemKind::Local).then_some((s.last_write, i as u32))
-            })
-            .collect();
-        local.sort_unstable();
-        local.into_iter().map(|(_, i)| i).collect()
     }
 
     /// (tier slabs, local slabs) held now.
@@ -185,6 +230,24 @@ mod tests {
     }
 
     #[test]
+    fn writes_are_tracked_until_written_through() {
+        let mut m = MemSlabs::default();
+        let a = m.insert(slab(130), MemKind::Tier { id: 1 }, 0);
+        let page = vec![1u8; PAGE_SIZE];
+        for p in [129, 3, 64, 3] {
+            m.write(a, p, &page);
+        }
+        let s = m.get_mut(a).unwrap();
+        assert_eq!(s.unflushed(), 3);
+        assert_eq!(s.take_unflushed(2), vec![3, 64]);
+        assert_eq!(s.unflushed(), 1);
+        s.mark_unflushed(3);
+        assert_eq!(s.take_unflushed(10), vec![3, 129]);
+        assert_eq!(s.unflushed(), 0);
+        assert!(s.take_unflushed(10).is_empty());
+    }
+
+    #[test]
     fn a_replaced_slab_keeps_its_index_and_a_removed_one_is_reused() {
         let mut m = MemSlabs::default();
         let a = m.insert(slab(2), MemKind::Tier { id: 1 }, 5);
@@ -195,7 +258,7 @@ mod tests {
         let (_old, kind) = m.replace(a, local, MemKind::Local).unwrap();
         assert_eq!(kind, MemKind::Tier { id: 1 });
         assert_eq!(m.read(a, 1, |p| p[100]).unwrap(), 3);
-        assert_eq!(m.local(), vec![a]);
+        assert_eq!(m.counts(), (0, 1));
         assert_eq!(m.remove(a).unwrap().far_slab, 5);
         assert!(m.read(a, 0, |_| ()).is_none());
         assert!(!m.write(a, 0, &page));

@@ -69,6 +69,12 @@ pub struct Stats {
     pub local_slabs: u64,
     /// Host tier slabs given back to the node when it asked (reclaims).
     pub tier_reclaimed_slabs: u64,
+    /// Host tier slabs given back at no cost: their donor copy was complete, so they simply
+    /// live on the donor from then on.
+    pub tier_reclaimed_clean: u64,
+    /// Pages of memory slabs written through to their donor copies in the background (with
+    /// donors configured), so a reclaim costs nothing.
+    pub tier_pages_written_through: u64,
     /// Local slabs moved on to a donor.
     pub local_slabs_migrated: u64,
     /// The node serving the host tier (its socket), if one is used.

@@ -12,22 +12,28 @@
 //! - Placement ([`Shared::place`]): a far slab goes to the host tier while the node lends slabs,
 //!   then to the donors. A refusal from a full node is remembered for a second, so a full tier
 //!   costs one request per second, not one per slab.
+//! - Write-through (with donors configured): the tier is a write-back cache in front of the
+//!   donors. The tier thread gives each memory slab a donor slab and writes the pages written
+//!   since their last write-through (a bit a page) in the background, at most
+//!   [`WRITE_THROUGH_PAGES`] a round: copied out under the state lock, sealed when pages are
+//!   sealed, written without it; a page written again meanwhile is marked again.
 //! - Reclaim: the node asks for `n` slabs back (its host is short of memory, or its capacity was
-//!   lowered). The tier thread picks the `n` least recently written tier slabs, copies each into
-//!   private memory of this process (a *local* slab, same index, so placements do not change)
-//!   under the state lock, and frees the tier slab. With donors configured, local slabs are then
-//!   moved on to a donor in the background: copied out under the lock, written (sealed, if
-//!   pages are sealed) without it, and switched over only if no write reached the slab
-//!   meanwhile, else tried again. Nothing is lost at any step; the program keeps running.
+//!   lowered). The tier thread picks the `n` least recently written tier slabs (Valet's
+//!   activity-based victims). A slab whose donor copy is complete just lives on the donor from
+//!   then on: no copy. Any other is copied into private memory of this process (a *local* slab,
+//!   same index, so placements do not change) under the state lock; the write-through then
+//!   completes its donor copy and retires it. Without donors, local slabs stay local. Nothing is
+//!   lost at any step; the program keeps running.
 //! - The node dying loses nothing: the slabs already mapped stay valid (the mappings keep the
 //!   memfd pages alive). New slabs then go to the donors; with none, write-back fails with an
 //!   error saying so and the pages stay in the write-back pool.
 //!
 //! # Limitations
 //!
-//! - Tier copies are the only copies: with donors configured, pages are not also written
-//!   through to them in the background, so a reclaim costs a copy into local memory and a
-//!   migration, not nothing.
+//! - The write-through is rate-limited, so right after a burst of evictions some slabs are not
+//!   yet complete on their donor; a reclaim then copies those into local memory first.
+//! - With donors, the donors hold a copy of everything in the tier (that is what makes a reclaim
+//!   free), so they need room for it.
 //! - Copying a slab into local memory holds the state lock for the copy (about 10 ms for
 //!   64 MiB here): faults wait that long once per slab reclaimed.
 //! - Without donors, slabs the node takes back stay in this process's memory, beyond the
@@ -212,6 +218,11 @@ impl Shared {
     }
 }
 
+/// Pages written through to donors per round of the tier thread, at most (about 80 MiB/s
+/// at ten rounds a second): the write-through runs in the background and must not take the
+/// program's bandwidth or CPU in bursts.
+const WRITE_THROUGH_PAGES: usize = 2048;
+
 /// The tier thread. Runs until shutdown when a tier is used.
 pub(crate) fn tier_loop(sh: Arc<Shared>) {
     if let Some(h) = &sh.thread_hook {
@@ -220,45 +231,62 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
     let Some(tier) = &sh.far.tier else {
         return;
     };
-    let mut next_migration = Instant::now();
+    let mut next_round = Instant::now();
     let mut backoff = Duration::from_millis(100);
+    let mut busy = false;
     while !sh.shutdown.load(Ordering::Relaxed) {
+        let wait = if busy { 10 } else { 100 };
         match tier
             .client
             .reclaims()
-            .recv_timeout(Duration::from_millis(100))
+            .recv_timeout(Duration::from_millis(wait))
         {
             Ok(r) => give_back(&sh, tier, r.slabs as usize),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            // The node is gone: nothing more will be asked; local slabs may still move on.
+            // The node is gone: nothing more will be asked; the write-through goes on.
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(Duration::from_millis(100))
+                std::thread::sleep(Duration::from_millis(wait))
             }
         }
-        if sh.far.donors.is_empty() || Instant::now() < next_migration {
+        if sh.far.donors.is_empty() || Instant::now() < next_round {
             continue;
         }
-        match migrate_local(&sh) {
-            Ok(()) => backoff = Duration::from_millis(100),
+        match write_through(&sh) {
+            Ok(n) => {
+                busy = n > 0;
+                backoff = Duration::from_millis(100);
+            }
             Err(e) => {
+                busy = false;
                 sh.report(
-                    format!("moving local slabs on to a donor failed (kept, retrying): {e}"),
+                    format!(
+                        "writing the host tier through to the donors failed (kept in memory, \
+                         retrying): {e}"
+                    ),
                     false,
                 );
-                next_migration = Instant::now() + backoff;
+                next_round = Instant::now() + backoff;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }
 }
 
-/// Gives `n` tier slabs back to the node: the least recently written, each copied into local
-/// memory first (see the module doc).
+/// Gives `n` tier slabs back to the node: the least recently written. One whose donor copy is
+/// complete (written through) just lives on the donor from now on, at no cost; the others are
+/// copied into local memory first (see the module doc).
 fn give_back(sh: &Shared, tier: &Tier, n: usize) {
     let mut freed: Vec<(u32, Mapping)> = Vec::new();
+    let mut clean = 0u64;
     {
         let mut st = sh.state.lock();
         for m in st.mem.least_recently_written_tier(n) {
+            if let Some((mapping, MemKind::Tier { id })) = retire_if_written_through(sh, &mut st, m)
+            {
+                freed.push((id, mapping));
+                clean += 1;
+                continue;
+            }
             let Some(len) = st.mem.get(m).map(|s| s.mapping.len()) else {
                 continue;
             };
@@ -291,88 +319,119 @@ fn give_back(sh: &Shared, tier: &Tier, n: usize) {
             tracing::warn!("giving tier slab {id} back to the node: {e}");
         }
     }
-    tracing::info!("the node asked for {n} slabs back: gave {given}");
-    sh.stats.lock().s.tier_reclaimed_slabs += given;
+    tracing::info!("the node asked for {n} slabs back: gave {given} ({clean} already on a donor)");
+    let mut s = sh.stats.lock();
+    s.s.tier_reclaimed_slabs += given;
+    s.s.tier_reclaimed_clean += clean;
 }
 
-/// Moves every local slab on to a donor, oldest written first.
-fn migrate_local(sh: &Shared) -> Result<(), RuntimeError> {
-    let locals = sh.state.lock().mem.local();
-    for m in locals {
-        if sh.shutdown.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        migrate_one(sh, m)?;
+/// If memory slab `m` has a complete donor copy, makes the donor its home and removes it;
+/// returns its memory and kind (the caller unmaps it, and frees a tier slab with the node).
+fn retire_if_written_through(
+    sh: &Shared,
+    st: &mut crate::shared::State,
+    m: u32,
+) -> Option<(Mapping, MemKind)> {
+    let s = st.mem.get(m)?;
+    let (donor, slab) = s.donor?;
+    if s.unflushed() > 0 {
+        return None;
     }
-    Ok(())
+    sh.far
+        .set_home(s.far_slab, Some(Home::Donor { donor, slab }));
+    let s = st.mem.remove(m)?;
+    Some((s.mapping, s.kind))
 }
 
-/// Tries to switch over a copy this many times before leaving the slab for the next round.
-const MIGRATION_TRIES: u32 = 3;
-
-/// Moves local slab `m` to a donor: copy out under the lock, write without it, switch over
-/// if nothing wrote the slab meanwhile.
-fn migrate_one(sh: &Shared, m: u32) -> Result<(), RuntimeError> {
-    let Some(far_slab) = sh.state.lock().mem.get(m).map(|s| s.far_slab) else {
-        return Ok(());
-    };
-    let home = sh.far.alloc_on_donor()?;
-    let Home::Donor { donor, slab } = home else {
-        return Err(RuntimeError::Internal(
-            "a donor placement that is not on a donor",
-        ));
-    };
-    let pages = sh.far.slab_pages;
-    let first_far = far_slab * pages;
-    for _ in 0..MIGRATION_TRIES {
-        let (copy, writes) = {
-            let st = sh.state.lock();
-            let Some(s) = st.mem.get(m) else {
-                return Ok(());
+/// One round of write-through: gives memory slabs a donor slab, writes pages written since
+/// their last write-through (oldest slabs first, at most [`WRITE_THROUGH_PAGES`]), and retires
+/// local slabs whose donor copy is complete. Returns the pages written.
+fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
+    let order = sh.state.lock().mem.oldest_first();
+    let mut written = 0;
+    for m in order {
+        if sh.shutdown.load(Ordering::Relaxed) || written >= WRITE_THROUGH_PAGES {
+            break;
+        }
+        let needs_donor = sh.state.lock().mem.get(m).map(|s| s.donor.is_none());
+        if needs_donor == Some(true) {
+            let Home::Donor { donor, slab } = sh.far.alloc_on_donor()? else {
+                return Err(RuntimeError::Internal("a donor placement not on a donor"));
             };
-            let mut copy = vec![0u8; pages as usize * PAGE_SIZE];
-            for p in 0..pages as u32 {
-                crate::mm::with_page_bytes(&s.mapping, p, |b| {
-                    copy[p as usize * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(b)
-                });
+            if let Some(s) = sh.state.lock().mem.get_mut(m) {
+                s.donor.get_or_insert((donor, slab));
             }
-            (copy, s.writes)
+        }
+        while written < WRITE_THROUGH_PAGES {
+            let n = write_through_slab(sh, m, WRITE_THROUGH_PAGES - written)?;
+            if n == 0 {
+                break;
+            }
+            written += n;
+        }
+        let retired = {
+            let mut st = sh.state.lock();
+            match st.mem.get(m).map(|s| s.kind) {
+                Some(MemKind::Local) => retire_if_written_through(sh, &mut st, m),
+                _ => None,
+            }
         };
-        let mut copy = copy;
-        if let Some(sealer) = &sh.far.sealer {
-            for (p, page) in copy.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                sealer.seal(first_far + p as u64, page);
+        if retired.is_some() {
+            sh.stats.lock().s.local_slabs_migrated += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// Writes up to `max` (at most one batch) of memory slab `m`'s pages written since their last
+/// write-through to its donor copy: copied out under the state lock, sealed when pages are
+/// sealed, written without the lock. A page written again meanwhile is marked again; on a
+/// failure the pages are marked again. Returns the pages written.
+fn write_through_slab(sh: &Shared, m: u32, max: usize) -> Result<usize, RuntimeError> {
+    let (donor, slab, first_far, pages, mut data) = {
+        let mut st = sh.state.lock();
+        let Some(s) = st.mem.get_mut(m) else {
+            return Ok(0);
+        };
+        let Some((donor, slab)) = s.donor else {
+            return Ok(0);
+        };
+        let pages = s.take_unflushed(max.min(farmem_transport::MAX_BATCH_PAGES));
+        let mut data = vec![0u8; pages.len() * PAGE_SIZE];
+        for (i, p) in pages.iter().enumerate() {
+            crate::mm::with_page_bytes(&s.mapping, *p, |b| {
+                data[i * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(b)
+            });
+        }
+        (donor, slab, s.far_slab * sh.far.slab_pages, pages, data)
+    };
+    if pages.is_empty() {
+        return Ok(0);
+    }
+    if let Some(sealer) = &sh.far.sealer {
+        for (p, page) in pages.iter().zip(data.chunks_exact_mut(PAGE_SIZE)) {
+            sealer.seal(first_far + u64::from(*p), page);
+        }
+    }
+    let writes: Vec<PageWrite<'_>> = pages
+        .iter()
+        .zip(data.chunks_exact(PAGE_SIZE))
+        .map(|(p, d)| PageWrite {
+            addr: farmem_transport::PageAddr { slab, page: *p },
+            data: d,
+        })
+        .collect();
+    if let Err(e) = sh.far.write(donor, &writes) {
+        if let Some(s) = sh.state.lock().mem.get_mut(m) {
+            for p in &pages {
+                s.mark_unflushed(*p);
             }
         }
-        for (c, chunk) in copy
-            .chunks(farmem_transport::MAX_BATCH_PAGES * PAGE_SIZE)
-            .enumerate()
-        {
-            let base = (c * farmem_transport::MAX_BATCH_PAGES) as u32;
-            let writes: Vec<PageWrite<'_>> = chunk
-                .chunks_exact(PAGE_SIZE)
-                .enumerate()
-                .map(|(i, data)| PageWrite {
-                    addr: farmem_transport::PageAddr {
-                        slab,
-                        page: base + i as u32,
-                    },
-                    data,
-                })
-                .collect();
-            sh.far.write(donor, &writes)?;
-        }
-        let mut st = sh.state.lock();
-        if st.mem.get(m).map(|s| s.writes) != Some(writes) {
-            continue; // written meanwhile: copy again
-        }
-        sh.far.set_home(far_slab, Some(home));
-        st.mem.remove(m);
-        drop(st);
-        let mut s = sh.stats.lock();
-        s.s.local_slabs_migrated += 1;
-        s.s.bytes_sent += pages * PAGE_SIZE as u64;
-        return Ok(());
+        return Err(e);
     }
-    Ok(())
+    let n = pages.len();
+    let mut s = sh.stats.lock();
+    s.s.tier_pages_written_through += n as u64;
+    s.s.bytes_sent += (n * PAGE_SIZE) as u64;
+    Ok(n)
 }

@@ -149,11 +149,28 @@ fn a_full_tier_without_donors_says_so_and_loses_nothing() {
 
 /// Fills 16 MiB at a 4 MiB budget, then has the node shrink to 4 MiB: the runtime gives back
 /// its least recently written slabs.
-fn shrink_while_running(donors: Vec<String>) -> (Arc<Runtime>, Region, RunningNode, Stats) {
+/// With `settle`, waits first until every page written into the tier is written through to the
+/// donors.
+fn shrink_while_running(
+    donors: Vec<String>,
+    settle: bool,
+) -> (Arc<Runtime>, Region, RunningNode, Stats) {
     let dir = tempfile::tempdir().unwrap();
     let n = node(dir.path(), 64 * MIB);
     let rt = runtime(4 * MIB, n.socket_path(), donors);
     let region = fill_and_check(&rt, 16 * MIB, 4);
+    if settle {
+        let s = wait_for_stats(
+            &rt,
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            |s| s.tier_pages_written_through >= s.tier_pages_written,
+        );
+        assert!(
+            s.tier_pages_written_through >= s.tier_pages_written,
+            "{s:?}"
+        );
+    }
     let before = rt.stats();
     assert!(before.tier_slabs >= 8, "{before:?}");
     let control = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
@@ -176,7 +193,7 @@ fn shrink_while_running(donors: Vec<String>) -> (Arc<Runtime>, Region, RunningNo
 
 #[test]
 fn the_node_taking_slabs_back_loses_nothing() {
-    let (rt, region, n, _) = shrink_while_running(vec![]);
+    let (rt, region, n, _) = shrink_while_running(vec![], false);
     // With no donor, the slabs taken back live in this process.
     let s = rt.stats();
     assert!(s.local_slabs > 0, "{s:?}");
@@ -187,16 +204,39 @@ fn the_node_taking_slabs_back_loses_nothing() {
 #[test]
 fn slabs_taken_back_move_on_to_a_donor() {
     let donor = in_process(256 * MIB, MIB);
-    let (rt, region, _n, _) = shrink_while_running(vec![donor.local_addr().to_string()]);
+    let (rt, region, _n, _) = shrink_while_running(vec![donor.local_addr().to_string()], false);
     let s = wait_for_stats(
         &rt,
         Duration::from_secs(30),
         Duration::from_millis(50),
         |s| s.local_slabs == 0,
     );
-    assert_eq!(s.local_slabs, 0, "every local slab moved on: {s:?}");
-    assert!(s.local_slabs_migrated > 0, "{s:?}");
+    assert_eq!(
+        s.local_slabs, 0,
+        "every slab taken back is on the donor: {s:?}"
+    );
+    assert!(
+        s.tier_reclaimed_clean + s.local_slabs_migrated >= s.tier_reclaimed_slabs,
+        "{s:?}"
+    );
     check(&region, 5);
     let s = rt.stats();
     assert!(s.faults_remote > 0, "pages now come from the donor: {s:?}");
+}
+
+#[test]
+fn with_the_tier_written_through_a_reclaim_copies_nothing() {
+    let donor = in_process(256 * MIB, MIB);
+    let (rt, region, _n, s) = shrink_while_running(vec![donor.local_addr().to_string()], true);
+    assert!(s.tier_reclaimed_slabs > 0, "{s:?}");
+    assert_eq!(
+        s.tier_reclaimed_clean, s.tier_reclaimed_slabs,
+        "every slab given back had a complete donor copy: {s:?}"
+    );
+    assert_eq!(
+        s.local_slabs, 0,
+        "nothing was copied into local memory: {s:?}"
+    );
+    check(&region, 5);
+    assert!(rt.stats().faults_remote > 0);
 }
