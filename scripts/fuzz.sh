@@ -4,7 +4,7 @@
 # (seeded from real frames, traces and configuration by `scripts/fuzz.sh seeds`); the normal
 # test suite replays every corpus file on stable Rust.
 #
-#   scripts/fuzz.sh TARGET SECONDS   fuzz one target (decode, donor, trace, config)
+#   scripts/fuzz.sh TARGET SECONDS   fuzz one target (decode, donor, trace, config, node_wire)
 #   scripts/fuzz.sh all SECONDS      fuzz each target for SECONDS, one after the other
 #   scripts/fuzz.sh seeds            rewrite the seed files of every corpus
 #
@@ -50,7 +50,7 @@ export CXXFLAGS="${CXXFLAGS:+$CXXFLAGS }-fno-sanitize=address"
 export RUST_LIB_BACKTRACE=${RUST_LIB_BACKTRACE:-0}
 export ASAN_OPTIONS=${ASAN_OPTIONS-detect_stack_use_after_return=0:quarantine_size_mb=16:malloc_context_size=0}
 
-TARGETS=(decode donor trace config)
+TARGETS=(decode donor trace config node_wire)
 
 usage() {
     echo "usage: $0 {${TARGETS[*]// /|}|all} SECONDS | $0 seeds" >&2

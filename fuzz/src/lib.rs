@@ -3,5 +3,6 @@
 //! target's corpus (`corpus/<target>/`) through the same function.
 pub mod config;
 pub mod decode;
+pub mod node_wire;
 pub mod session;
 pub mod trace;
