@@ -265,3 +265,92 @@ fn an_untrusted_node_socket_is_refused_with_the_fix() {
     assert!(!o.status.success(), "{t}");
     assert!(t.contains("chmod"), "the error says what to run: {t}");
 }
+
+/// The node's figures, read as a client.
+fn node_stats(socket: &Path) -> farmem_node::NodeStats {
+    farmem_node::NodeClient::connect(socket, farmem_node::NodeClientConfig::default())
+        .and_then(|c| c.stats())
+        .unwrap_or_else(|e| panic!("reading the node's stats: {e}"))
+}
+
+/// Lets a holding program go on, and returns its output after "filled".
+fn finish(mut child: std::process::Child, mut out: BufReader<std::process::ChildStdout>) -> String {
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{rest}{err}");
+    format!("filled\n{rest}")
+}
+
+#[test]
+fn two_programs_share_one_node_within_its_cap() {
+    let dir = Scratch::new("node-two");
+    let prog = tier_hold(&dir);
+    let mut baseline = Command::new(&prog)
+        .arg("96")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    baseline.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let want = String::from_utf8(baseline.wait_with_output().unwrap().stdout).unwrap();
+    // 96 MiB of tier for two programs that each put about 64 MiB there.
+    let (_node, socket) = node(&dir, "96MiB");
+    let args = |stats: &Path| {
+        vec![
+            "--node".to_string(),
+            socket.to_str().unwrap().to_string(),
+            "--local-mem".into(),
+            "32MiB".into(),
+            "--stats".into(),
+            stats.to_str().unwrap().to_string(),
+        ]
+    };
+    let (sa, sb) = (dir.path("a.json"), dir.path("b.json"));
+    let aa = args(&sa);
+    let (a, a_out) = start_holding(
+        &aa.iter().map(String::as_str).collect::<Vec<_>>(),
+        &prog,
+        "96",
+    );
+    let ab = args(&sb);
+    let (b, b_out) = start_holding(
+        &ab.iter().map(String::as_str).collect::<Vec<_>>(),
+        &prog,
+        "96",
+    );
+    let s = node_stats(&socket);
+    assert!(s.used_bytes <= 96 << 20, "the cap holds: {s:?}");
+    let holding: Vec<_> = s.clients.iter().filter(|c| c.slabs > 0).collect();
+    assert_eq!(holding.len(), 2, "each program is accounted: {s:?}");
+    let before: Vec<(u32, u64)> = holding.iter().map(|c| (c.pid, c.slabs)).collect();
+    // One program finishes and exits: its slabs go back to the node, and the other's waiting
+    // pages take them.
+    assert_eq!(finish(a, a_out), want);
+    let settled = |s: &farmem_node::NodeStats| {
+        let left: Vec<_> = before
+            .iter()
+            .filter_map(|(pid, n)| s.clients.iter().find(|c| c.pid == *pid).map(|c| (c, *n)))
+            .collect();
+        left.len() == 1 && left[0].0.slabs > left[0].1
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let s = node_stats(&socket);
+        if settled(&s) || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        settled(&s),
+        "one program left, holding more slabs than before ({before:?}): {s:?}"
+    );
+    assert!(s.used_bytes <= 96 << 20, "{s:?}");
+    assert_eq!(finish(b, b_out), want);
+    let b_stats = read_stats(&sb);
+    assert!(counter(&b_stats, "tier_bytes_out") > 0, "{b_stats}");
+}
