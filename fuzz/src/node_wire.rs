@@ -9,7 +9,11 @@ pub fn decode_stream(data: &[u8]) {
     let mut rest = data;
     while let Ok(Some((frame, used))) = decode_client_frame(rest) {
         assert!(used > 0 && used <= rest.len(), "a frame used {used} bytes");
-        assert_eq!(frame.encode(), rest[..used], "{frame:?} encodes differently");
+        assert_eq!(
+            frame.encode(),
+            rest[..used],
+            "{frame:?} encodes differently"
+        );
         rest = &rest[used..];
     }
     let mut rest = data;

@@ -6,8 +6,7 @@ mod node_wire;
 
 #[test]
 fn the_node_wire_fuzz_corpus_replays() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/node_wire");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/node_wire");
     let mut n = 0;
     for e in std::fs::read_dir(&dir).expect("fuzz/corpus/node_wire exists") {
         node_wire::decode_stream(&std::fs::read(e.unwrap().path()).unwrap());
