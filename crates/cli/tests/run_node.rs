@@ -167,21 +167,13 @@ fn start_holding(
 fn killing_the_node_loses_nothing_already_written() {
     let dir = Scratch::new("node-kill");
     let prog = tier_hold(&dir);
-    let baseline = Command::new(&prog)
-        .arg("96")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut baseline = baseline;
-    baseline.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let want = String::from_utf8(baseline.wait_with_output().unwrap().stdout).unwrap();
+    let want = without_farmem(&prog);
     assert!(want.contains("checksum"), "{want}");
 
     let (mut node, socket) = node(&dir, "1GiB");
     let donor = Donor::start("1GiB", "4MiB");
     let stats = dir.path("stats.json");
-    let (mut child, mut out) = start_holding(
+    let (child, out) = start_holding(
         &[
             "--node",
             socket.to_str().unwrap(),
@@ -202,14 +194,7 @@ fn killing_the_node_loses_nothing_already_written() {
         .status()
         .unwrap();
     let _ = node.wait_timeout(Duration::from_secs(10));
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(status.success(), "{rest}{err}");
-    assert_eq!(format!("filled\n{rest}"), want, "{err}");
+    assert_eq!(finish(child, out), want);
     let s = read_stats(&stats);
     assert!(counter(&s, "tier_bytes_out") > 32 << 20, "{s}");
     assert!(
@@ -266,6 +251,18 @@ fn an_untrusted_node_socket_is_refused_with_the_fix() {
     assert!(t.contains("chmod"), "the error says what to run: {t}");
 }
 
+/// tier_hold's output on 96 MiB without farmem: what every run under farmem must print.
+fn without_farmem(prog: &Path) -> String {
+    let mut baseline = Command::new(prog)
+        .arg("96")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    baseline.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    String::from_utf8(baseline.wait_with_output().unwrap().stdout).unwrap()
+}
+
 /// The node's figures, read as a client.
 fn node_stats(socket: &Path) -> farmem_node::NodeStats {
     farmem_node::NodeClient::connect(socket, farmem_node::NodeClientConfig::default())
@@ -289,14 +286,7 @@ fn finish(mut child: std::process::Child, mut out: BufReader<std::process::Child
 fn two_programs_share_one_node_within_its_cap() {
     let dir = Scratch::new("node-two");
     let prog = tier_hold(&dir);
-    let mut baseline = Command::new(&prog)
-        .arg("96")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    baseline.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let want = String::from_utf8(baseline.wait_with_output().unwrap().stdout).unwrap();
+    let want = without_farmem(&prog);
     // 96 MiB of tier for two programs that each put about 64 MiB there.
     let (_node, socket) = node(&dir, "96MiB");
     let args = |stats: &Path| {
