@@ -216,7 +216,7 @@ impl Far {
         p[idx] = home;
     }
 
-    /// Places far slab `idx` on a donor (power of two choices; a full donor is skipped for
+    /// Allocates a slab on a donor (power of two choices; a full donor is skipped for
     /// the next), without recording it: the caller records it with [`Far::set_home`].
     pub(crate) fn alloc_on_donor(&self) -> Result<Home, RuntimeError> {
         let order = self.choice_order();
