@@ -177,6 +177,14 @@ FM_HIDDEN int fmp_heap_init(size_t reserve_bytes, size_t first_chunk_bytes) {
     /* Only our chunks, never fresh OS memory, may back user allocations. */
     mi_option_set(mi_option_arena_reserve, 0);
     mi_option_set(mi_option_disallow_os_alloc, 1);
+    /* Freed memory must reach the runtime before it is reused: a purge is a MADV_DONTNEED, which
+     * the runtime sees as a REMOVE event and forgets the pages (never written back or fetched
+     * again). mimalloc delays arena purges by purge_delay x arena_purge_mult (100 ms), so a
+     * program that frees a big block and allocates the next one at once (a numpy loop) got the
+     * old, evicted contents fetched back before overwriting them. Arena blocks (freed segments
+     * and huge blocks) are purged at once; small pages inside segments keep mimalloc's own short
+     * delay, since each purge there blocks the freeing thread until the event is read. */
+    mi_option_set(mi_option_arena_purge_mult, 0);
 
     pthread_mutex_lock(&grow_lock);
     heap_lo = lo;
