@@ -6,6 +6,8 @@
 //!   both wrapped by [`evict::by_name`] with Leap's eager eviction of prefetched pages.
 //! - [`prefetch`]: which pages to bring in after an access ([`prefetch::Prefetcher`]); Leap's
 //!   majority-trend prefetcher (per thread or per process) and its rivals.
+//! - [`first_touch`]: which never-written pages to map ahead of a thread filling fresh memory
+//!   in order (first-touch readahead).
 //! - [`measures`]: prefetch accuracy, coverage, timeliness and pollution, as Leap defines them,
 //!   in one reusable accounting struct.
 //!
@@ -17,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod evict;
+pub mod first_touch;
 mod linked;
 pub mod measures;
 

@@ -170,6 +170,23 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
     }
 }
 
+/// Whether far page `far` lives in a memory slab (the host tier, or a local slab).
+fn in_memory(sh: &Shared, far: u64) -> bool {
+    far != crate::pages::NO_FAR && matches!(sh.far.home(far), Some((Home::Memory(_), _)))
+}
+
+/// A victim whose copy is in a memory slab does not stay in the write-back pool: a later
+/// fault copies it from the slab as cheaply as a pool hit would move it back, and its slot is
+/// discarded with the next batch and reused at once. Keeping such pages cached filled the
+/// pool, so every victim took a reclaimed slot from a scattered free list and neighbouring
+/// victims could not be MOVEd as one run: 2 pages per UFFDIO_MOVE on a sequential scan, each
+/// MOVE a TLB shootdown on the other CPU.
+fn leave_pool(st: &mut State, addr: usize, slot: u32) {
+    if st.pages.reclaim(addr, slot) {
+        st.slots.release_stale(slot);
+    }
+}
+
 /// MOVEs the victims into their slots and finds the all-zero ones among the dirty (the slots
 /// are the evictor's alone until the commit, which copies the dirty pages where they go).
 fn move_and_read(sh: &Shared, ev: &mut Evictor) {
@@ -218,7 +235,12 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
             }
             Ok(()) if v.was_clean => {
                 st.pages.commit_clean(v.addr, v.slot);
-                st.slots.cache(v.slot);
+                let far = st.pages.get(v.addr).map_or(crate::pages::NO_FAR, |e| e.far);
+                if in_memory(sh, far) {
+                    leave_pool(&mut st, v.addr, v.slot);
+                } else {
+                    st.slots.cache(v.slot);
+                }
                 c.clean += 1;
             }
             Ok(()) if zero => {
@@ -244,7 +266,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                         s.mem.write(m, page, src)
                     });
                     if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
-                        s.slots.cache(v.slot);
+                        leave_pool(s, v.addr, v.slot);
                         c.to_memory += 1;
                         continue;
                     }

@@ -5,8 +5,8 @@
 //!
 //! # Design
 //!
-//! - **Feeding.** Faults served from the write-back pool or from a donor are accesses Leap
-//!   would see as swap-ins: each is reported with its page number (virtual address / 4096),
+//! - **Feeding.** Faults served from the write-back pool, the host tier or a donor are accesses
+//!   Leap would see as swap-ins: each is reported with its page number (virtual address / 4096),
 //!   the faulting thread id (from the fault message) and the time. Zero-page faults (never
 //!   written pages: nothing to fetch) and write-protect faults are not reported.
 //! - **Filtering.** Predicted pages are fetched only if their entry is `Remote` (on a donor
@@ -14,6 +14,13 @@
 //!   demand fault are in flight at once (beyond that, predictions are not issued). Requests a
 //!   demand fault reached while still queued are skipped, so a prefetch thread that fell
 //!   behind (a loaded machine) catches up rather than fetching stale pages.
+//! - **Pages in the host tier** (a memory slab) are not fetched: the fault thread copies them
+//!   straight into the region as soon as they are predicted (`fault::install_ahead`, one
+//!   UFFDIO_COPY each, write-protected and clean), except the window's first page, its
+//!   marker, left in the tier. The marker's fault is a tier fault seen as a prefetch hit, and
+//!   the window's pages installed before it that are still resident are reported as (inferred)
+//!   hits first, so Leap's window grows as it does in marker mode. Tier faults feed the
+//!   prefetcher like pool hits and donor faults.
 //! - **Fetching.** The prefetch thread (`farmem-prefetch`) takes every queued request, groups
 //!   them by donor in batches of up to 256 pages, submits all batches, then waits for each.
 //!   It uses one extra [`DonorClient`] per donor (same client id, so the same slabs): a demand
@@ -334,110 +341,137 @@ impl Prefetch {
     }
 
     /// A fault on `addr` whose remote read was just submitted (state lock held again): counts
-    /// it, feeds the prefetcher and queues its predictions.
-    pub(crate) fn on_remote_fault(
-        &self,
-        pages: &mut Pages,
-        paused: bool,
-        addr: usize,
-        thread: u32,
-    ) {
+    /// it. Returns whether it was a prefetch hit (its prefetch was in flight) and the time, to
+    /// feed the prefetcher with.
+    pub(crate) fn on_remote_fault(&self, addr: usize) -> (bool, u64) {
         let page = page_of(addr);
         let now = self.now_ns();
-        let hit = {
-            let mut i = self.inner.lock();
-            let waited = match i.in_flight.get_mut(&addr) {
-                Some(f) if !f.consumed => {
-                    f.consumed = true;
-                    i.live -= 1;
-                    true
-                }
-                _ => false,
-            };
-            if waited {
-                i.hits_waited += 1;
-                i.measures.prefetched(page, now);
-                i.measures.prefetch_hit(page, now);
-            } else {
-                // An unused prefetched page reaching here was evicted: pollution.
-                i.measures.evicted(page);
-                i.measures.demand_fault();
+        let mut i = self.inner.lock();
+        let waited = match i.in_flight.get_mut(&addr) {
+            Some(f) if !f.consumed => {
+                f.consumed = true;
+                i.live -= 1;
+                true
             }
-            waited
+            _ => false,
         };
-        self.feed(pages, paused, addr, thread, hit, now);
+        if waited {
+            i.hits_waited += 1;
+            i.measures.prefetched(page, now);
+            i.measures.prefetch_hit(page, now);
+        } else {
+            // An unused prefetched page reaching here was evicted: pollution.
+            i.measures.evicted(page);
+            i.measures.demand_fault();
+        }
+        (waited, now)
+    }
+
+    /// A fault on `addr` served from a memory slab (the host tier): a prefetch hit when it is
+    /// the marker of a window installed ahead (recorded as prefetched then), else a demand
+    /// fault. Returns the hit and the time, to feed the prefetcher with.
+    pub(crate) fn on_tier_fault(&self, addr: usize) -> (bool, u64) {
+        let now = self.now_ns();
+        let mut i = self.inner.lock();
+        let hit = i.measures.prefetch_hit(page_of(addr), now);
+        if !hit {
+            i.measures.demand_fault();
+        }
+        (hit, now)
     }
 
     /// A fault on `addr` (far page `far`, just marked `Fetching`), with the state lock held: if
     /// the page's prefetch is in flight, the fault waits for it instead of sending a demand read
     /// of its own (the batch is on its way; a new read would only queue behind it on a loaded
     /// link, and a sequential scan that outruns its prefetches would send one read per page).
-    /// Counts a waited hit, feeds the prefetcher and returns true; false when nothing is in
-    /// flight for it.
-    pub(crate) fn wait_for_prefetch(
-        &self,
-        pages: &mut Pages,
-        paused: bool,
-        addr: usize,
-        far: u64,
-        thread: u32,
-        t0: Instant,
-    ) -> bool {
+    /// Counts a waited hit and returns the time (the caller feeds the prefetcher with a hit);
+    /// None when nothing is in flight for it.
+    pub(crate) fn wait_for_prefetch(&self, addr: usize, far: u64, t0: Instant) -> Option<u64> {
         let now = self.now_ns();
-        {
-            let mut i = self.inner.lock();
-            match i.in_flight.get_mut(&addr) {
-                Some(f) if !f.consumed && f.waiter.is_none() && f.far == far => f.waiter = Some(t0),
-                _ => return false,
-            }
-            i.hits_waited += 1;
-            i.measures.prefetched(page_of(addr), now);
-            i.measures.prefetch_hit(page_of(addr), now);
+        let mut i = self.inner.lock();
+        match i.in_flight.get_mut(&addr) {
+            Some(f) if !f.consumed && f.waiter.is_none() && f.far == far => f.waiter = Some(t0),
+            _ => return None,
         }
-        self.feed(pages, paused, addr, thread, true, now);
-        true
+        i.hits_waited += 1;
+        i.measures.prefetched(page_of(addr), now);
+        i.measures.prefetch_hit(page_of(addr), now);
+        Some(now)
     }
 
-    /// Feeds one access to the prefetcher and queues the pages worth fetching (state lock
-    /// held: `pages` says which predicted pages are on a donor only).
-    pub(crate) fn feed(
+    /// Feeds one access to the prefetcher (state lock held: `pages` says which pages of a
+    /// window whose marker this is are still resident) and returns the pages it predicts, the
+    /// window's marker first.
+    pub(crate) fn predict(
         &self,
         pages: &mut Pages,
-        paused: bool,
         addr: usize,
         thread: u32,
         hit: bool,
         now: u64,
-    ) {
+    ) -> Vec<u64> {
+        let mut out = Vec::new();
         let Some(pred) = &self.predictor else {
-            return;
+            return out;
         };
-        let page = page_of(addr);
-        if self.mode == PrefetchInstall::Marker && hit {
+        if hit {
+            // A marker's fault: the pages installed ahead in the window before it were used.
             self.infer_hits(pages, addr, thread, now);
         }
-        let mut out = Vec::new();
         pred.lock().on_access(
             &Access {
-                page,
+                page: page_of(addr),
                 thread,
                 time_ns: now,
                 prefetch_hit: hit,
             },
             &mut out,
         );
-        if out.is_empty() || paused {
+        out
+    }
+
+    /// Queues the predicted pages `out` (of a fault on `addr`) that are on a donor only to the
+    /// prefetch thread (state lock held). `out[0]` names the window (its marker).
+    pub(crate) fn queue_fetches(&self, pages: &Pages, out: &[u64], addr: usize, thread: u32) {
+        let Some(first) = out.first() else {
             return;
-        }
-        let window = usize::try_from(out[0])
+        };
+        let window = usize::try_from(*first)
             .ok()
             .and_then(|p| p.checked_mul(PAGE_SIZE))
             .unwrap_or(usize::MAX);
-        let reqs = self.track(pages, &out, addr, thread, window);
+        let reqs = self.track(pages, out, addr, thread, window);
         if !reqs.is_empty() {
             self.queue.lock().extend(reqs);
             self.queue_cv.notify_one();
         }
+    }
+
+    /// Pages of a window were installed ahead from the host tier (state lock held): each is
+    /// prefetched; `marker`, left in the tier, is the page whose fault reports them as used.
+    pub(crate) fn installed_ahead(
+        &self,
+        marker: Option<usize>,
+        thread: u32,
+        installed: &[usize],
+        now: u64,
+    ) {
+        let mut i = self.inner.lock();
+        for a in installed {
+            i.measures.prefetched(page_of(*a), now);
+        }
+        let Some(m) = marker else {
+            return;
+        };
+        i.measures.prefetched(page_of(m), now);
+        if i.windows.len() > MAX_WINDOWS {
+            i.windows.clear();
+        }
+        if i.markers.len() > MAX_WINDOWS {
+            i.markers.clear();
+        }
+        i.windows.insert(m, installed.to_vec());
+        i.markers.insert(m, thread);
     }
 
     /// The predicted pages worth fetching (on a donor only, not in flight, within the

@@ -77,6 +77,12 @@ pub struct Stats {
     pub tier_pages_written_through: u64,
     /// Local slabs moved on to a donor.
     pub local_slabs_migrated: u64,
+    /// Pages the prefetcher predicted that were installed ahead of use straight from a memory
+    /// slab (the host tier), so the program's access took no fault at all.
+    pub tier_installed_ahead: u64,
+    /// Never-written pages mapped (zeroed) ahead of a thread filling fresh memory in order
+    /// (first-touch readahead), so its writes there took no fault.
+    pub zero_installed_ahead: u64,
     /// The node serving the host tier (its socket), if one is used.
     pub tier_node: Option<String>,
     /// Evicted pages that were clean (unchanged since fetched, still on the donor): not resent.
@@ -183,7 +189,7 @@ pub struct StatsSummary {
     pub remote_bytes_out: u64,
     /// Faults whose page was copied from the host tier (or a local slab).
     pub faults_tier: u64,
-    /// Page bytes read from the host tier (or local slabs) by faults.
+    /// Page bytes read from the host tier (or local slabs): by faults and installed ahead.
     pub tier_bytes_in: u64,
     /// Page bytes written into the host tier (or local slabs) by evictions.
     pub tier_bytes_out: u64,
@@ -221,7 +227,7 @@ impl From<&Stats> for StatsSummary {
             remote_bytes_in: s.bytes_received,
             remote_bytes_out: s.bytes_sent,
             faults_tier: s.faults_tier,
-            tier_bytes_in: s.faults_tier * page,
+            tier_bytes_in: (s.faults_tier + s.tier_installed_ahead) * page,
             tier_bytes_out: s.tier_pages_written * page,
             prefetch_accuracy: prefetched.then_some(s.prefetch_accuracy),
             prefetch_coverage: prefetched.then_some(s.prefetch_coverage),

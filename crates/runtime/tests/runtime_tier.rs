@@ -9,7 +9,7 @@ use std::time::Duration;
 use farmem_node::{NodeClient, NodeClientConfig, NodeConfig, NodeServer, RunningNode};
 use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, TierMode};
 use farmem_testkit::donor::in_process;
-use farmem_testkit::pages::{fill, mismatches};
+use farmem_testkit::pages::{fill, mismatches, read_u64, word};
 use farmem_testkit::runtime::{start, wait_for_stats};
 
 const MIB: u64 = 1 << 20;
@@ -239,4 +239,117 @@ fn with_the_tier_written_through_a_reclaim_copies_nothing() {
     );
     check(&region, 5);
     assert!(rt.stats().faults_remote > 0);
+}
+
+/// A runtime on the node at `socket` with prefetcher `prefetch` and no donor.
+fn runtime_prefetching(budget: u64, socket: &Path, prefetch: &str) -> Arc<Runtime> {
+    start(RuntimeConfig {
+        budget_bytes: budget,
+        prefetch: prefetch.into(),
+        tier: TierMode::Node(socket.to_path_buf()),
+        ..RuntimeConfig::default()
+    })
+}
+
+/// Reads one word of every page in `order` and checks it against round `r`'s stamp; returns
+/// how many pages were wrong.
+fn scan(region: &Region, order: impl Iterator<Item = usize>, r: u64) -> usize {
+    let base = region.as_ptr() as usize;
+    order
+        .filter(|p| read_u64(base + p * PAGE) != word(*p, r))
+        .count()
+}
+
+#[test]
+fn pages_in_the_tier_are_installed_ahead_of_a_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 256 * MIB);
+    let pages = (64 * MIB) as usize / PAGE;
+    // Sequential and stride-5 scans of a region four times the budget (16 MiB: the evictor's
+    // headroom is its largest, 256 pages), after it was written:
+    // the prefetcher's windows are copied from the tier straight into the region, so most of
+    // the scan takes no fault. Every page's contents are checked.
+    for (order, stride) in [("seq", 1usize), ("stride:5", 5)] {
+        let rt = runtime_prefetching(16 * MIB, n.socket_path(), "leap");
+        let region = fill_and_check(&rt, 64 * MIB, 3);
+        let before = rt.stats();
+        let walk = (0..stride).flat_map(|s| (s..pages).step_by(stride));
+        let wrong = scan(&region, walk, 3);
+        assert_eq!(wrong, 0, "{order}: pages with wrong contents");
+        let s = rt.stats();
+        let faults =
+            s.faults_tier - before.faults_tier + s.faults_pool_hit - before.faults_pool_hit;
+        let ahead = s.tier_installed_ahead - before.tier_installed_ahead;
+        assert!(
+            ahead as usize > pages / 2,
+            "{order}: only {ahead} of {pages} pages installed ahead: {s:?}"
+        );
+        assert!(
+            (faults as usize) < pages / 2,
+            "{order}: {faults} faults for {pages} pages: {s:?}"
+        );
+        assert!(s.prefetch_hits_inferred > 0, "{s:?}");
+        assert_eq!(s.faults_remote, 0, "{s:?}");
+        drop(region);
+    }
+    // With prefetching off nothing is installed ahead and every page of the scan faults.
+    let rt = runtime_prefetching(16 * MIB, n.socket_path(), "none");
+    let region = fill_and_check(&rt, 64 * MIB, 4);
+    let s = rt.stats();
+    assert_eq!(s.tier_installed_ahead, 0, "{s:?}");
+    assert!(s.faults_tier as usize >= pages / 2, "{s:?}");
+    drop(region);
+}
+
+#[test]
+fn fresh_memory_written_in_order_is_mapped_ahead_and_untouched_pages_cost_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 256 * MIB);
+    let rt = runtime(16 * MIB, n.socket_path(), vec![]);
+    let pages = (64 * MIB) as usize / PAGE;
+    // In order: after the first few first touches the rest are mapped ahead, zeroed (as far
+    // as the evictor's headroom allows: at most 128 pages at this budget).
+    let region = fill_and_check(&rt, 64 * MIB, 5);
+    let s = rt.stats();
+    assert!(
+        (s.zero_installed_ahead as usize) > pages / 2,
+        "only {} of {pages} fresh pages mapped ahead: {s:?}",
+        s.zero_installed_ahead
+    );
+    assert!((s.faults_zero as usize) < pages / 2, "{s:?}");
+    drop(region);
+
+    // Out of order (even pages, then odd ones): nothing is mapped ahead.
+    let before = rt.stats();
+    let region = rt.map(4 * MIB as usize).unwrap();
+    let base = region.as_ptr() as usize;
+    let few = (4 * MIB) as usize / PAGE;
+    for p in (0..few).step_by(2).chain((1..few).step_by(2)) {
+        fill(base + p * PAGE, 1, p as u64);
+    }
+    let s = rt.stats();
+    assert_eq!(s.zero_installed_ahead, before.zero_installed_ahead, "{s:?}");
+    drop(region);
+
+    // Written in order, then abandoned half-way: the pages mapped ahead and never touched read
+    // as zeros, and when they are evicted they are found all zero and dropped, never sent.
+    let before = rt.stats();
+    let region = rt.map(2 * MIB as usize).unwrap();
+    let base = region.as_ptr() as usize;
+    let half = (MIB as usize) / PAGE;
+    fill(base, half, 6);
+    let mapped = rt.stats().zero_installed_ahead - before.zero_installed_ahead;
+    assert!(mapped > 0, "{:?}", rt.stats());
+    // Push everything out with a region four times the budget.
+    let other = fill_and_check(&rt, 64 * MIB, 7);
+    assert_eq!(mismatches(base, half, 6), 0, "the written half");
+    for p in half..2 * half {
+        assert_eq!(read_u64(base + p * PAGE), 0, "page {p} was never written");
+    }
+    let s = rt.stats();
+    assert!(
+        s.evicted_zero > before.evicted_zero,
+        "untouched pages mapped ahead should be dropped as zero pages: {s:?}"
+    );
+    drop(other);
 }
