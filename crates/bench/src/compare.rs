@@ -25,6 +25,22 @@
 //! `--json` rows), an optional SVG (`--plot`), and with `--save DIR` all three plus the machine's
 //! description, as kept in bench/results/.
 //!
+//! Every row also says what paging cost ([`cost`]): pages moved in and out (`in_pages`,
+//! `out_pages`), the CPU seconds spent on paging (`cpu_s`), `us_per_page = cpu_s / (in + out)`
+//! and `moved_vs_swap = (in + out) / swap's (in + out)` at the same fraction, where
+//!
+//! * `local`: `cpu_s` = the workload tree's system time (the baseline);
+//! * `swap`, `zram`: `cpu_s` = the tree's system time + kswapd's user and system time over the
+//!   run; pages = the `pswpin`/`pswpout` deltas;
+//! * `farmem`, `farmem-tcp`: `cpu_s` = the tree's system time + the user time of the program's
+//!   `farmem-…` threads (`runtime_cpu_s - runtime_system_s` from the stats file) + the user
+//!   time of the tree's `farmem` processes (`farmem run`, its private node or embedded donor);
+//!   pages = host tier + donor bytes in and out ÷ 4096.
+//!
+//! The tree's times are `getrusage(RUSAGE_CHILDREN)` from spawn to reap: system time is taken
+//! from there only, user time only from farmem's own threads and processes, so nothing counts
+//! twice (the details and what is missed are in [`cost`]).
+//!
 //! # Limitations
 //!
 //! The limit is the same number for all systems, but what it covers differs: the cgroup limit
@@ -32,6 +48,7 @@
 //! covers the pages of its regions. zram's compressed store lives outside the cgroup, as it does
 //! in production. The swap figures depend on the disk behind `--swap-dir` (a virtio disk here).
 
+mod cost;
 mod kv;
 mod report;
 mod systems;
@@ -46,6 +63,7 @@ use clap::Args;
 use farmem_runtime::StatsFile;
 
 use crate::units;
+use cost::{CpuParts, SwapCounters};
 use report::RunRow;
 use systems::{Cgroup, CgroupMount, Cleanup, CleanupGuard, SystemKind};
 use workloads::{Sizes, Toolbox, Workload, WorkloadList, Wrap};
@@ -277,6 +295,9 @@ fn blank_row(system: SystemKind, workload: Workload, f: f64, limit: Option<u64>)
         p50_us: None,
         p99_us: None,
         moved_bytes: None,
+        in_pages: None,
+        out_pages: None,
+        cpu: None,
         note: None,
         failed: false,
     }
@@ -333,6 +354,10 @@ fn run_local(ctx: &mut Ctx<'_>, w: Workload) -> (RunRow, Option<u64>) {
     })();
     match result {
         Ok((m, peak)) => {
+            (row.in_pages, row.out_pages) = (Some(0), Some(0));
+            row.cpu = m
+                .tree
+                .and_then(|t| CpuParts::of(SystemKind::Local, &t, 0.0, None));
             fill(&mut row, m);
             eprintln!(
                 "{tag}: done, {}, peak {}",
@@ -351,6 +376,16 @@ fn run_local(ctx: &mut Ctx<'_>, w: Workload) -> (RunRow, Option<u64>) {
     }
 }
 
+/// What a limited run measured besides the workload's own figures.
+struct Outcome {
+    m: workloads::Measured,
+    /// Bytes moved out (swap: pswpout; farmem: into the tier and to donors).
+    moved_bytes: Option<u64>,
+    /// Pages moved (in, out).
+    pages: Option<(u64, u64)>,
+    cpu: Option<CpuParts>,
+}
+
 /// Runs `w` under `system` with `limit_bytes`. Err(skip note) when the system cannot be set up.
 fn run_limited(
     ctx: &mut Ctx<'_>,
@@ -366,7 +401,7 @@ fn run_limited(
     // it comes back in (vm_swap_full), so a clean page would be written again on every eviction;
     // real machines are not sized that tight, and zram only uses memory for stored pages.
     let swap_size = 2 * peak + (64 << 20);
-    let outcome: anyhow::Result<(workloads::Measured, Option<u64>)> = match system {
+    let outcome: anyhow::Result<Outcome> = match system {
         SystemKind::Local => unreachable!("local runs in run_local"),
         SystemKind::Farmem | SystemKind::FarmemTcp => {
             let stats = ctx
@@ -392,11 +427,20 @@ fn run_limited(
             };
             workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|mut m| {
                 let stats = read_stats_file(&stats);
-                let moved = stats.as_ref().and_then(farmem_moved_bytes);
+                let moved_bytes = stats.as_ref().and_then(farmem_moved_bytes);
                 if let Some(note) = stats.as_ref().and_then(farmem_fault_note) {
                     m.detail = format!("{}; {note}", m.detail);
                 }
-                (m, moved)
+                let pages = stats.as_ref().and_then(cost::farmem_moved_pages);
+                let cpu = m
+                    .tree
+                    .and_then(|t| CpuParts::of(system, &t, 0.0, stats.as_ref()));
+                Outcome {
+                    m,
+                    moved_bytes,
+                    pages,
+                    cpu,
+                }
             })
         }
         SystemKind::Swap | SystemKind::Zram => {
@@ -419,7 +463,7 @@ fn run_limited(
                 report::bytes(limit_bytes),
                 area.description
             );
-            let before = systems::swapped_out_bytes();
+            let (swap_before, kswapd_before) = (SwapCounters::now(), cost::kswapd_cpu_s());
             let m = workloads::run(
                 w,
                 &ctx.sizes,
@@ -427,18 +471,28 @@ fn run_limited(
                 &Wrap::Cgroup(cg.procs_file()),
                 &ctx.cleanup,
             );
-            let moved = systems::swapped_out_bytes().saturating_sub(before);
+            let swapped = SwapCounters::now().since(swap_before);
+            let kswapd_s = (cost::kswapd_cpu_s() - kswapd_before).max(0.0);
             let teardown = ctx.cleanup.run(cg_token).and(area.teardown(&ctx.cleanup));
             match (m, teardown) {
-                (Ok(m), Ok(())) => Ok((m, Some(moved))),
+                (Ok(m), Ok(())) => Ok(Outcome {
+                    moved_bytes: Some(swapped.pswpout * cost::PAGE_BYTES),
+                    pages: Some((swapped.pswpin, swapped.pswpout)),
+                    cpu: m
+                        .tree
+                        .and_then(|t| CpuParts::of(system, &t, kswapd_s, None)),
+                    m,
+                }),
                 (Err(e), _) | (Ok(_), Err(e)) => Err(e),
             }
         }
     };
     match outcome {
-        Ok((m, moved)) => {
-            fill(&mut row, m);
-            row.moved_bytes = moved;
+        Ok(o) => {
+            fill(&mut row, o.m);
+            row.moved_bytes = o.moved_bytes;
+            (row.in_pages, row.out_pages) = (o.pages.map(|p| p.0), o.pages.map(|p| p.1));
+            row.cpu = o.cpu;
             eprintln!("{tag}: done, {}", summary(&row));
         }
         Err(err) => {

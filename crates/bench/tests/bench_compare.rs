@@ -46,13 +46,18 @@ fn json_rows(o: &Output) -> Vec<serde_json::Map<String, serde_json::Value>> {
         .collect()
 }
 
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 13] = [
     "avg_access_us",
+    "cpu_s",
+    "in_pages",
     "local_fraction",
+    "moved_vs_swap",
+    "out_pages",
     "p50_us",
     "p99_us",
     "system",
     "throughput_ops",
+    "us_per_page",
     "wall_s",
     "workload",
 ];
@@ -257,7 +262,16 @@ fn swap_and_zram_runs_leave_the_machine_as_they_found_it() {
             "{system} did not run: {}",
             stderr(&o)
         );
+        // Half of 32 MiB did not fit: pages went out and came back, and that cost CPU time.
+        let pages = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r:?}"));
+        assert!(
+            pages("out_pages") > 1000 && pages("in_pages") > 1000,
+            "{r:?}"
+        );
+        assert!(r["cpu_s"].as_f64().unwrap() > 0.0, "{r:?}");
+        assert!(r["us_per_page"].as_f64().unwrap() > 0.0, "{r:?}");
     }
+    assert_eq!(row(&rows, "swap", "seq")["moved_vs_swap"], 1.0);
     assert!(stderr(&o).contains("swap on /dev/zram"), "{}", stderr(&o));
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("zram"));
@@ -371,6 +385,13 @@ fn farmem_system_runs_the_workload_under_farmem_run() {
             line.matches("MiB").count() >= 2 && !line.contains(" 0.0 MiB"),
             "no moved bytes (only the limit) in {line}"
         );
+        let pages = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r:?}"));
+        assert!(
+            pages("out_pages") > 1000 && pages("in_pages") > 1000,
+            "{r:?}"
+        );
+        assert!(r["cpu_s"].as_f64().unwrap() > 0.0, "{r:?}");
+        assert!(r["moved_vs_swap"].is_null(), "no swap run: {r:?}");
         let faults = if system == "farmem" {
             "tier faults"
         } else {

@@ -90,7 +90,10 @@ pub use config::{
 pub use embedded::PrivateNode;
 pub use prefetch::PrefetchInstall;
 pub use seal::SealError;
-pub use stats::{FaultLatency, LatencySummary, PreloadCounters, Stats, StatsFile, StatsSummary};
+pub use stats::{
+    clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, FaultLatency, LatencySummary,
+    PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu,
+};
 
 use shared::Shared;
 
@@ -385,6 +388,9 @@ impl Runtime {
             )
         };
         let mut s = sh.stats.lock().snapshot();
+        // Read from /proc, outside every lock.
+        let cpu = stats::runtime_threads_cpu();
+        (s.runtime_cpu_s, s.runtime_system_s) = (cpu.cpu_s, cpu.system_s);
         if let Some((resident, peak)) = resident {
             s.resident_pages = resident;
             s.peak_resident_pages = peak;

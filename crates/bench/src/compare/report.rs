@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::cost::{self, CpuParts};
 use super::systems::SystemKind;
 use super::workloads::{Metric, Workload};
 
@@ -19,6 +20,16 @@ pub struct JsonRow {
     pub avg_access_us: Option<f64>,
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
+    /// Pages moved into the program's memory (swap-ins, or pages from the tier and donors).
+    pub in_pages: Option<u64>,
+    /// Pages moved out of it (swap-outs, or pages into the tier and to donors).
+    pub out_pages: Option<u64>,
+    /// CPU seconds spent on paging (see [`super::cost`] for what each system's counts).
+    pub cpu_s: Option<f64>,
+    /// `cpu_s` per page moved (in + out), µs; null when nothing moved.
+    pub us_per_page: Option<f64>,
+    /// Pages moved (in + out) ÷ swap's at the same fraction; null without a swap run.
+    pub moved_vs_swap: Option<f64>,
 }
 
 /// Everything known about one run (a row of the table).
@@ -38,6 +49,13 @@ pub struct RunRow {
     /// Bytes written to swap (swap, zram), or to donors and into the host tier (farmem,
     /// farmem-tcp) during the run.
     pub moved_bytes: Option<u64>,
+    /// Pages moved in during the run: swap-ins (swap, zram), pages read from the host tier
+    /// and donors (farmem, farmem-tcp), 0 (local).
+    pub in_pages: Option<u64>,
+    /// Pages moved out: swap-outs, pages written into the host tier and to donors, 0.
+    pub out_pages: Option<u64>,
+    /// The CPU time spent on paging, by part (see [`super::cost`]).
+    pub cpu: Option<CpuParts>,
     /// Why the row has no figures (skipped or failed), or details of the run.
     pub note: Option<String>,
     /// True when the run failed (as opposed to being skipped or succeeding).
@@ -70,7 +88,38 @@ impl RunRow {
         }
     }
 
-    pub fn json(&self) -> JsonRow {
+    /// CPU seconds spent on paging.
+    pub fn cpu_s(&self) -> Option<f64> {
+        self.cpu.map(|c| c.total_s())
+    }
+
+    /// `cpu_s` per page moved, µs (None when nothing moved or a figure is missing).
+    pub fn us_per_page(&self) -> Option<f64> {
+        cost::us_per_page(self.cpu_s()?, self.in_pages?, self.out_pages?)
+    }
+
+    /// The swap run of the same workload and fraction among `rows`.
+    fn swap_row<'a>(&self, rows: &'a [RunRow]) -> Option<&'a RunRow> {
+        rows.iter().find(|s| {
+            s.workload == self.workload
+                && s.system == SystemKind::Swap
+                && s.local_fraction == self.local_fraction
+        })
+    }
+
+    /// Pages moved ÷ the swap run's (same workload and fraction, found in `rows`).
+    pub fn moved_vs_swap(&self, rows: &[RunRow]) -> Option<f64> {
+        let swap = self.swap_row(rows)?;
+        cost::moved_vs_swap(
+            self.in_pages?,
+            self.out_pages?,
+            swap.in_pages?,
+            swap.out_pages?,
+        )
+    }
+
+    /// The row as `--json` prints it; `rows` (all of them) give the swap run to compare with.
+    pub fn json(&self, rows: &[RunRow]) -> JsonRow {
         JsonRow {
             system: self.system.name().to_string(),
             workload: self.workload.to_string(),
@@ -80,6 +129,11 @@ impl RunRow {
             avg_access_us: self.avg_access_us,
             p50_us: self.p50_us,
             p99_us: self.p99_us,
+            in_pages: self.in_pages,
+            out_pages: self.out_pages,
+            cpu_s: self.cpu_s(),
+            us_per_page: self.us_per_page(),
+            moved_vs_swap: self.moved_vs_swap(rows),
         }
     }
 }
@@ -140,11 +194,7 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
             .iter()
             .find(|r| r.workload == w && r.system == SystemKind::Local);
         for r in rows.iter().filter(|r| r.workload == w) {
-            let swap = rows.iter().find(|s| {
-                s.workload == w
-                    && s.system == SystemKind::Swap
-                    && s.local_fraction == r.local_fraction
-            });
+            let swap = r.swap_row(rows);
             let vs_local = local.and_then(|l| r.ratio_to(l));
             let vs_swap = swap.and_then(|s| r.ratio_to(s));
             let _ = writeln!(
@@ -164,13 +214,43 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
                 r.note.as_deref().unwrap_or("")
             );
         }
+        cost_table(&mut out, rows, w);
     }
     out
 }
 
+/// The cost block under a workload's table: pages moved, CPU seconds spent on paging, µs per
+/// page, pages moved ÷ swap's, and what `cpu_s` adds up.
+fn cost_table(out: &mut String, rows: &[RunRow], w: Workload) {
+    let _ = writeln!(
+        out,
+        "-- cost of paging: pages moved in/out, CPU seconds spent on paging (cpu_s), cpu_s per page moved, pages moved ÷ swap's"
+    );
+    let _ = writeln!(
+        out,
+        "{:<10} {:>5} {:>10} {:>10} {:>8} {:>8} {:>14}  cpu_s =",
+        "system", "local", "in_pages", "out_pages", "cpu_s", "us/page", "moved_vs_swap"
+    );
+    let count = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+    for r in rows.iter().filter(|r| r.workload == w) {
+        let _ = writeln!(
+            out,
+            "{:<10} {:>5.2} {:>10} {:>10} {:>8} {:>8} {:>14}  {}",
+            r.system.name(),
+            r.local_fraction,
+            count(r.in_pages),
+            count(r.out_pages),
+            opt(r.cpu_s(), 2),
+            opt(r.us_per_page(), 1),
+            opt(r.moved_vs_swap(rows), 2),
+            r.cpu.map(|c| c.describe(r.system)).unwrap_or_default()
+        );
+    }
+}
+
 /// `--json`: the rows as a JSON list.
 pub fn json(rows: &[RunRow]) -> String {
-    let list: Vec<JsonRow> = rows.iter().map(RunRow::json).collect();
+    let list: Vec<JsonRow> = rows.iter().map(|r| r.json(rows)).collect();
     serde_json::to_string_pretty(&list).unwrap_or_else(|_| "[]".into())
 }
 
@@ -329,6 +409,9 @@ mod tests {
             p50_us: None,
             p99_us: None,
             moved_bytes: None,
+            in_pages: None,
+            out_pages: None,
+            cpu: None,
             note: None,
             failed: false,
         }
@@ -351,11 +434,16 @@ mod tests {
             keys,
             [
                 "avg_access_us",
+                "cpu_s",
+                "in_pages",
                 "local_fraction",
+                "moved_vs_swap",
+                "out_pages",
                 "p50_us",
                 "p99_us",
                 "system",
                 "throughput_ops",
+                "us_per_page",
                 "wall_s",
                 "workload"
             ]
@@ -364,6 +452,95 @@ mod tests {
         assert_eq!(obj["system"], "swap");
         assert!(obj["throughput_ops"].is_null());
         assert_eq!(obj["avg_access_us"], 33.0);
+    }
+
+    #[test]
+    fn cost_columns_in_json_and_table() {
+        let cpu = |tree_system_s: f64, kswapd_s: f64, runtime_user_s: f64| {
+            Some(CpuParts {
+                tree_system_s,
+                kswapd_s,
+                runtime_user_s,
+                farmem_procs_user_s: 0.5,
+            })
+        };
+        let rows = vec![
+            RunRow {
+                in_pages: Some(0),
+                out_pages: Some(0),
+                cpu: Some(CpuParts {
+                    tree_system_s: 0.25,
+                    ..CpuParts::default()
+                }),
+                ..row(SystemKind::Local, Workload::Seq, 1.0, Some(0.1), None)
+            },
+            RunRow {
+                in_pages: Some(11_000),
+                out_pages: Some(11_000),
+                cpu: cpu(1.0, 0.0, 0.7),
+                ..row(SystemKind::Farmem, Workload::Seq, 0.5, Some(2.0), None)
+            },
+            RunRow {
+                in_pages: Some(10_000),
+                out_pages: Some(10_000),
+                cpu: Some(CpuParts {
+                    tree_system_s: 1.5,
+                    kswapd_s: 0.5,
+                    ..CpuParts::default()
+                }),
+                ..row(SystemKind::Swap, Workload::Seq, 0.5, Some(3.0), None)
+            },
+            row(SystemKind::Zram, Workload::Seq, 0.5, None, None),
+        ];
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        let list = v.as_array().unwrap();
+        let (local, farmem, swap, zram) = (&list[0], &list[1], &list[2], &list[3]);
+        assert_eq!(local["in_pages"], 0);
+        assert_eq!(local["cpu_s"], 0.25);
+        assert!(local["us_per_page"].is_null(), "nothing moved: {local}");
+        assert!(local["moved_vs_swap"].is_null(), "no swap run at 1.0");
+        assert_eq!(farmem["out_pages"], 11_000);
+        assert_eq!(farmem["cpu_s"], 2.2);
+        assert!((farmem["us_per_page"].as_f64().unwrap() - 100.0).abs() < 1e-9);
+        assert!((farmem["moved_vs_swap"].as_f64().unwrap() - 1.1).abs() < 1e-9);
+        assert_eq!(swap["us_per_page"], 100.0);
+        assert_eq!(swap["moved_vs_swap"], 1.0);
+        for key in ["in_pages", "cpu_s", "us_per_page", "moved_vs_swap"] {
+            assert!(zram[key].is_null(), "skipped row: {zram}");
+        }
+        let t = table(&rows, &[(Workload::Seq, 1 << 30)]);
+        assert!(t.contains("-- cost of paging"), "{t}");
+        let cost_header = t
+            .lines()
+            .find(|l| l.starts_with("system") && l.contains("us/page"))
+            .unwrap();
+        assert!(cost_header.ends_with("cpu_s ="), "{cost_header}");
+        let farmem_cost = t
+            .lines()
+            .filter(|l| l.starts_with("farmem "))
+            .nth(1)
+            .expect("a cost row after the figures row");
+        assert!(
+            farmem_cost.contains("11000")
+                && farmem_cost.contains("2.20")
+                && farmem_cost.contains("100.0")
+                && farmem_cost.contains("1.10")
+                && farmem_cost
+                    .contains("tree sys 1.00 + runtime user 0.70 + farmem procs user 0.50"),
+            "{farmem_cost}"
+        );
+        let swap_cost = t.lines().filter(|l| l.starts_with("swap ")).nth(1).unwrap();
+        assert!(
+            swap_cost.ends_with("tree sys 1.50 + kswapd 0.50"),
+            "{swap_cost}"
+        );
+        // The cost block's columns line up with its header.
+        let col = cost_header.find("in_pages").unwrap() + "in_pages".len();
+        assert_eq!(
+            &swap_cost[col - 5..col],
+            "10000",
+            "{swap_cost}\n{cost_header}"
+        );
     }
 
     #[test]

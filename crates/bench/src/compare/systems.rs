@@ -329,15 +329,6 @@ pub fn drop_page_cache() -> anyhow::Result<()> {
         .context("cannot drop the page cache (write 3 to /proc/sys/vm/drop_caches): run as root")
 }
 
-/// Bytes swapped out since boot (`pswpout` in /proc/vmstat, in pages, times 4096).
-pub fn swapped_out_bytes() -> u64 {
-    fs::read_to_string("/proc/vmstat")
-        .ok()
-        .and_then(|s| parse_vmstat_field(&s, "pswpout"))
-        .map(|pages| pages * 4096)
-        .unwrap_or(0)
-}
-
 /// A field of /proc/vmstat.
 pub fn parse_vmstat_field(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {

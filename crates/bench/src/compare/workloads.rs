@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use super::cost::{TreeCpu, TreeWatch};
 use super::kv::{self, Protocol};
 use super::systems::{Cleanup, Token};
 
@@ -251,6 +252,8 @@ pub struct Measured {
     pub p99_us: Option<f64>,
     /// Free-form details for the notes (phase times, misses).
     pub detail: String,
+    /// CPU time of the workload's process tree, from spawn to reap (see [`super::cost`]).
+    pub tree: Option<TreeCpu>,
 }
 
 /// Built programs and written scripts, in a temporary directory removed on drop.
@@ -361,14 +364,18 @@ struct Running {
     token: Token,
     started: Instant,
     stderr_path: PathBuf,
+    watch: TreeWatch,
 }
 
+/// Starts `argv` under `wrap`, its output into the toolbox's logs.
 fn spawn(
-    cmd: &mut Command,
+    wrap: &Wrap,
+    argv: &[OsString],
     tb: &Toolbox,
     cleanup: &Cleanup,
     what: &str,
 ) -> anyhow::Result<(Running, PathBuf)> {
+    let cmd = &mut wrap.command(argv);
     let out_path = tb.next_log(&format!("{what}.out"));
     let err_path = tb.next_log(&format!("{what}.err"));
     cmd.stdin(Stdio::null())
@@ -384,12 +391,14 @@ fn spawn(
             nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::SIGKILL);
         Ok(())
     });
+    let watch = TreeWatch::start(child.id(), matches!(wrap, Wrap::Farmem { .. }));
     Ok((
         Running {
             child,
             token,
             started,
             stderr_path: err_path,
+            watch,
         },
         out_path,
     ))
@@ -402,10 +411,33 @@ fn tail(path: &Path) -> String {
 }
 
 impl Running {
-    /// Waits for the exit, killing the group at `timeout`. Returns the wall time.
-    fn wait(mut self, timeout: Duration, cleanup: &Cleanup, what: &str) -> anyhow::Result<f64> {
+    /// The exit status if the process has ended (reaping it). Before reaping, the zombie's
+    /// final CPU times are read ([`TreeWatch::root_exited`]).
+    fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        match waitid(
+            Id::Pid(pid),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+        ) {
+            Ok(WaitStatus::StillAlive) => return Ok(None),
+            Ok(_) => self.watch.root_exited(),
+            // Already reaped (or not ours): std's try_wait says which.
+            Err(_) => {}
+        }
+        self.child.try_wait()
+    }
+
+    /// Waits for the exit, killing the group at `timeout`. Returns the wall time and what the
+    /// tree used.
+    fn wait(
+        mut self,
+        timeout: Duration,
+        cleanup: &Cleanup,
+        what: &str,
+    ) -> anyhow::Result<(f64, TreeCpu)> {
         let status = loop {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self.try_wait()? {
                 break status;
             }
             if self.started.elapsed() > timeout {
@@ -416,16 +448,17 @@ impl Running {
             std::thread::sleep(Duration::from_millis(2));
         };
         let wall = self.started.elapsed().as_secs_f64();
+        let tree = self.watch.finish();
         // The group may hold stragglers (farmem's donor child); the token kills them.
         let _ = cleanup.run(self.token);
         if !status.success() {
             bail!("{what} failed ({status}): {}", tail(&self.stderr_path));
         }
-        Ok(wall)
+        Ok((wall, tree))
     }
 
     fn check_alive(&mut self, what: &str) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
+        if let Some(status) = self.try_wait()? {
             bail!(
                 "{what} exited early ({status}): {}",
                 tail(&self.stderr_path)
@@ -478,8 +511,8 @@ pub fn run(
                 sizes.passes.to_string().into(),
                 sizes.seed.to_string().into(),
             ];
-            let (running, out) = spawn(&mut wrap.command(&argv), tb, cleanup, &name)?;
-            let wall = running.wait(sizes.timeout, cleanup, &name)?;
+            let (running, out) = spawn(wrap, &argv, tb, cleanup, &name)?;
+            let (wall, tree) = running.wait(sizes.timeout, cleanup, &name)?;
             let v = json_line(&out)?;
             Ok(Measured {
                 wall_s: Some(wall),
@@ -493,6 +526,7 @@ pub fn run(
                     num(&v, "access_s").unwrap_or(f64::NAN),
                     num(&v, "accesses").unwrap_or(0.0)
                 ),
+                tree: Some(tree),
             })
         }
         Workload::Numpy | Workload::Kmeans => {
@@ -512,8 +546,8 @@ pub fn run(
                 }
             }
             argv.push(sizes.seed.to_string().into());
-            let (running, out) = spawn(&mut wrap.command(&argv), tb, cleanup, &name)?;
-            let wall = running.wait(sizes.timeout, cleanup, &name)?;
+            let (running, out) = spawn(wrap, &argv, tb, cleanup, &name)?;
+            let (wall, tree) = running.wait(sizes.timeout, cleanup, &name)?;
             let v = json_line(&out)?;
             let phase = if workload == Workload::Numpy {
                 "matmul_s"
@@ -528,6 +562,7 @@ pub fn run(
                     phase.trim_end_matches("_s"),
                     num(&v, phase).unwrap_or(f64::NAN)
                 ),
+                tree: Some(tree),
                 ..Measured::default()
             })
         }
@@ -601,7 +636,7 @@ fn run_server(
     argv[0] = which(&argv[0].to_string_lossy())
         .with_context(|| format!("{} is not installed", argv[0].to_string_lossy()))?
         .into();
-    let (mut running, _out) = spawn(&mut wrap.command(&argv), tb, cleanup, name)?;
+    let (mut running, _out) = spawn(wrap, &argv, tb, cleanup, name)?;
     let result = (|| -> anyhow::Result<Measured> {
         kv::wait_ready(proto, port, Duration::from_secs(60), || {
             running.check_alive(name)
@@ -636,16 +671,36 @@ fn run_server(
                 "load {load_s:.1} s, {} requests, {} clients",
                 mix.ops, sizes.clients
             ),
+            tree: None,
         })
     })();
     kv::shutdown(proto, port);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && matches!(running.child.try_wait(), Ok(None)) {
-        std::thread::sleep(Duration::from_millis(20));
+    let mut exited = false;
+    while Instant::now() < deadline {
+        match running.try_wait() {
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(Some(_)) => {
+                exited = true;
+                break;
+            }
+            Err(_) => break,
+        }
     }
     let _ = cleanup.run(running.token);
+    if !exited {
+        // Killed by the token: reap it, reading its zombie first (its children, orphaned by
+        // the kill, are reaped by init and not counted).
+        while let Ok(None) = running.try_wait() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     let _ = running.child.wait();
-    result
+    let tree = running.watch.finish();
+    result.map(|m| Measured {
+        tree: Some(tree),
+        ..m
+    })
 }
 
 #[cfg(test)]
