@@ -196,9 +196,9 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
     let donor = in_process(64 << 20, 1 << 20);
     let rt = runtime(budget, vec![donor.local_addr().to_string()], "fifo");
     let len = 4 * budget;
-    let map = |hint: usize, fixed: bool| -> usize {
+    let map = |hint: usize, fixed: bool| -> Option<usize> {
         // SAFETY: a fresh private anonymous mapping (at `hint`, which the test just unmapped,
-        // when `fixed`).
+        // when `fixed`; never over another mapping: MAP_FIXED_NOREPLACE).
         let p = unsafe {
             libc::mmap(
                 hint as *mut _,
@@ -211,18 +211,26 @@ fn munmap_and_new_mapping_at_same_address_has_no_old_data() {
                 0,
             )
         };
-        assert_ne!(p, libc::MAP_FAILED);
-        p as usize
+        (p != libc::MAP_FAILED).then_some(p as usize)
     };
-    let a = map(0, false);
-    rt.register(a as *mut u8, len).unwrap();
-    for p in 0..len / PAGE {
-        STAMP.write_page(a, p, 9);
+    // Another thread of the test process (a parallel test, a runtime thread) may map memory
+    // into the hole between munmap and the new mmap: then the test starts over elsewhere.
+    let mut b = None;
+    for _ in 0..10 {
+        let a = map(0, false).expect("mmap");
+        rt.register(a as *mut u8, len).unwrap();
+        for p in 0..len / PAGE {
+            STAMP.write_page(a, p, 9);
+        }
+        // SAFETY: unmapping the test's own mapping; the runtime sees an UNMAP event.
+        assert_eq!(unsafe { libc::munmap(a as *mut _, len) }, 0);
+        if let Some(new) = map(a, true) {
+            assert_eq!(a, new, "the new mapping is at the old address");
+            b = Some(new);
+            break;
+        }
     }
-    // SAFETY: unmapping the test's own mapping; the runtime sees an UNMAP event.
-    assert_eq!(unsafe { libc::munmap(a as *mut _, len) }, 0);
-    let b = map(a, true);
-    assert_eq!(a, b, "the new mapping is at the old address");
+    let b = b.expect("the old address was taken by another mapping 10 times in a row");
     rt.register(b as *mut u8, len).unwrap();
     for p in 0..len / PAGE {
         let ptr = (b + p * PAGE) as *const u64;
