@@ -1,17 +1,20 @@
 //! Eviction policies: which resident page leaves local memory next.
 //!
 //! One file per policy: [`fifo`] (arrival order; the memory-blade study's fast round-robin),
-//! [`clock`] (second chance from reference bits), and [`eager`], Leap's eager eviction of
+//! [`clock`] (second chance from reference bits), [`refault`] (active and inactive lists with
+//! refault detection), and [`eager`], Leap's eager eviction of
 //! prefetched pages, which wraps either of them. [`by_name`] returns the wrapped form, which is
 //! what the runtime and the simulator use.
 
 pub mod clock;
 pub mod eager;
 pub mod fifo;
+pub mod refault;
 
 pub use clock::{Clock, ClockConfig};
 pub use eager::{Eager, EagerConfig};
 pub use fifo::{Fifo, FifoConfig};
+pub use refault::{Refault, RefaultConfig};
 
 use crate::{Origin, PolicyError};
 
@@ -60,7 +63,7 @@ pub trait Contains {
 }
 
 /// Names accepted by [`by_name`]; the first is the default.
-pub const NAMES: &[&str] = &["fifo", "clock"];
+pub const NAMES: &[&str] = &["fifo", "clock", "refault"];
 
 /// The eviction policy called `name` (`"fifo"`, the default, or `"clock"`), with default
 /// configuration and wrapped with Leap's eager eviction of prefetched pages ([`Eager`]).
@@ -72,6 +75,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn EvictionPolicy>, PolicyError> {
         ))),
         "clock" => Ok(Box::new(Eager::new(
             Clock::new(ClockConfig::default()),
+            EagerConfig::default(),
+        ))),
+        "refault" => Ok(Box::new(Eager::new(
+            Refault::new(RefaultConfig::default())?,
             EagerConfig::default(),
         ))),
         other => Err(PolicyError::UnknownPolicy {
@@ -96,7 +103,7 @@ mod tests {
         let err = by_name("lru").err().expect("lru is not a policy");
         assert_eq!(
             err.to_string(),
-            "unknown eviction policy \"lru\": choose one of fifo, clock"
+            "unknown eviction policy \"lru\": choose one of fifo, clock, refault"
         );
     }
 
