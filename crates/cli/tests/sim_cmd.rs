@@ -106,15 +106,15 @@ fn saved_trace_replays_to_the_same_rows_and_the_plot_is_svg() {
     let generated = ok_json(&gen_args);
     assert_eq!(
         generated.len(),
-        3 * 2 * 2,
-        "3 prefetchers x 2 policies x 2 sizes"
+        3 * 3 * 2,
+        "3 prefetchers x 3 policies (fifo, clock, refault) x 2 sizes"
     );
     let mut replay_args = vec!["sim", "--trace", t];
     replay_args.extend(common);
     assert_eq!(ok_json(&replay_args), generated);
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("hit ratio") && svg.contains("leap / fifo"));
-    assert_eq!(svg.matches("<polyline").count(), 6);
+    assert_eq!(svg.matches("<polyline").count(), 9);
 }
 
 #[test]

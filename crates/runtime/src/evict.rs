@@ -262,12 +262,25 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                 // back, no message. Else it is staged for the sender.
                 if let Some((Home::Memory(m), page)) = sh.far.home(far) {
                     let s = &mut *st;
-                    let written = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
-                        s.mem.write(m, page, src)
-                    });
+                    // A page read from its slab is installed writable (no write-protect fault
+                    // on its first write, see `fault::serve_from_memory`): one that comes back
+                    // unchanged is not written again, so its slab copy stays clean for the
+                    // write-through.
+                    let (same, written) =
+                        crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
+                            if s.mem.read(m, page, |old| old == src) == Some(true) {
+                                (true, true)
+                            } else {
+                                (false, s.mem.write(m, page, src))
+                            }
+                        });
                     if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
                         leave_pool(s, v.addr, v.slot);
-                        c.to_memory += 1;
+                        if same {
+                            c.clean += 1;
+                        } else {
+                            c.to_memory += 1;
+                        }
                         continue;
                     }
                 }

@@ -416,8 +416,9 @@ fn serve_from_pool(
 }
 
 /// A page whose slab is in memory (the host tier, or a local slab): one UFFDIO_COPY straight
-/// from the slab, under the state lock (which keeps the slab in place), no message. A read
-/// fault's page is installed write-protected and clean (the slab keeps the current copy).
+/// from the slab, under the state lock (which keeps the slab in place), no message. Installed
+/// writable and dirty even for a read fault; the evictor compares it with its slab copy and
+/// writes it back only if it changed.
 #[allow(clippy::too_many_arguments)]
 fn serve_from_memory(
     sh: &Shared,
@@ -434,14 +435,16 @@ fn serve_from_memory(
         q.retry.push_back(msg);
         return;
     }
-    let r = st.mem.read(m, page, |src| {
-        sh.uffd.copy(msg.addr, src, false, !msg.write)
-    });
+    // Installed writable even for a read: a write-protect fault costs a userfaultfd round trip
+    // (numpy's matmul took one after every read fault on its result matrix), while an
+    // unchanged page costs only a compare with its slab copy when it is evicted.
+    let r = st
+        .mem
+        .read(m, page, |src| sh.uffd.copy(msg.addr, src, false, false));
     match r {
         Some(Ok(())) | Some(Err(UffdError::Exists { .. })) => {
             st.pages.begin_fetch(msg.addr);
-            st.pages
-                .install_fetched(msg.addr, msg.write, Origin::Demand);
+            st.pages.install_fetched(msg.addr, true, Origin::Demand);
             if sh.pf.enabled() {
                 let (hit, now) = sh.pf.on_tier_fault(msg.addr);
                 feed(sh, &mut st, msg.addr, msg.thread, hit, now);

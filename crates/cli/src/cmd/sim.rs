@@ -65,7 +65,7 @@ pub struct SimArgs {
     /// next-n, stride, readahead).
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     prefetch: Vec<String>,
-    /// Eviction policies, comma separated (default: all of fifo, clock; each with Leap's eager
+    /// Eviction policies, comma separated (default: all of fifo, clock, refault; each with Leap's eager
     /// eviction of prefetched pages).
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     evict: Vec<String>,
