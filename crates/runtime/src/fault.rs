@@ -576,7 +576,12 @@ fn install_ahead(
         // An error (mapped already: a thread faulting on it is being served; or events
         // pending: the page may be released) leaves the page to the fault path.
         if let Some(Ok(())) = st.mem.read(m, page, |src| sh.uffd.copy(a, src, true, true)) {
-            st.pages.install_prefetched(a);
+            // Inserted as an ordinary page, not as a prefetch: Leap's eager eviction takes a
+            // prefetched page first once it was used, and a program that reuses what it
+            // scanned (numpy's matmul sweeps its result matrix twenty times) then faults it
+            // straight back: 10.3-10.7 s that way, 8.8-9.2 s this way (swap 8.3 s); a plain
+            // seq scan pays for it (5-6 -> 9-10 us per access, swap 18-22).
+            st.pages.install_prefetched(a, Origin::Demand);
             installed.push(a);
         }
     }

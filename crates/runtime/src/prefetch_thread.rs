@@ -234,7 +234,7 @@ fn keep(sh: &Shared, st: &mut State, r: &Req, page_data: &[u8]) {
     if pf.mode == PrefetchInstall::Marker && !marker && st.pages.resident() < sh.high_water {
         match sh.uffd.copy(r.addr, page_data, false, true) {
             Ok(()) => {
-                st.pages.install_prefetched(r.addr);
+                st.pages.install_prefetched(r.addr, Origin::Prefetch);
                 sh.kick_evictor(st);
                 let mut i = pf.inner.lock();
                 i.measures.prefetched(page_of(r.addr), now);

@@ -39,15 +39,24 @@ pub(crate) struct PoolMemory {
     pidfd: Option<OwnedFd>,
     /// The process that mapped it.
     pid: u32,
+    /// Slots in use: the whole mapping, or its first slots only ([`PoolMemory::keep`]).
+    slots: u32,
 }
 
 impl PoolMemory {
     pub(crate) fn new(mapping: Mapping) -> PoolMemory {
         PoolMemory {
+            slots: mapping.pages() as u32,
             mapping: Some(mapping),
             pidfd: farmem_mm::self_pidfd(),
             pid: std::process::id(),
         }
+    }
+
+    /// Uses only the first `slots` slots (at most the mapping's): the rest of the mapping is
+    /// never touched, so it costs no memory.
+    pub(crate) fn keep(&mut self, slots: u32) {
+        self.slots = self.slots.min(slots);
     }
 
     /// The pool mapping.
@@ -59,7 +68,7 @@ impl PoolMemory {
 
     /// Slots in the pool.
     pub(crate) fn slots(&self) -> u32 {
-        self.mapping().pages() as u32
+        self.slots
     }
 
     /// Address of `slot`.

@@ -223,10 +223,11 @@ impl Pages {
         }
     }
 
-    /// `Remote` → `ResidentClean`: a prefetched page installed eagerly (marker mode).
-    pub(crate) fn install_prefetched(&mut self, addr: usize) {
+    /// `Remote` → `ResidentClean`: a prefetched page installed eagerly (marker mode, or from
+    /// the host tier), inserted into the eviction policy as `origin`.
+    pub(crate) fn install_prefetched(&mut self, addr: usize, origin: Origin) {
         if self.apply(addr, Transition::InstallPrefetched).is_some() {
-            self.count_install(addr, Origin::Prefetch, false);
+            self.count_install(addr, origin, false);
         }
     }
 
