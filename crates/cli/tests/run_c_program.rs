@@ -118,3 +118,33 @@ fn stats_file_is_rewritten_while_running_and_final_at_exit() {
     assert!(pool > 0 && budget + pool == 64 << 20, "{after}");
     assert!(r.log_text().contains("peak resident"), "{}", r.log_text());
 }
+
+#[test]
+fn every_eviction_policy_passes_the_checks() {
+    // The same checks under each policy `--evict` accepts (fifo is the default above).
+    let dir = Scratch::new("c-evict");
+    let prog = dir.path("run_checks");
+    compile_c(&c_source("run_checks.c"), &prog, &[]);
+    for policy in ["clock", "refault"] {
+        let stats = dir.path(&format!("stats-{policy}.json"));
+        let o = farmem_run(
+            &[
+                "--local-mem",
+                "64MiB",
+                "--evict",
+                policy,
+                "--stats",
+                stats.to_str().unwrap(),
+            ],
+            &[prog.to_str().unwrap(), "128"],
+        );
+        let out = text(&o);
+        assert!(o.status.success(), "{policy}: {out}");
+        assert!(out.contains("ok calloc-zero\n"), "{policy}: {out}");
+        let s = read_stats(&stats);
+        assert!(
+            far_bytes_in(&s) > 0,
+            "{policy}: pages should have come back: {s}"
+        );
+    }
+}

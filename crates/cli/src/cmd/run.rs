@@ -66,7 +66,9 @@ pub struct RunArgs {
     /// most prefetched pages are touched without any fault (hits are then inferred).
     #[arg(long, value_name = "MODE", value_parser = ["buffer", "marker"])]
     pub prefetch_install: Option<String>,
-    /// Eviction policy.
+    /// Eviction policy: `fifo` (default: arrival order), `clock` (second chance for pages seen
+    /// in use), `refault` (pages that fault back soon after eviction are protected from the
+    /// rest). Each evicts used prefetched pages first (Leap).
     #[arg(long, value_name = "NAME")]
     pub evict: Option<String>,
     /// Seal pages before they leave the program: AES-256-GCM with a key that never leaves the
