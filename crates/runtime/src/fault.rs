@@ -576,12 +576,11 @@ fn install_ahead(
         // An error (mapped already: a thread faulting on it is being served; or events
         // pending: the page may be released) leaves the page to the fault path.
         if let Some(Ok(())) = st.mem.read(m, page, |src| sh.uffd.copy(a, src, true, true)) {
-            // Inserted as an ordinary page, not as a prefetch: Leap's eager eviction takes a
-            // prefetched page first once it was used, and a program that reuses what it
-            // scanned (numpy's matmul sweeps its result matrix twenty times) then faults it
-            // straight back: 10.3-10.7 s that way, 8.8-9.2 s this way (swap 8.3 s); a plain
-            // seq scan pays for it (5-6 -> 9-10 us per access, swap 18-22).
-            st.pages.install_prefetched(a, Origin::Demand);
+            // Inserted as a prefetch (Leap's eager eviction takes it first once used).
+            // Inserted as an ordinary page instead, a seq scan was 1.6x slower (interleaved
+            // runs: 10.9-11.7 vs 6.5-7.7 us per access) and numpy no faster (median 11.3 vs
+            // 11.0 s over five runs each).
+            st.pages.install_prefetched(a, Origin::Prefetch);
             installed.push(a);
         }
     }
