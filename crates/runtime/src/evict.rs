@@ -73,9 +73,7 @@ struct Evictor {
 
 /// The evictor. Runs until shutdown.
 pub(crate) fn evict_loop(sh: Arc<Shared>) {
-    if let Some(h) = &sh.thread_hook {
-        h();
-    }
+    sh.thread_started();
     let mut ev = Evictor {
         victims: Vec::with_capacity(EVICT_BATCH),
         outcomes: Vec::new(),

@@ -77,9 +77,7 @@ struct Queues {
 
 /// The fault loop. Runs until shutdown.
 pub(crate) fn fault_loop(sh: Arc<Shared>) {
-    if let Some(h) = &sh.thread_hook {
-        h();
-    }
+    sh.thread_started();
     let mut events: Vec<Event> = Vec::with_capacity(64);
     let cfg = FirstTouchConfig::default();
     let mut q = Queues {

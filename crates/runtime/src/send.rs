@@ -40,9 +40,7 @@ fn staged_live(st: &State, s: &Staged) -> bool {
 
 /// The sender. Runs until shutdown.
 pub(crate) fn send_loop(sh: Arc<Shared>) {
-    if let Some(h) = &sh.thread_hook {
-        h();
-    }
+    sh.thread_started();
     let mut backoff = Duration::from_millis(10);
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();

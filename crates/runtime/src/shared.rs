@@ -216,6 +216,29 @@ impl Shared {
         self.pool.slot_addr(slot)
     }
 
+    /// Called first by every runtime thread: runs the thread hook (the preload library marks
+    /// the thread as farmem's), then initialises the thread-local state the thread would
+    /// otherwise set up on first use and that registers a destructor. glibc registers it with
+    /// `__cxa_thread_atexit_impl`, which takes the dynamic loader's lock: a program thread in
+    /// `dlopen` holds that lock, and when it faulted on a region page while the fault thread
+    /// parked for the first time, each waited for the other (seen: the kmeans benchmark hung
+    /// with python in `handle_userfault` and `farmem-fault` in `__cxa_thread_atexit_impl`).
+    pub(crate) fn thread_started(&self) {
+        if let Some(h) = &self.thread_hook {
+            h();
+        }
+        // parking_lot's per-thread parker (the state mutex and every condition variable).
+        let m = Mutex::new(());
+        let cv = Condvar::new();
+        let _ = cv.wait_for(&mut m.lock(), Duration::from_micros(1));
+        // crossbeam's per-thread context (the tier thread's reclaim channel).
+        let (_tx, rx) = crossbeam_channel::unbounded::<()>();
+        let _ = rx.recv_timeout(Duration::from_micros(50));
+        // std's current-thread handle and tracing's per-thread dispatch state.
+        let _ = std::thread::current();
+        tracing::trace!("runtime thread {:?} started", std::thread::current().name());
+    }
+
     /// Records an error: counted, logged loudly, kept as `last_error`.
     pub(crate) fn report(&self, msg: String, fetch: bool) {
         tracing::error!("{msg}");
