@@ -39,6 +39,7 @@ use parking_lot::MutexGuard;
 
 use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
+use crate::prefetch::addr_of;
 use crate::shared::{Shared, State};
 use crate::stats::FaultKind;
 use crate::PAGE_SIZE;
@@ -317,10 +318,7 @@ fn zero_ahead(sh: &Shared, st: &mut State, msg: &FaultMsg, q: &mut Queues) {
     let room = sh.high_water.saturating_sub(st.pages.resident());
     let mut n = 0usize;
     for p in ahead.take(room as usize) {
-        let Some(a) = usize::try_from(p)
-            .ok()
-            .and_then(|p| p.checked_mul(PAGE_SIZE))
-        else {
+        let Some(a) = addr_of(p) else {
             break;
         };
         if st.pages.get(a).map(|e| e.state) != Some(PageState::Empty) {
@@ -547,10 +545,7 @@ fn install_ahead(
     let mut installed = Vec::new();
     let mut marker = None;
     for (i, p) in out.iter().enumerate() {
-        let Some(a) = usize::try_from(*p)
-            .ok()
-            .and_then(|p| p.checked_mul(PAGE_SIZE))
-        else {
+        let Some(a) = addr_of(*p) else {
             continue;
         };
         if a == addr {

@@ -186,6 +186,11 @@ pub(crate) fn page_of(addr: usize) -> u64 {
     (addr / PAGE_SIZE) as u64
 }
 
+/// The address of page number `page` (a prefetcher's prediction), if it is one.
+pub(crate) fn addr_of(page: u64) -> Option<usize> {
+    usize::try_from(page).ok()?.checked_mul(PAGE_SIZE)
+}
+
 impl Prefetch {
     /// Builds the prefetcher, its donor connections and the trace writer.
     pub(crate) fn new(cfg: &RuntimeConfig, far: &Far) -> Result<Prefetch, RuntimeError> {
@@ -436,10 +441,7 @@ impl Prefetch {
         let Some(first) = out.first() else {
             return;
         };
-        let window = usize::try_from(*first)
-            .ok()
-            .and_then(|p| p.checked_mul(PAGE_SIZE))
-            .unwrap_or(usize::MAX);
+        let window = addr_of(*first).unwrap_or(usize::MAX);
         let reqs = self.track(pages, out, addr, thread, window);
         if !reqs.is_empty() {
             self.queue.lock().extend(reqs);
@@ -490,10 +492,7 @@ impl Prefetch {
             if i.live >= MAX_IN_FLIGHT || i.in_flight.len() >= MAX_TRACKED {
                 break;
             }
-            let Some(a) = usize::try_from(*p)
-                .ok()
-                .and_then(|p| p.checked_mul(PAGE_SIZE))
-            else {
+            let Some(a) = addr_of(*p) else {
                 continue;
             };
             if a == addr {
