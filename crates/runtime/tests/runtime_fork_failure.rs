@@ -74,12 +74,16 @@ fn fork_child_sees_all_data_as_plain_memory_and_parent_goes_on() {
 #[test]
 fn several_donors_share_the_slabs() {
     let budget = 2 * MIB;
-    let donors: Vec<RunningDonor> = (0..3).map(|_| in_process(64 << 20, 1 << 20)).collect();
+    let donors: Vec<RunningDonor> = (0..3).map(|_| in_process(96 << 20, 1 << 20)).collect();
     let rt = start(config(
         budget,
         donors.iter().map(|d| d.local_addr().to_string()).collect(),
     ));
-    let region = rt.map(16 * budget).unwrap();
+    // 128 one-MiB slabs: with power of two choices the spread between the most and least
+    // loaded donor stays small however many slabs are placed (a simulation of 10^5 runs
+    // never saw more than 7), while a uniform random pick spreads them by more than 9
+    // in more than half the runs. With 32 slabs a spread of 4 came once in a few hundred runs.
+    let region = rt.map(64 * budget).unwrap();
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     fill(base, pages, 3);
@@ -87,10 +91,10 @@ fn several_donors_share_the_slabs() {
     let per = rt.slabs_per_donor();
     let s = rt.stats();
     assert_eq!(per.iter().sum::<u64>(), s.slabs_placed, "{per:?}");
-    assert!(s.slabs_placed >= 20, "{s:?}");
+    assert!(s.slabs_placed >= 100, "{s:?}");
     let (min, max) = (per.iter().min().unwrap(), per.iter().max().unwrap());
     assert!(
-        max - min <= 3,
+        max - min <= 9,
         "power of two choices should balance the slabs: {per:?}"
     );
 }
