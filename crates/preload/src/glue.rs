@@ -51,8 +51,13 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
         record_trace: cfg.record_trace.clone(),
         seal: cfg.seal,
         tier: cfg.tier.clone(),
+        replicas: cfg.replicas,
+        backup_file: cfg.backup_file.clone(),
         ..Default::default()
     };
+    if let Some(r) = cfg.heal_rate_bytes {
+        rc.heal_rate_bytes = r;
+    }
     if let Some(e) = &cfg.evict {
         rc.evict = e.clone();
     }

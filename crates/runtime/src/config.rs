@@ -73,6 +73,15 @@ pub struct RuntimeConfig {
     /// Whether evicted pages go to the host tier (a `farmem node`'s shared memory) before
     /// donors; default [`TierMode::Auto`].
     pub tier: TierMode,
+    /// Copies of every donor slab, on distinct donors; `None`: 2 with two or more donors
+    /// configured, else 1.
+    pub replicas: Option<usize>,
+    /// Also write every page sent to this local file, and read from it when every replica
+    /// of a page is gone ([`crate::backup`]); created new, removed at the end.
+    pub backup_file: Option<PathBuf>,
+    /// Most bytes a second re-replication copies between donors (default 256 MiB/s), so a
+    /// donor's loss does not take the program's bandwidth.
+    pub heal_rate_bytes: u64,
 }
 
 /// Where the host tier comes from ([`crate::tier`]).
@@ -137,6 +146,9 @@ impl Default for RuntimeConfig {
             fetch_attempts: 2,
             seal: SealMode::Auto,
             tier: TierMode::Auto,
+            replicas: None,
+            backup_file: None,
+            heal_rate_bytes: 256 << 20,
         }
     }
 }
@@ -153,6 +165,9 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("pool_bytes", &self.pool_bytes)
             .field("seal", &self.seal)
             .field("tier", &self.tier)
+            .field("replicas", &self.replicas)
+            .field("backup_file", &self.backup_file)
+            .field("heal_rate_bytes", &self.heal_rate_bytes)
             .finish_non_exhaustive()
     }
 }

@@ -32,10 +32,14 @@ use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, RwLock};
 use rand::Rng;
 
+use crate::backup::Backup;
 use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
+use crate::failover::ReadTimes;
+use crate::health::Health;
+use crate::replicas::{Replica, Replicas, MAX_REPLICAS};
 use crate::seal::{SealError, Sealer};
 use crate::tier::Tier;
 use crate::{RuntimeConfig, RuntimeError, SealMode, PAGE_SIZE};
@@ -46,13 +50,15 @@ pub(crate) struct Donor {
     pub(crate) write: DonorClient,
     pub(crate) capacity_bytes: u64,
     pub(crate) slabs_placed: Mutex<u64>,
+    /// Alive, suspected or dead ([`crate::health`]).
+    pub(crate) health: Health,
 }
 
 /// Where a far slab lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Home {
-    /// On donor `donor`, as its slab `slab`.
-    Donor { donor: usize, slab: u32 },
+    /// On donors, one copy each ([`Replicas`]).
+    Donors(Replicas),
     /// In memory slab `m` ([`crate::memslabs`]: the host tier, or local memory).
     Memory(u32),
 }
@@ -62,6 +68,8 @@ pub(crate) struct Far {
     pub(crate) donors: Vec<Donor>,
     /// Pages per far slab (the smallest slab size among the donors).
     pub(crate) slab_pages: u64,
+    /// Copies of each slab kept on distinct donors (`--replicas`).
+    pub(crate) replicas: usize,
     /// Far slab index → where the slab lives.
     placement: Mutex<Vec<Option<Home>>>,
     /// The host tier, when one is used ([`crate::tier`]).
@@ -69,6 +77,20 @@ pub(crate) struct Far {
     /// Seals pages before they leave and opens them when they come back; `None`: pages
     /// travel and rest in the clear.
     pub(crate) sealer: Option<Sealer>,
+    /// The local backup file (`--backup-file`), if any.
+    pub(crate) backup: Option<Backup>,
+    /// Held shared while pages are written to a slab's replicas, exclusively while
+    /// re-replication copies a chunk or changes a replica list ([`crate::heal`]), so a copy
+    /// never overwrites a newer write.
+    pub(crate) copy_gate: RwLock<()>,
+    /// Replicas dropped from placement (donor, donor slab): freed on that donor if it comes
+    /// back, never read again.
+    pub(crate) dropped: Mutex<Vec<(usize, u32)>>,
+    /// Wakes the heal thread: a donor is suspected, or a slab lost a replica.
+    pub(crate) heal_cv: Condvar,
+    pub(crate) heal_mu: Mutex<bool>,
+    /// How fast donors answer demand reads (the failover delay, [`crate::failover`]).
+    pub(crate) read_times: ReadTimes,
     /// Kept alive for as long as the runtime: dropping it stops the embedded donor.
     _embedded: Option<EmbeddedDonor>,
 }
@@ -92,7 +114,8 @@ fn on_this_host(addr: &str) -> bool {
 
 impl Far {
     /// Opens the host tier and connects to the configured donors; with neither, starts the
-    /// embedded TCP donor.
+    /// embedded TCP donor. A donor that cannot be reached is reported and left out as long as
+    /// another one answers (fewer than `--replicas` left: the slabs run degraded, said once).
     pub(crate) fn connect(cfg: &RuntimeConfig) -> Result<Far, RuntimeError> {
         let tier = Tier::open(cfg)?;
         // A random client id and reconnect key (ClientConfig::default), shared by every
@@ -111,6 +134,7 @@ impl Far {
             (cfg.donors.clone(), None)
         };
         let mut donors = Vec::new();
+        let mut unreachable = Vec::new();
         for a in &addrs {
             let connect = |purpose: &'static str, spin: Duration| {
                 DonorClient::connect(
@@ -129,15 +153,56 @@ impl Far {
             // Only the fault path's reads spin while waiting (see ClientConfig::spin):
             // spinning on write-back and prefetch batches slowed a sequential scan by 20-40%
             // on this 2-core machine, where it takes CPU from the pipeline.
-            let read = connect("connecting (fault path)", FAULT_PATH_SPIN)?;
-            let write = connect("connecting (write-back)", Duration::ZERO)?;
-            let info = read.info();
-            donors.push(Donor {
-                read,
-                write,
-                capacity_bytes: info.capacity_bytes,
-                slabs_placed: Mutex::new(0),
-            });
+            let clients = connect("connecting (fault path)", FAULT_PATH_SPIN)
+                .and_then(|read| Ok((read, connect("connecting (write-back)", Duration::ZERO)?)));
+            match clients {
+                Ok((read, write)) => {
+                    let info = read.info();
+                    donors.push(Donor {
+                        read,
+                        write,
+                        capacity_bytes: info.capacity_bytes,
+                        slabs_placed: Mutex::new(0),
+                        health: Health::default(),
+                    });
+                }
+                // A bad token or a refused HELLO is a configuration error, never skipped.
+                Err(e @ RuntimeError::Donor { .. }) if is_unreachable(&e) => unreachable.push(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(first) = unreachable.first() {
+            if donors.is_empty() {
+                return Err(RuntimeError::NoDonorReachable {
+                    tried: addrs.len(),
+                    first: first.to_string(),
+                });
+            }
+            for e in &unreachable {
+                tracing::warn!(
+                    "{e}: going on with the {} donor(s) that answered",
+                    donors.len()
+                );
+            }
+        }
+        let replicas = cfg.replicas.unwrap_or(if addrs.len() >= 2 { 2 } else { 1 });
+        if replicas == 0 || replicas > MAX_REPLICAS || (replicas > addrs.len() && !addrs.is_empty())
+        {
+            return Err(RuntimeError::Config(format!(
+                "--replicas {replicas}: give 1 to {} (at most one copy of a slab per donor; {} \
+                 donor(s) configured)",
+                MAX_REPLICAS.min(addrs.len().max(1)),
+                addrs.len()
+            )));
+        }
+        if replicas > donors.len() && !donors.is_empty() {
+            tracing::warn!(
+                "only {} of {} donors answered: slabs keep {} copies instead of {replicas} \
+                 (degraded) until more donors can be used",
+                donors.len(),
+                addrs.len(),
+                donors.len()
+            );
         }
         // One far slab size for every home: the smallest slab any of them hands out.
         let slab_bytes = donors
@@ -166,12 +231,23 @@ impl Far {
         } else {
             None
         };
+        let backup = match &cfg.backup_file {
+            Some(path) => Some(Backup::create(path)?),
+            None => None,
+        };
         Ok(Far {
             donors,
             slab_pages: slab_bytes / PAGE_SIZE as u64,
+            replicas,
             placement: Mutex::new(Vec::new()),
             tier,
             sealer,
+            backup,
+            copy_gate: RwLock::new(()),
+            dropped: Mutex::new(Vec::new()),
+            heal_cv: Condvar::new(),
+            heal_mu: Mutex::new(false),
+            read_times: ReadTimes::default(),
             _embedded: embedded,
         })
     }
@@ -185,9 +261,10 @@ impl Far {
         }
     }
 
-    /// Total capacity the donors and the host tier lend, in bytes.
+    /// Total capacity the donors and the host tier lend, in bytes (each slab takes
+    /// `replicas` donor slabs).
     pub(crate) fn capacity_bytes(&self) -> u64 {
-        self.donors.iter().map(|d| d.capacity_bytes).sum::<u64>()
+        self.donors.iter().map(|d| d.capacity_bytes).sum::<u64>() / self.replicas.max(1) as u64
             + self.tier.as_ref().map_or(0, Tier::capacity_bytes)
     }
 
@@ -196,14 +273,6 @@ impl Far {
         let idx = (far / self.slab_pages) as usize;
         let home = (*self.placement.lock().get(idx)?)?;
         Some((home, (far % self.slab_pages) as u32))
-    }
-
-    /// Where far page `far` lives on a donor, if its slab is placed on one.
-    pub(crate) fn locate(&self, far: u64) -> Option<(usize, PageAddr)> {
-        match self.home(far)? {
-            (Home::Donor { donor, slab }, page) => Some((donor, PageAddr { slab, page })),
-            (Home::Memory(_), _) => None,
-        }
     }
 
     /// Records where far slab `idx` lives (`None`: nowhere yet).
@@ -216,29 +285,77 @@ impl Far {
         p[idx] = home;
     }
 
-    /// Allocates a slab on a donor (power of two choices; a full donor is skipped for
-    /// the next), without recording it: the caller records it with [`Far::set_home`].
-    pub(crate) fn alloc_on_donor(&self) -> Result<Home, RuntimeError> {
-        let order = self.choice_order();
+    /// Changes the replicas of far slab `idx` if it lives on donors; returns them after.
+    pub(crate) fn update_replicas(
+        &self,
+        idx: u64,
+        f: impl FnOnce(&mut Replicas),
+    ) -> Option<Replicas> {
+        let mut p = self.placement.lock();
+        match p.get_mut(idx as usize) {
+            Some(Some(Home::Donors(r))) => {
+                f(r);
+                Some(*r)
+            }
+            _ => None,
+        }
+    }
+
+    /// Every far slab on donors, with its replicas.
+    pub(crate) fn donor_slabs(&self) -> Vec<(u64, Replicas)> {
+        self.placement
+            .lock()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| match h {
+                Some(Home::Donors(r)) => Some((i as u64, *r)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Allocates `n` slabs on distinct live donors none of which is in `besides`, each the
+    /// less loaded of two drawn at random (power of two choices; a full or failing donor is
+    /// skipped for the next). Fewer than `n` live donors: as many as there are (degraded).
+    pub(crate) fn alloc_replicas(
+        &self,
+        n: usize,
+        besides: &Replicas,
+    ) -> Result<Replicas, RuntimeError> {
+        let mut got = Replicas::empty();
         let mut last = None;
-        for d in order {
-            match self.donors[d].write.alloc_slab() {
-                Ok(slab) => {
-                    *self.donors[d].slabs_placed.lock() += 1;
-                    return Ok(Home::Donor { donor: d, slab });
-                }
-                Err(e) => {
-                    let full = matches!(
-                        e.status(),
-                        Some(
-                            Status::CapacityExhausted
-                                | Status::QuotaExceeded
-                                | Status::MemoryPressure
-                        )
-                    );
-                    last = Some((d, e, full));
+        while got.len() < n {
+            let mut placed = false;
+            for d in self.choice_order(besides, &got) {
+                match self.donors[d].write.alloc_slab() {
+                    Ok(slab) => {
+                        *self.donors[d].slabs_placed.lock() += 1;
+                        got.push(d, slab, false);
+                        placed = true;
+                        break;
+                    }
+                    Err(e) => {
+                        let full = matches!(
+                            e.status(),
+                            Some(
+                                Status::CapacityExhausted
+                                    | Status::QuotaExceeded
+                                    | Status::MemoryPressure
+                            )
+                        );
+                        if e.is_connection_failure() {
+                            self.suspect(d);
+                        }
+                        last = Some((d, e, full));
+                    }
                 }
             }
+            if !placed {
+                break;
+            }
+        }
+        if !got.is_empty() {
+            return Ok(got);
         }
         match last {
             Some((d, source, true)) => Err(RuntimeError::DonorsFull {
@@ -261,27 +378,42 @@ impl Far {
         }
     }
 
-    /// Donor indexes in the order to try for a new slab: the less loaded of two random
-    /// donors first, then the other, then the rest.
-    fn choice_order(&self) -> Vec<usize> {
-        let n = self.donors.len();
-        if n <= 1 {
-            return (0..n).collect();
+    /// Allocates a new far slab's replicas, without recording them: the caller records them
+    /// with [`Far::set_home`].
+    pub(crate) fn alloc_on_donor(&self) -> Result<Home, RuntimeError> {
+        self.alloc_replicas(self.replicas, &Replicas::empty())
+            .map(Home::Donors)
+    }
+
+    /// Live donor indexes (not in `a` or `b`) in the order to try for a new slab: the less
+    /// loaded of two random ones first, then the other, then the rest.
+    fn choice_order(&self, a: &Replicas, b: &Replicas) -> Vec<usize> {
+        let mut cands: Vec<usize> = (0..self.donors.len())
+            .filter(|d| !a.has(*d) && !b.has(*d) && self.donors[*d].health.is_live())
+            .collect();
+        if cands.len() <= 1 {
+            return cands;
         }
         let mut rng = rand::thread_rng();
-        let a = rng.gen_range(0..n);
-        let mut b = rng.gen_range(0..n - 1);
-        if b >= a {
-            b += 1;
+        let n = cands.len();
+        let i = rng.gen_range(0..n);
+        let mut j = rng.gen_range(0..n - 1);
+        if j >= i {
+            j += 1;
         }
-        let load = |i: usize| {
-            let d = &self.donors[i];
+        let load = |d: usize| {
+            let d = &self.donors[d];
             (*d.slabs_placed.lock() * self.slab_pages * PAGE_SIZE as u64) as f64
                 / d.capacity_bytes.max(1) as f64
         };
-        let (first, second) = if load(b) < load(a) { (b, a) } else { (a, b) };
+        let (first, second) = if load(cands[j]) < load(cands[i]) {
+            (cands[j], cands[i])
+        } else {
+            (cands[i], cands[j])
+        };
+        cands.retain(|d| *d != first && *d != second);
         let mut order = vec![first, second];
-        order.extend((0..n).filter(|i| *i != a && *i != b));
+        order.extend(cands);
         order
     }
 
@@ -290,11 +422,22 @@ impl Far {
         self.placement.lock().iter().flatten().count() as u64
     }
 
-    /// Starts the read of one far page on the fault-path connection of its donor.
-    pub(crate) fn submit_read(&self, far: u64) -> Result<Pending, RuntimeError> {
-        let (d, addr) = self.locate(far).ok_or(RuntimeError::Internal(
-            "a remote page's slab is not placed on a donor",
-        ))?;
+    /// Where far page `far` can be read on donors, in the order to try: complete replicas on
+    /// live donors first, then those on donors taken for dead (a sole copy may still answer).
+    pub(crate) fn read_sources(&self, far: u64) -> Vec<(usize, PageAddr)> {
+        let Some((Home::Donors(r), page)) = self.home(far) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(usize, PageAddr)> = r
+            .readable()
+            .map(|x| (x.donor, PageAddr { slab: x.slab, page }))
+            .collect();
+        out.sort_by_key(|(d, _)| !self.donors[*d].health.is_live());
+        out
+    }
+
+    /// Starts the read of one far page from donor `d` on its fault-path connection.
+    pub(crate) fn submit_read_on(&self, d: usize, addr: PageAddr) -> Result<Pending, RuntimeError> {
         self.donors[d]
             .read
             .submit_read(&[addr])
@@ -305,16 +448,165 @@ impl Far {
             })
     }
 
-    /// Writes a batch of pages (all on donor `d`, at most 256) and waits for the ack.
-    pub(crate) fn write(&self, d: usize, pages: &[PageWrite<'_>]) -> Result<(), RuntimeError> {
-        self.donors[d]
-            .write
-            .write_pages(pages)
-            .map_err(|source| RuntimeError::Donor {
+    /// Writes pages (`(replicas of its slab, page in the slab, far page, data)`) to the
+    /// replicas of their slabs: one batch per donor (at most 256 pages a batch), all donors
+    /// at once. A page goes to its replicas on live donors; with none live, to those on
+    /// suspected donors; with none of those either, to the backup file if there is one (else
+    /// this fails). Succeeds once every page is on each replica it went to; replicas left out
+    /// then hold an older version and are dropped from their slab (re-replication makes the
+    /// copy again). Every page written to donors also goes to the backup file, in the
+    /// background. A donor that fails is suspected ([`Far::suspect`]).
+    pub(crate) fn write_replicas(
+        &self,
+        pages: &[(Replicas, u32, u64, &[u8])],
+    ) -> Result<(), RuntimeError> {
+        let mut groups: Vec<Vec<PageWrite<'_>>> = vec![Vec::new(); self.donors.len()];
+        let mut orphans = Vec::new();
+        let mut left_out: Vec<(u64, usize)> = Vec::new();
+        for (i, (r, page, far, data)) in pages.iter().enumerate() {
+            let health = |x: &Replica| &self.donors[x.donor].health;
+            let live = r.as_slice().iter().any(|x| health(x).is_live());
+            let mut any = false;
+            for x in r.as_slice() {
+                let h = health(x);
+                if h.is_live() || (!live && h.is_suspect()) {
+                    groups[x.donor].push(PageWrite {
+                        addr: PageAddr {
+                            slab: x.slab,
+                            page: *page,
+                        },
+                        data,
+                    });
+                    any = true;
+                } else {
+                    left_out.push((far / self.slab_pages, x.donor));
+                }
+            }
+            if !any {
+                orphans.push(i);
+            }
+        }
+        if !orphans.is_empty() && self.backup.is_none() {
+            let (r, _, far, _) = &pages[orphans[0]];
+            let addrs: Vec<String> = r
+                .as_slice()
+                .iter()
+                .map(|x| self.donors[x.donor].read.addr().to_string())
+                .collect();
+            return Err(RuntimeError::NoLiveReplica {
+                far: *far,
+                donors: addrs.join(", "),
+            });
+        }
+        let mut submitted = Vec::new();
+        let mut first_err = None;
+        for (d, g) in groups.iter().enumerate() {
+            for chunk in g.chunks(farmem_transport::MAX_BATCH_PAGES) {
+                match self.donors[d].write.submit_write(chunk) {
+                    Ok(p) => submitted.push((d, p)),
+                    Err(e) => {
+                        if e.is_connection_failure() {
+                            self.suspect(d);
+                        }
+                        first_err.get_or_insert((d, e));
+                    }
+                }
+            }
+        }
+        for (d, p) in submitted {
+            if let Err(e) = p.wait() {
+                if e.is_connection_failure() {
+                    self.suspect(d);
+                }
+                first_err.get_or_insert((d, e));
+            }
+        }
+        if let Some((d, source)) = first_err {
+            return Err(RuntimeError::Donor {
                 addr: self.donors[d].write.addr().to_string(),
                 step: "writing evicted pages",
                 source,
-            })
+            });
+        }
+        if let Some(b) = &self.backup {
+            for (i, (_, _, far, data)) in pages.iter().enumerate() {
+                if orphans.contains(&i) {
+                    b.write_now(*far, data)?;
+                } else {
+                    b.write(*far, data);
+                }
+            }
+        }
+        left_out.sort_unstable();
+        left_out.dedup();
+        for (idx, d) in left_out {
+            self.drop_replica(idx, d);
+        }
+        Ok(())
+    }
+
+    /// Drops donor `d`'s replica of far slab `idx` (stale, or its donor is dead): never read
+    /// again, freed on the donor if it comes back; the heal thread makes a new copy.
+    pub(crate) fn drop_replica(&self, idx: u64, d: usize) {
+        let mut gone = None;
+        self.update_replicas(idx, |r| gone = r.remove(d));
+        if let Some(x) = gone {
+            self.dropped.lock().push((x.donor, x.slab));
+            self.wake_healer();
+        }
+    }
+
+    /// Donors neither suspected nor dead.
+    pub(crate) fn live_donors(&self) -> usize {
+        self.donors.iter().filter(|d| d.health.is_live()).count()
+    }
+
+    /// Donor slabs with fewer complete copies on live donors than wanted, and those with
+    /// none at all that the backup file cannot serve either: `(degraded, lost)`.
+    pub(crate) fn slab_health(&self) -> (u64, u64) {
+        let (mut degraded, mut lost) = (0, 0);
+        for (_, r) in self.donor_slabs() {
+            let live = r
+                .readable()
+                .filter(|x| self.donors[x.donor].health.is_live())
+                .count();
+            if live < self.replicas {
+                degraded += 1;
+            }
+            if r.readable().all(|x| self.donors[x.donor].health.is_dead()) && self.backup.is_none()
+            {
+                lost += 1;
+            }
+        }
+        (degraded, lost)
+    }
+
+    /// Donor `d` failed a request with a connection failure: the heal thread probes it soon
+    /// and declares it dead if it does not answer ([`crate::heal`]).
+    pub(crate) fn suspect(&self, d: usize) {
+        if self.donors[d].health.suspect() {
+            self.wake_healer();
+        }
+    }
+
+    /// Wakes the heal thread.
+    pub(crate) fn wake_healer(&self) {
+        *self.heal_mu.lock() = true;
+        self.heal_cv.notify_all();
+    }
+}
+
+/// Whether a connect error means the donor cannot be reached (down, no route, not
+/// listening), rather than a configuration error (refused HELLO, bad token).
+fn is_unreachable(e: &RuntimeError) -> bool {
+    match e {
+        RuntimeError::Donor { source, .. } => matches!(
+            source,
+            farmem_transport::TransportError::Connect { .. }
+                | farmem_transport::TransportError::Timeout { .. }
+                | farmem_transport::TransportError::Disconnected { .. }
+        ),
+        _ => false,
     }
 }
 

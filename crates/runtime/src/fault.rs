@@ -33,10 +33,10 @@ use std::time::{Duration, Instant};
 
 use farmem_policy::first_touch::{FirstTouch, FirstTouchConfig};
 use farmem_policy::Origin;
-use farmem_transport::{Completion, Pending};
 use farmem_uffd::{Event, UffdError};
 use parking_lot::MutexGuard;
 
+use crate::failover::ReplicaRead;
 use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
 use crate::prefetch::addr_of;
@@ -58,7 +58,7 @@ struct FaultMsg {
 struct Fetch {
     msg: FaultMsg,
     far: u64,
-    pending: Option<Pending>,
+    read: Option<ReplicaRead>,
     attempts: u32,
 }
 
@@ -71,7 +71,7 @@ struct Queues {
     /// Faults to serve again (pending events, or the page changed while waiting).
     retry: VecDeque<FaultMsg>,
     /// Pages fetched whose install met pending events.
-    installs: VecDeque<(FaultMsg, Box<[u8]>)>,
+    installs: VecDeque<(FaultMsg, Box<[u8]>, FaultKind)>,
     /// Remote reads submitted in this batch.
     fetches: Vec<Fetch>,
 }
@@ -113,8 +113,8 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
         }
         // Pages fetched earlier whose install met pending events.
         for _ in 0..q.installs.len() {
-            let (msg, data) = q.installs.pop_front().expect("counted");
-            install_fetched(&sh, msg, data, &mut q);
+            let (msg, data, kind) = q.installs.pop_front().expect("counted");
+            install_fetched(&sh, msg, data, kind, &mut q);
         }
         // Remote reads submitted in this batch: wait for each and install.
         complete_fetches(&sh, &mut q);
@@ -490,12 +490,12 @@ fn serve_remote(sh: &Shared, mut st: MutexGuard<'_, State>, msg: FaultMsg, q: &m
         return;
     }
     drop(st);
-    let pending = sh.far.submit_read(far).ok();
+    let read = Some(ReplicaRead::start(sh, far));
     let (addr, thread) = (msg.addr, msg.thread);
     q.fetches.push(Fetch {
         msg,
         far,
-        pending,
+        read,
         attempts: 1,
     });
     // The demand read is on the wire: now feed the prefetcher, whose pages go out on the
@@ -586,44 +586,24 @@ fn install_ahead(
     remote
 }
 
-/// Waits for one remote read (retrying on failure) and installs the page.
+/// Waits for one remote read (failing over between its copies, retrying on failure) and
+/// installs the page.
 fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
     loop {
-        let result = match f.pending.take() {
-            Some(p) => p.wait().map_err(|e| e.to_string()),
-            None => match sh.far.submit_read(f.far) {
-                Ok(p) => p.wait().map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            },
-        };
-        match result {
-            Ok(Completion::Pages(mut data)) if data.len() == PAGE_SIZE => {
-                sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
-                match sh.far.open(f.far, &mut data) {
-                    Ok(()) => {
-                        install_fetched(sh, f.msg, data.into_boxed_slice(), q);
-                        return;
-                    }
-                    Err(e) => {
-                        sh.stats.lock().s.seal_rejected += 1;
-                        sh.report(
-                            format!(
-                                "fetching page {:#x} (try {} of {}): {e}",
-                                f.msg.addr, f.attempts, sh.fetch_attempts
-                            ),
-                            true,
-                        );
-                    }
-                }
-            }
-            Ok(_) => {
-                sh.report(
-                    format!(
-                        "donor answered a page read with no page (far page {})",
-                        f.far
-                    ),
-                    true,
-                );
+        let read = f
+            .read
+            .take()
+            .unwrap_or_else(|| ReplicaRead::start(sh, f.far));
+        let failed_over = read.failed_over;
+        match read.finish(sh) {
+            Ok(data) => {
+                let kind = if failed_over {
+                    FaultKind::Failover
+                } else {
+                    FaultKind::Remote
+                };
+                install_fetched(sh, f.msg, data.into_boxed_slice(), kind, q);
+                return;
             }
             Err(e) => sh.report(
                 format!(
@@ -670,7 +650,7 @@ fn fail_fetch(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
 }
 
 /// Installs a fetched page if it is still wanted.
-fn install_fetched(sh: &Shared, msg: FaultMsg, data: Box<[u8]>, q: &mut Queues) {
+fn install_fetched(sh: &Shared, msg: FaultMsg, data: Box<[u8]>, kind: FaultKind, q: &mut Queues) {
     let mut st = sh.state.lock();
     sh.make_room(&mut st);
     let state = st.pages.get(msg.addr).map(|e| e.state);
@@ -688,11 +668,11 @@ fn install_fetched(sh: &Shared, msg: FaultMsg, data: Box<[u8]>, q: &mut Queues) 
                 .install_fetched(msg.addr, msg.write, Origin::Demand);
             sh.kick_evictor(&st);
             drop(st);
-            sh.count_fault(FaultKind::Remote, msg.t0);
+            sh.count_fault(kind, msg.t0);
         }
         Err(UffdError::Again { .. }) => {
             drop(st);
-            q.installs.push_back((msg, data));
+            q.installs.push_back((msg, data, kind));
         }
         Err(err) => {
             st.pages.abandon_fetch(msg.addr);

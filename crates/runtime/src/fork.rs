@@ -186,19 +186,9 @@ fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
     }
 }
 
-/// Reads a remote page's data from its donor.
+/// Reads a remote page's data from its donors (failing over between copies).
 fn read_remote(sh: &Shared, e: Entry) -> Result<Vec<u8>, RuntimeError> {
-    let mut data = vec![0u8; PAGE_SIZE];
-    let Some((d, a)) = sh.far.locate(e.far) else {
-        return Err(RuntimeError::Internal("remote page without placement"));
-    };
-    sh.far.donors[d]
-        .read
-        .read_pages(&[a], &mut data)
-        .map_err(|source| RuntimeError::Donor {
-            addr: sh.far.donors[d].read.addr().to_string(),
-            step: "bringing pages back before fork",
-            source,
-        })?;
-    Ok(data)
+    crate::failover::ReplicaRead::start(sh, e.far)
+        .finish(sh)
+        .map_err(|reason| RuntimeError::FetchBeforeFork { far: e.far, reason })
 }

@@ -54,19 +54,24 @@
 
 #![deny(unsafe_code)]
 
+mod backup;
 mod config;
 mod embedded;
 mod events;
 mod evict;
+mod failover;
 mod far;
 mod farpages;
 mod fault;
 mod fork;
+mod heal;
+mod health;
 mod memslabs;
 mod mm;
 mod pages;
 mod prefetch;
 mod prefetch_thread;
+mod replicas;
 pub mod run_settings;
 mod seal;
 mod send;
@@ -154,6 +159,25 @@ pub enum RuntimeError {
     NowhereToPlace { tier: String },
     #[error("the private node (this program's host tier) could not be started: {reason}")]
     PrivateNode { reason: String },
+    #[error(
+        "none of the {tried} donor(s) could be reached ({first}); start them, or check the \
+         addresses and the network"
+    )]
+    NoDonorReachable { tried: usize, first: String },
+    #[error(
+        "far page {far}: no donor holding its slab is alive ({donors}) and there is no backup \
+         file; the pages stay in the write-back pool (give --backup-file, or more donors and \
+         --replicas 2, to survive this)"
+    )]
+    NoLiveReplica { far: u64, donors: String },
+    #[error("bringing far page {far} back before fork failed: {reason}")]
+    FetchBeforeFork { far: u64, reason: String },
+    #[error("backup file {}", path.display())]
+    BackupFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("donor {addr} is unusable: {reason}")]
     BadDonor { addr: String, reason: String },
     #[error("the embedded donor could not be started: {reason}")]
@@ -234,6 +258,12 @@ impl Runtime {
         threads.push(spawn("farmem-send", send::send_loop, sh.clone())?);
         if sh.far.tier.is_some() {
             threads.push(spawn("farmem-tier", tier::tier_loop, sh.clone())?);
+        }
+        if !sh.far.donors.is_empty() {
+            threads.push(spawn("farmem-heal", heal::heal_loop, sh.clone())?);
+        }
+        if sh.far.backup.is_some() {
+            threads.push(spawn("farmem-backup", backup::backup_loop, sh.clone())?);
         }
         if sh.pf.enabled() {
             threads.push(spawn(
@@ -399,6 +429,21 @@ impl Runtime {
         s.budget_pages = sh.budget_pages;
         s.pool_capacity_pages = u64::from(sh.pool.slots());
         s.slabs_placed = sh.far.slabs_placed();
+        s.replicas = sh.far.replicas as u64;
+        (s.slabs_degraded, s.slabs_lost) = sh.far.slab_health();
+        s.dead_donors = sh
+            .far
+            .donors
+            .iter()
+            .filter_map(|d| {
+                let (cause, _) = d.health.death()?;
+                Some(format!("{}: {cause}", d.read.addr()))
+            })
+            .collect();
+        if let Some(b) = &sh.far.backup {
+            s.backup_pages_written = b.pages_written.load(Ordering::Relaxed);
+            s.backup_pages_read = b.pages_read.load(Ordering::Relaxed);
+        }
         s.sealed = sh.far.sealer.is_some();
         (s.tier_slabs, s.local_slabs) = mem;
         s.tier_node = sh

@@ -20,6 +20,8 @@
 
 use farmem_mm::Mapping;
 
+use crate::replicas::Replicas;
+
 #[cfg(test)]
 use crate::PAGE_SIZE;
 
@@ -42,8 +44,8 @@ pub(crate) struct MemSlab {
     pub(crate) last_write: u64,
     /// Writes so far.
     pub(crate) writes: u64,
-    /// Its write-through copy on a donor (donor index, donor slab), once one was placed.
-    pub(crate) donor: Option<(usize, u32)>,
+    /// Its write-through copies on donors (empty until placed).
+    pub(crate) donors: Replicas,
     /// Pages written since their last write-through (one bit a page).
     unflushed: Vec<u64>,
     unflushed_count: u64,
@@ -71,6 +73,15 @@ impl MemSlab {
         }
         self.unflushed_count -= out.len() as u64;
         out
+    }
+
+    /// Marks every page as not written through (a new donor copy must get them all).
+    pub(crate) fn mark_all_unflushed(&mut self) {
+        for p in 0..self.unflushed.len() as u32 * 64 {
+            if (p as usize) < self.mapping.pages() {
+                self.mark_unflushed(p);
+            }
+        }
     }
 
     /// Marks `page` as not written through (a write, or a write-through that failed).
@@ -102,7 +113,7 @@ impl MemSlabs {
             far_slab,
             last_write: self.clock,
             writes: 0,
-            donor: None,
+            donors: Replicas::empty(),
             unflushed: vec![0; mapping_pages.div_ceil(64)],
             unflushed_count: 0,
         };

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farmem_policy::Origin;
-use farmem_transport::{Completion, PageAddr, Pending};
+use farmem_transport::{Completion, PageAddr};
 use farmem_uffd::UffdError;
 use parking_lot::MutexGuard;
 
@@ -107,12 +107,15 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
             (0..pf.clients.len()).map(|_| Vec::new()).collect();
         let mut lost = Vec::new();
         for r in reqs.drain(..) {
-            match sh.far.locate(r.far) {
-                Some((d, a)) if d < groups.len() => groups[d].push((a, r)),
+            match sh.far.read_sources(r.far).first() {
+                Some(&(d, a)) if d < groups.len() && sh.far.donors[d].health.is_live() => {
+                    groups[d].push((a, r))
+                }
+                // No live copy: the demand path reads it (failing over, or from the backup).
                 _ => lost.push(r),
             }
         }
-        let mut batches: Vec<(Vec<Req>, Result<Pending, String>)> = Vec::new();
+        let mut batches = Vec::new();
         for (d, g) in groups.into_iter().enumerate() {
             let mut g = g.into_iter().peekable();
             while g.peek().is_some() {
@@ -120,15 +123,20 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
                     g.by_ref().take(farmem_transport::MAX_BATCH_PAGES).collect();
                 let addrs: Vec<PageAddr> = chunk.iter().map(|(a, _)| *a).collect();
                 let reqs: Vec<Req> = chunk.into_iter().map(|(_, r)| r).collect();
-                let p = pf.clients[d].submit_read(&addrs).map_err(|e| e.to_string());
-                batches.push((reqs, p));
+                let p = pf.clients[d].submit_read(&addrs);
+                batches.push((d, reqs, p));
             }
         }
         if !lost.is_empty() {
             arrive(&sh, lost, None);
         }
-        for (reqs, p) in batches {
-            let result = p.and_then(|p| p.wait().map_err(|e| e.to_string()));
+        for (d, reqs, p) in batches {
+            let result = p.and_then(|p| p.wait()).map_err(|e| {
+                if e.is_connection_failure() {
+                    sh.far.suspect(d);
+                }
+                e.to_string()
+            });
             match result {
                 Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
                     sh.pf.inner.lock().batches += 1;

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub const RUN_SETTINGS_VAR: &str = "FARMEM_RUN_SETTINGS";
 
 /// Version of the settings' layout; bumped on every change of [`RunSettings`].
-pub const RUN_SETTINGS_VERSION: u32 = 2;
+pub const RUN_SETTINGS_VERSION: u32 = 3;
 
 /// The smallest heap reservation the library accepts.
 pub const MIN_HEAP_RESERVE_BYTES: u64 = 64 << 20;
@@ -55,6 +55,12 @@ pub struct RunSettings {
     pub seal: crate::SealMode,
     /// The host tier: the node `farmem run` found or started, or none.
     pub tier: crate::TierMode,
+    /// Copies of each donor slab (the runtime's default when absent).
+    pub replicas: Option<usize>,
+    /// Local backup file of every page sent.
+    pub backup_file: Option<PathBuf>,
+    /// Most bytes a second re-replication copies (the runtime's default when absent).
+    pub heal_rate_bytes: Option<u64>,
     /// JSON stats file, rewritten every second and at exit.
     pub stats_file: Option<PathBuf>,
     /// Trace file the runtime records accesses into.
@@ -154,6 +160,9 @@ mod tests {
             prefetch_install: Some("marker".into()),
             seal: crate::SealMode::On,
             tier: crate::TierMode::Node("/run/farmem/node.sock".into()),
+            replicas: Some(2),
+            backup_file: Some("/var/tmp/backup".into()),
+            heal_rate_bytes: None,
             stats_file: Some("/tmp/stats.json".into()),
             record_trace: None,
             mmap_threshold_bytes: 4096,

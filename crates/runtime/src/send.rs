@@ -16,10 +16,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use farmem_transport::PageWrite;
-
 use crate::far::Home;
 use crate::pages::PageState;
+use crate::replicas::Replicas;
 use crate::shared::{Shared, Staged, State};
 use crate::{RuntimeError, PAGE_SIZE};
 
@@ -90,18 +89,18 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
 
 /// Writes a batch where its pages live, placing slabs on first write: pages whose slab is in
 /// memory (the host tier) are copied there under the state lock, if still wanted, and are
-/// written back at once; the rest are sealed (when pages are sealed) and written to their
-/// donors, grouped by donor. Leaves in `batch` only the pages that went to donors, for
-/// [`acknowledge`].
+/// written back at once; the rest are sealed (when pages are sealed) and written to every
+/// live replica of their slabs ([`crate::far::Far::write_replicas`]). Leaves in `batch` only
+/// the pages that went to donors, for [`acknowledge`].
 fn write_batch(sh: &Shared, batch: &mut Vec<Staged>) -> Result<(), RuntimeError> {
-    let mut groups: Vec<Vec<(farmem_transport::PageAddr, usize)>> =
-        vec![Vec::new(); sh.far.donors.len()];
+    // Held while replica lists are read and written to: re-replication never copies a page
+    // between the two (see Far::copy_gate).
+    let _gate = sh.far.copy_gate.read();
+    let mut remote: Vec<(Replicas, u32, usize)> = Vec::new();
     let mut memory: Vec<(u32, u32, usize)> = Vec::new();
     for (i, s) in batch.iter().enumerate() {
         match sh.place(s.far)? {
-            (Home::Donor { donor, slab }, page) => {
-                groups[donor].push((farmem_transport::PageAddr { slab, page }, i))
-            }
+            (Home::Donors(r), page) => remote.push((r, page, i)),
             (Home::Memory(m), page) => memory.push((m, page, i)),
         }
     }
@@ -111,7 +110,7 @@ fn write_batch(sh: &Shared, batch: &mut Vec<Staged>) -> Result<(), RuntimeError>
     if let Some(sealer) = &sh.far.sealer {
         // A retried batch keeps its sealed bytes, so a retry sends exactly what the recorded
         // seal covers.
-        for (_, i) in groups.iter().flatten() {
+        for (_, _, i) in &remote {
             let s = &mut batch[*i];
             if !s.sealed {
                 sealer.seal(s.far, &mut s.data);
@@ -119,22 +118,14 @@ fn write_batch(sh: &Shared, batch: &mut Vec<Staged>) -> Result<(), RuntimeError>
             }
         }
     }
-    for (d, g) in groups.iter().enumerate() {
-        if g.is_empty() {
-            continue;
-        }
-        let writes: Vec<PageWrite<'_>> = g
-            .iter()
-            .map(|(a, i)| PageWrite {
-                addr: *a,
-                data: &batch[*i].data,
-            })
-            .collect();
-        sh.far.write(d, &writes)?;
-    }
+    let writes: Vec<(Replicas, u32, u64, &[u8])> = remote
+        .iter()
+        .map(|(r, page, i)| (*r, *page, batch[*i].far, &batch[*i].data[..]))
+        .collect();
+    sh.far.write_replicas(&writes)?;
     // Only the pages that went to donors remain to be acknowledged.
     let mut on_donors = vec![false; batch.len()];
-    for (_, i) in groups.iter().flatten() {
+    for (_, _, i) in &remote {
         on_donors[*i] = true;
     }
     let mut k = 0;

@@ -92,6 +92,10 @@ pub(crate) struct Shared {
     /// and the fault path rarely has to wake it.
     pub(crate) high_water: u64,
     pub(crate) fetch_attempts: u32,
+    /// Limit for each donor request (a read waits this long on its last copy).
+    pub(crate) request_timeout: Duration,
+    /// Most bytes a second re-replication copies ([`crate::heal`]).
+    pub(crate) heal_rate_bytes: u64,
     pub(crate) thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
     pub(crate) zero: Box<[u8]>,
     /// Fault-loop iterations completed (lets callers wait until events already read by the
@@ -203,6 +207,8 @@ impl Shared {
             low_water: budget_pages - headroom,
             high_water: budget_pages - headroom / 2,
             fetch_attempts: cfg.fetch_attempts,
+            request_timeout: cfg.request_timeout,
+            heal_rate_bytes: cfg.heal_rate_bytes,
             thread_hook: cfg.thread_hook.clone(),
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
             loop_seq: AtomicU64::new(0),

@@ -26,6 +26,9 @@ pub(crate) enum FaultKind {
     Remote,
     Tier,
     WriteProtect,
+    /// A donor fetch served by another copy (a replica, or the backup file) after the first
+    /// one failed or was slow: counted as a remote fault too.
+    Failover,
 }
 
 /// Latency percentiles of one fault kind, microseconds.
@@ -46,6 +49,10 @@ pub struct FaultLatency {
     pub remote: LatencySummary,
     pub tier: LatencySummary,
     pub write_protect: LatencySummary,
+    /// Donor fetches served by another copy after the first failed or was slow (also in
+    /// `remote`).
+    #[serde(default)]
+    pub failover: LatencySummary,
 }
 
 /// A snapshot of the runtime's counters (process-wide).
@@ -122,6 +129,31 @@ pub struct Stats {
     pub send_errors: u64,
     /// Pages are sealed (encrypted and authenticated) before they leave the process.
     pub sealed: bool,
+    /// Copies of each donor slab (`--replicas`).
+    pub replicas: u64,
+    /// Donors declared dead (each with the kind of failure: crash, stall, partition, restart).
+    pub dead_donors: Vec<String>,
+    /// Donor fetches served by another copy (a replica or the backup file) after the first
+    /// failed or was slow.
+    pub failovers: u64,
+    /// Far slabs with fewer live copies than `replicas` now.
+    pub slabs_degraded: u64,
+    /// Far slabs none of whose copies is on a live donor and that the backup file cannot
+    /// serve: their pages are lost unless a donor comes back.
+    pub slabs_lost: u64,
+    /// Slab copies made by re-replication (after a donor died, or a donor asked for its
+    /// memory back).
+    pub slabs_healed: u64,
+    /// Bytes re-replication copied between donors.
+    pub heal_bytes: u64,
+    /// How long the last re-replication took, from the donor's death being declared to every
+    /// slab that could be healed having its copies again, seconds.
+    pub last_heal_s: Option<f64>,
+    /// Slabs moved off a donor that asked for its memory back (Valet migration).
+    pub slabs_migrated: u64,
+    /// Pages written to the backup file, and read back from it.
+    pub backup_pages_written: u64,
+    pub backup_pages_read: u64,
     /// Pages fetched from a donor that failed their integrity check (altered, swapped or an
     /// older version) and were not installed; each also counts as a failed fetch.
     pub seal_rejected: u64,
@@ -231,6 +263,23 @@ pub struct StatsSummary {
     pub send_errors: u64,
     /// The last error the runtime reported, if any.
     pub last_error: Option<String>,
+    /// Donor fetches served by another copy after the first failed or was slow.
+    #[serde(default)]
+    pub failovers: u64,
+    /// Donors declared dead, each with the kind of failure.
+    #[serde(default)]
+    pub dead_donors: Vec<String>,
+    /// Far slabs with fewer live copies than `--replicas` at the end.
+    #[serde(default)]
+    pub slabs_degraded: u64,
+    /// Slab copies re-made on other donors, and how long the last healing took (s).
+    #[serde(default)]
+    pub slabs_healed: u64,
+    #[serde(default)]
+    pub last_heal_s: Option<f64>,
+    /// Pages read back from the backup file.
+    #[serde(default)]
+    pub backup_pages_read: u64,
 }
 
 impl From<&Stats> for StatsSummary {
@@ -256,6 +305,12 @@ impl From<&Stats> for StatsSummary {
             fetch_errors: s.fetch_errors,
             send_errors: s.send_errors,
             last_error: s.last_error.clone(),
+            failovers: s.failovers,
+            dead_donors: s.dead_donors.clone(),
+            slabs_degraded: s.slabs_degraded,
+            slabs_healed: s.slabs_healed,
+            last_heal_s: s.last_heal_s,
+            backup_pages_read: s.backup_pages_read,
         }
     }
 }
@@ -410,6 +465,7 @@ pub(crate) struct StatsCell {
     remote: Histogram<u64>,
     tier: Histogram<u64>,
     write_protect: Histogram<u64>,
+    failover: Histogram<u64>,
 }
 
 fn hist() -> Histogram<u64> {
@@ -439,6 +495,7 @@ impl StatsCell {
             remote: hist(),
             tier: hist(),
             write_protect: hist(),
+            failover: hist(),
         }
     }
 
@@ -466,6 +523,12 @@ impl StatsCell {
                 self.s.faults_write_protect += 1;
                 let _ = self.write_protect.record(v);
             }
+            FaultKind::Failover => {
+                self.s.faults_remote += 1;
+                self.s.failovers += 1;
+                let _ = self.remote.record(v);
+                let _ = self.failover.record(v);
+            }
         }
     }
 
@@ -478,6 +541,7 @@ impl StatsCell {
             remote: summary(&self.remote),
             tier: summary(&self.tier),
             write_protect: summary(&self.write_protect),
+            failover: summary(&self.failover),
         };
         s
     }

@@ -46,11 +46,11 @@ use std::time::{Duration, Instant};
 
 use farmem_mm::{Advice, Mapping};
 use farmem_node::{NodeClient, NodeClientConfig, NodeError, TierSlab};
-use farmem_transport::PageWrite;
 use parking_lot::Mutex;
 
 use crate::far::Home;
 use crate::memslabs::MemKind;
+use crate::replicas::Replicas;
 use crate::shared::Shared;
 use crate::{RuntimeConfig, RuntimeError, TierMode, PAGE_SIZE};
 
@@ -323,7 +323,7 @@ fn give_back(sh: &Shared, tier: &Tier, n: usize) {
     s.s.tier_reclaimed_clean += clean;
 }
 
-/// If memory slab `m` has a complete donor copy, makes the donor its home and removes it;
+/// If memory slab `m` has complete donor copies, makes the donors its home and removes it;
 /// returns its memory and kind (the caller unmaps it, and frees a tier slab with the node).
 fn retire_if_written_through(
     sh: &Shared,
@@ -331,19 +331,18 @@ fn retire_if_written_through(
     m: u32,
 ) -> Option<(Mapping, MemKind)> {
     let s = st.mem.get(m)?;
-    let (donor, slab) = s.donor?;
-    if s.unflushed() > 0 {
+    if s.donors.is_empty() || s.unflushed() > 0 {
         return None;
     }
-    sh.far
-        .set_home(s.far_slab, Some(Home::Donor { donor, slab }));
+    sh.far.set_home(s.far_slab, Some(Home::Donors(s.donors)));
     let s = st.mem.remove(m)?;
     Some((s.mapping, s.kind))
 }
 
-/// One round of write-through: gives memory slabs a donor slab, writes pages written since
-/// their last write-through (oldest slabs first, at most [`WRITE_THROUGH_PAGES`]), and retires
-/// local slabs whose donor copy is complete. Returns the pages written.
+/// One round of write-through: gives memory slabs their donor copies (`--replicas` of them;
+/// a new copy next to existing ones gets every page), writes pages written since their last
+/// write-through (oldest slabs first, at most [`WRITE_THROUGH_PAGES`]), and retires local
+/// slabs whose donor copies are complete. Returns the pages written.
 fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
     let order = sh.state.lock().mem.oldest_first();
     let mut written = 0;
@@ -351,13 +350,19 @@ fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
         if sh.shutdown.load(Ordering::Relaxed) || written >= WRITE_THROUGH_PAGES {
             break;
         }
-        let needs_donor = sh.state.lock().mem.get(m).map(|s| s.donor.is_none());
-        if needs_donor == Some(true) {
-            let Home::Donor { donor, slab } = sh.far.alloc_on_donor()? else {
-                return Err(RuntimeError::Internal("a donor placement not on a donor"));
-            };
-            if let Some(s) = sh.state.lock().mem.get_mut(m) {
-                s.donor.get_or_insert((donor, slab));
+        let have = sh.state.lock().mem.get(m).map(|s| s.donors);
+        if let Some(have) = have {
+            let want = sh.far.replicas.saturating_sub(have.len());
+            if want > 0 && (have.is_empty() || sh.far.live_donors() > have.len()) {
+                let more = sh.far.alloc_replicas(want, &have)?;
+                if let Some(s) = sh.state.lock().mem.get_mut(m) {
+                    if !s.donors.is_empty() {
+                        s.mark_all_unflushed();
+                    }
+                    for x in more.as_slice() {
+                        s.donors.push(x.donor, x.slab, false);
+                    }
+                }
             }
         }
         while written < WRITE_THROUGH_PAGES {
@@ -382,18 +387,26 @@ fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
 }
 
 /// Writes up to `max` (at most one batch) of memory slab `m`'s pages written since their last
-/// write-through to its donor copy: copied out under the state lock, sealed when pages are
+/// write-through to its donor copies: copied out under the state lock, sealed when pages are
 /// sealed, written without the lock. A page written again meanwhile is marked again; on a
 /// failure the pages are marked again. Returns the pages written.
 fn write_through_slab(sh: &Shared, m: u32, max: usize) -> Result<usize, RuntimeError> {
-    let (donor, slab, first_far, pages, mut data) = {
+    let _gate = sh.far.copy_gate.read();
+    let (donors, first_far, pages, mut data) = {
         let mut st = sh.state.lock();
         let Some(s) = st.mem.get_mut(m) else {
             return Ok(0);
         };
-        let Some((donor, slab)) = s.donor else {
+        // No copy yet, or one on a donor under suspicion: wait (a page written through
+        // without that copy would leave it stale).
+        if s.donors.is_empty()
+            || s.donors
+                .as_slice()
+                .iter()
+                .any(|x| !sh.far.donors[x.donor].health.is_live())
+        {
             return Ok(0);
-        };
+        }
         let pages = s.take_unflushed(max.min(farmem_transport::MAX_BATCH_PAGES));
         let mut data = vec![0u8; pages.len() * PAGE_SIZE];
         for (i, p) in pages.iter().enumerate() {
@@ -401,7 +414,7 @@ fn write_through_slab(sh: &Shared, m: u32, max: usize) -> Result<usize, RuntimeE
                 data[i * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(b)
             });
         }
-        (donor, slab, s.far_slab * sh.far.slab_pages, pages, data)
+        (s.donors, s.far_slab * sh.far.slab_pages, pages, data)
     };
     if pages.is_empty() {
         return Ok(0);
@@ -411,15 +424,12 @@ fn write_through_slab(sh: &Shared, m: u32, max: usize) -> Result<usize, RuntimeE
             sealer.seal(first_far + u64::from(*p), page);
         }
     }
-    let writes: Vec<PageWrite<'_>> = pages
+    let writes: Vec<(Replicas, u32, u64, &[u8])> = pages
         .iter()
         .zip(data.chunks_exact(PAGE_SIZE))
-        .map(|(p, d)| PageWrite {
-            addr: farmem_transport::PageAddr { slab, page: *p },
-            data: d,
-        })
+        .map(|(p, d)| (donors, *p, first_far + u64::from(*p), d))
         .collect();
-    if let Err(e) = sh.far.write(donor, &writes) {
+    if let Err(e) = sh.far.write_replicas(&writes) {
         if let Some(s) = sh.state.lock().mem.get_mut(m) {
             for p in &pages {
                 s.mark_unflushed(*p);

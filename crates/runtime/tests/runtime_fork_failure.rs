@@ -90,7 +90,9 @@ fn several_donors_share_the_slabs() {
     assert_eq!(mismatches(base, pages, 3), 0);
     let per = rt.slabs_per_donor();
     let s = rt.stats();
-    assert_eq!(per.iter().sum::<u64>(), s.slabs_placed, "{per:?}");
+    // Three donors: two copies of every slab by default.
+    assert_eq!(s.replicas, 2, "{s:?}");
+    assert_eq!(per.iter().sum::<u64>(), 2 * s.slabs_placed, "{per:?}");
     assert!(s.slabs_placed >= 100, "{s:?}");
     let (min, max) = (per.iter().min().unwrap(), per.iter().max().unwrap());
     assert!(

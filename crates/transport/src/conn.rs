@@ -338,6 +338,12 @@ impl Conn {
     /// Waits until request `id` is answered or `deadline` passes, reading the socket itself when
     /// no other thread is (see the module docs). At the deadline the request is forgotten.
     pub(crate) fn wait(&self, id: u64, deadline: Instant) -> Waited {
+        self.wait_or_keep(id, deadline, true)
+    }
+
+    /// As [`Conn::wait`]; with `forget` false the request stays in flight at the deadline (a
+    /// later wait may still get its answer).
+    pub(crate) fn wait_or_keep(&self, id: u64, deadline: Instant, forget: bool) -> Waited {
         let mut demux = lock(&self.demux);
         loop {
             if let Some(outcome) = demux.done.remove(&id) {
@@ -356,7 +362,9 @@ impl Conn {
             }
             let now = Instant::now();
             if now >= deadline {
-                demux.pending.remove(&id);
+                if forget {
+                    demux.pending.remove(&id);
+                }
                 return Waited::TimedOut;
             }
             if !demux.reading {

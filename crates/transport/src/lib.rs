@@ -474,6 +474,15 @@ impl DonorClient {
     }
 }
 
+impl From<Reply> for Completion {
+    fn from(r: Reply) -> Completion {
+        match r {
+            Reply::Pages(data) => Completion::Pages(data),
+            Reply::Done | Reply::Slab(_) | Reply::Stats(_) => Completion::Done,
+        }
+    }
+}
+
 /// A request in flight. [`Pending::wait`] gives its result; dropping it forgets the request
 /// (the response is discarded when it arrives).
 pub struct Pending {
@@ -499,10 +508,33 @@ impl Pending {
     /// Waits for the response, for at most the request timeout counted from submission, plus
     /// the configured link delay.
     pub fn wait(self) -> Result<Completion, TransportError> {
-        match self.wait_reply()? {
-            Reply::Pages(data) => Ok(Completion::Pages(data)),
-            Reply::Done | Reply::Slab(_) | Reply::Stats(_) => Ok(Completion::Done),
+        self.wait_reply().map(Completion::from)
+    }
+
+    /// Waits for the response until `until` at most. `None`: `until` came first (before the
+    /// request timeout); the request stays in flight and may be waited for again, or dropped.
+    /// Used to give up early on a slow donor when another copy of the page can be read.
+    pub fn wait_until(&mut self, until: Instant) -> Option<Result<Completion, TransportError>> {
+        let timeout_at = self.submitted + self.client.cfg.request_timeout;
+        if until < timeout_at {
+            match self.conn.wait_or_keep(self.id, until, false) {
+                Waited::TimedOut => return None,
+                Waited::Done(outcome) => {
+                    self.finished = true;
+                    return Some(self.completed(outcome).map(Completion::from));
+                }
+            }
         }
+        let me = Pending {
+            client: Arc::clone(&self.client),
+            conn: Arc::clone(&self.conn),
+            id: self.id,
+            op: self.op,
+            submitted: self.submitted,
+            finished: false,
+        };
+        self.finished = true;
+        Some(me.wait())
     }
 
     fn wait_reply(mut self) -> Result<Reply, TransportError> {
@@ -525,6 +557,14 @@ impl Pending {
                 });
             }
         };
+        self.completed((result, arrived))
+    }
+
+    /// A response that arrived: held back by the emulated link delay.
+    fn completed(
+        &self,
+        (result, arrived): (Result<Reply, TransportError>, Instant),
+    ) -> Result<Reply, TransportError> {
         let delay_us = self.client.cfg.link_delay_us;
         if delay_us > 0 && result.is_ok() {
             delay_until(arrived + Duration::from_micros(delay_us));

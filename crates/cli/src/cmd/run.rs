@@ -51,8 +51,26 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub local_mem: u64,
     /// Donor to page to (`host:port`); repeat for several. Default: an embedded local donor.
+    /// A donor that cannot be reached at start is reported, and the program starts with the
+    /// others (it fails only when none answers).
     #[arg(long = "donor", value_name = "ADDR")]
     pub donors: Vec<String>,
+    /// Copies of every page on distinct donors (1 to 4; default 2 with two or more donors,
+    /// else 1). A page counts as written back once every live copy has it; a read whose donor
+    /// died, stalls or is cut off is served by another copy, and a dead donor's slabs are
+    /// copied again elsewhere in the background. With 1 copy, a lost donor loses pages unless
+    /// --backup-file is given.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=4))]
+    pub replicas: Option<u8>,
+    /// Also write every page sent to donors to this local file (created new, mode 600,
+    /// removed at exit), in the background; pages whose every copy is gone are read from it,
+    /// and with no donor left pages go there directly, so nothing is lost (at disk speed).
+    #[arg(long, value_name = "PATH")]
+    pub backup_file: Option<PathBuf>,
+    /// Most bytes a second re-replication copies between donors after a donor is lost (e.g.
+    /// 256MiB, the default), so healing does not take the program's bandwidth.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub heal_rate: Option<u64>,
     /// File holding the donors' token (1 to 256 bytes, one trailing newline stripped; mode
     /// 600: a file readable by others is refused).
     #[arg(long, value_name = "FILE")]
@@ -387,7 +405,31 @@ pub fn summary_line(stats: &StatsFile) -> String {
         fmt_bytes(v.peak_resident_bytes),
         fmt_bytes(v.budget_bytes),
         fmt_bytes(v.pool_bytes)
-    )
+    ) + &failure_part(&v)
+}
+
+/// The summary's account of donor failures, empty when none happened.
+fn failure_part(v: &farmem_runtime::StatsSummary) -> String {
+    if v.dead_donors.is_empty() && v.failovers == 0 && v.backup_pages_read == 0 {
+        return String::new();
+    }
+    let mut s = format!("; {} reads failed over", v.failovers);
+    if !v.dead_donors.is_empty() {
+        s += &format!(", dead donors: {}", v.dead_donors.join("; "));
+    }
+    if v.slabs_healed > 0 {
+        s += &format!(", {} slab copies re-made", v.slabs_healed);
+        if let Some(t) = v.last_heal_s {
+            s += &format!(" in {t:.1} s");
+        }
+    }
+    if v.slabs_degraded > 0 {
+        s += &format!(", {} slabs short of copies at exit", v.slabs_degraded);
+    }
+    if v.backup_pages_read > 0 {
+        s += &format!(", {} pages read from the backup file", v.backup_pages_read);
+    }
+    s
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,9 +498,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         args.donors.clone()
     };
     if !args.allocator_only {
-        for d in &donors {
-            preflight::check_donor(d, token.clone())?;
+        preflight::check_donors(&donors, token.clone())?;
+    }
+    if let Some(r) = args.replicas {
+        let n = donors.len().max(1);
+        if usize::from(r) > n {
+            anyhow::bail!(
+                "--replicas {r}: only {n} donor(s) to hold copies (at most one copy per donor); \
+                 name more with --donor, or lower --replicas"
+            );
         }
+    }
+    let backup_file = match &args.backup_file {
+        Some(p) => Some(preflight::check_backup_file(p)?),
+        None => None,
+    };
+    if args.heal_rate == Some(0) {
+        anyhow::bail!("--heal-rate 0 would never heal: give a rate such as 256MiB");
     }
 
     // The stats file: the user's, or a private one for the summary line.
@@ -487,6 +543,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         prefetch_install: args.prefetch_install.clone(),
         seal: args.seal,
         tier,
+        replicas: args.replicas.map(usize::from),
+        backup_file,
+        heal_rate_bytes: args.heal_rate,
         stats_file: Some(stats_path.clone()),
         record_trace: args.record_trace.clone(),
         mmap_threshold_bytes: args.mmap_threshold,
@@ -684,7 +743,64 @@ mod preflight {
         }
     }
 
-    pub fn check_donor(addr: &str, token: Option<Vec<u8>>) -> anyhow::Result<()> {
+    /// Checks the donors answer: one that cannot be reached is reported and left to the
+    /// runtime (which starts with the others); fails if none can be, or on any other error
+    /// (a refused token is a configuration error, never skipped).
+    pub fn check_donors(donors: &[String], token: Option<Vec<u8>>) -> anyhow::Result<()> {
+        let mut unreachable = Vec::new();
+        for d in donors {
+            match check_donor(d, token.clone()) {
+                Ok(()) => {}
+                Err(DonorCheck::Unreachable(e)) => unreachable.push(e),
+                Err(DonorCheck::Refused(e)) => return Err(e),
+            }
+        }
+        if unreachable.len() == donors.len() && !donors.is_empty() {
+            let first = unreachable.remove(0);
+            return Err(first.context(format!(
+                "none of the {} donor(s) can be reached",
+                donors.len()
+            )));
+        }
+        for e in unreachable {
+            eprintln!(
+                "farmem: warning: {e:#}; starting with the {} other donor(s) (its copies are \
+                 made elsewhere)",
+                donors.len() - 1
+            );
+        }
+        Ok(())
+    }
+
+    /// Why a donor check failed.
+    pub enum DonorCheck {
+        /// Nothing answered (down, no route, not listening).
+        Unreachable(anyhow::Error),
+        /// It answered and refused (token, protocol): a configuration error.
+        Refused(anyhow::Error),
+    }
+
+    /// The backup file as an absolute path, refused if it exists or its directory does not.
+    pub fn check_backup_file(p: &Path) -> anyhow::Result<PathBuf> {
+        let abs =
+            std::path::absolute(p).with_context(|| format!("--backup-file {}", p.display()))?;
+        if abs.exists() {
+            anyhow::bail!(
+                "--backup-file {}: the file exists (it may be another program's backup); \
+                 remove it or choose another path",
+                abs.display()
+            );
+        }
+        match abs.parent() {
+            Some(dir) if dir.is_dir() => Ok(abs),
+            _ => anyhow::bail!(
+                "--backup-file {}: its directory does not exist",
+                abs.display()
+            ),
+        }
+    }
+
+    fn check_donor(addr: &str, token: Option<Vec<u8>>) -> Result<(), DonorCheck> {
         let cfg = farmem_transport::ClientConfig {
             token,
             connect_timeout: Duration::from_secs(3),
@@ -692,7 +808,15 @@ mod preflight {
         };
         farmem_transport::DonorClient::connect(addr, cfg)
             .map(|_| ())
-            .map_err(|e| anyhow::anyhow!("donor {addr}: {e}"))
+            .map_err(|e| {
+                let unreachable = e.is_connection_failure();
+                let e = anyhow::anyhow!("donor {addr}: {e}");
+                if unreachable {
+                    DonorCheck::Unreachable(e)
+                } else {
+                    DonorCheck::Refused(e)
+                }
+            })
     }
 }
 

@@ -1,0 +1,184 @@
+//! Reading one far page from its copies: the first replica on a live donor, the next one as
+//! soon as it fails or is slow, and the backup file when every replica failed.
+//!
+//! # Design
+//!
+//! - A read goes to one replica at a time. When it fails (connection refused or reset, a
+//!   page that fails its seal check, a wrong answer) the next replica is asked at once, and
+//!   the donor is suspected ([`crate::health`]). When it is merely slow — no answer within the
+//!   failover delay — the next replica is asked too and the slow request is dropped: a stalled
+//!   or partitioned donor costs a fault the failover delay, not the request timeout.
+//! - The failover delay adapts to the donors' answers instead of being tuned to one machine:
+//!   four times the slowest recent read (a maximum that decays by 1/64 a read), at least 20 ms
+//!   (a scheduling hiccup on a loaded 2-core machine is not a failure) and at most half the
+//!   request timeout. The last replica is always waited for up to the request timeout.
+//! - With no replica left, the page is read from the backup file, if any; else the read fails
+//!   and the fault path retries it (`fetch_attempts`) before poisoning the page.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use farmem_transport::{Completion, PageAddr, Pending};
+
+use crate::shared::Shared;
+use crate::PAGE_SIZE;
+
+/// The failover delay's floor.
+const MIN_DELAY: Duration = Duration::from_millis(20);
+/// The failover delay in multiples of the slowest recent read.
+const SLOW_FACTOR: u64 = 4;
+
+/// The slowest recent demand read, µs (decaying maximum).
+#[derive(Default)]
+pub(crate) struct ReadTimes {
+    slowest_us: AtomicU64,
+}
+
+impl ReadTimes {
+    fn record(&self, took: Duration) {
+        let us = took.as_micros() as u64;
+        let old = self.slowest_us.load(Ordering::Relaxed);
+        let new = us.max(old - old / 64);
+        self.slowest_us.store(new, Ordering::Relaxed);
+    }
+
+    /// How long to wait for one replica before asking the next.
+    pub(crate) fn failover_delay(&self, request_timeout: Duration) -> Duration {
+        let slow = Duration::from_micros(self.slowest_us.load(Ordering::Relaxed) * SLOW_FACTOR);
+        slow.max(MIN_DELAY)
+            .min(request_timeout / 2)
+            .max(Duration::from_millis(1))
+    }
+}
+
+/// A read of one far page in flight on one of its copies.
+pub(crate) struct ReplicaRead {
+    far: u64,
+    /// The copies not asked yet, in order.
+    rest: Vec<(usize, PageAddr)>,
+    /// The copy being asked: donor, request, when it was sent.
+    current: Option<(usize, Pending, Instant)>,
+    /// Another copy than the first was asked.
+    pub(crate) failed_over: bool,
+    /// What went wrong with each copy, for the error.
+    errors: Vec<String>,
+}
+
+impl ReplicaRead {
+    /// Sends the read of far page `far` to its first copy.
+    pub(crate) fn start(sh: &Shared, far: u64) -> ReplicaRead {
+        let mut rest = sh.far.read_sources(far);
+        rest.reverse();
+        let mut r = ReplicaRead {
+            far,
+            rest,
+            current: None,
+            failed_over: false,
+            errors: Vec::new(),
+        };
+        r.ask_next(sh);
+        r
+    }
+
+    /// Sends the read to the next copy that accepts it.
+    fn ask_next(&mut self, sh: &Shared) {
+        while let Some((d, addr)) = self.rest.pop() {
+            match sh.far.submit_read_on(d, addr) {
+                Ok(p) => {
+                    self.current = Some((d, p, Instant::now()));
+                    return;
+                }
+                Err(e) => {
+                    sh.far.suspect(d);
+                    self.errors.push(e.to_string());
+                    self.failed_over = true;
+                }
+            }
+        }
+    }
+
+    /// Waits for the page, failing over from copy to copy, then to the backup file. Returns
+    /// the opened page.
+    pub(crate) fn finish(mut self, sh: &Shared) -> Result<Vec<u8>, String> {
+        let timeout = sh.request_timeout;
+        while let Some((d, mut p, sent)) = self.current.take() {
+            let result = if self.rest.is_empty() {
+                Some(p.wait())
+            } else {
+                p.wait_until(sent + sh.far.read_times.failover_delay(timeout))
+            };
+            let why = match result {
+                None => format!(
+                    "donor {} did not answer within the failover delay",
+                    sh.far.donors[d].read.addr()
+                ),
+                Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
+                    sh.far.read_times.record(sent.elapsed());
+                    sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
+                    match sh.far.open(self.far, &mut data) {
+                        Ok(()) => return Ok(data),
+                        Err(e) => {
+                            // A copy that fails its check is a failed replica: never installed.
+                            sh.stats.lock().s.seal_rejected += 1;
+                            e.to_string()
+                        }
+                    }
+                }
+                Some(Ok(_)) => format!(
+                    "donor {} answered a page read with no page",
+                    sh.far.donors[d].read.addr()
+                ),
+                Some(Err(e)) => {
+                    if e.is_connection_failure() {
+                        sh.far.suspect(d);
+                    }
+                    e.to_string()
+                }
+            };
+            self.errors.push(why);
+            self.failed_over = true;
+            self.ask_next(sh);
+        }
+        if let Some(b) = &sh.far.backup {
+            let mut data = vec![0u8; PAGE_SIZE];
+            match b.read(self.far, &mut data) {
+                Ok(true) => match sh.far.open(self.far, &mut data) {
+                    Ok(()) => {
+                        self.failed_over = true;
+                        return Ok(data);
+                    }
+                    Err(e) => self.errors.push(format!("backup file: {e}")),
+                },
+                Ok(false) => self
+                    .errors
+                    .push("the backup file never got this page".into()),
+                Err(e) => self.errors.push(e.to_string()),
+            }
+        }
+        if self.errors.is_empty() {
+            self.errors.push("its slab is on no donor".into());
+        }
+        Err(self.errors.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_failover_delay_follows_the_slowest_recent_read_within_bounds() {
+        let t = ReadTimes::default();
+        let timeout = Duration::from_secs(5);
+        assert_eq!(t.failover_delay(timeout), MIN_DELAY);
+        t.record(Duration::from_millis(30));
+        assert_eq!(t.failover_delay(timeout), Duration::from_millis(120));
+        // Fast reads let it decay back to the floor.
+        for _ in 0..2000 {
+            t.record(Duration::from_micros(50));
+        }
+        assert_eq!(t.failover_delay(timeout), MIN_DELAY);
+        t.record(Duration::from_secs(10));
+        assert_eq!(t.failover_delay(timeout), timeout / 2);
+    }
+}

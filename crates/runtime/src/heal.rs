@@ -1,0 +1,409 @@
+//! The heal thread (`farmem-heal`): probes suspected donors and declares them dead or alive,
+//! drops a dead donor's copies, and makes new copies of slabs that have fewer than
+//! `--replicas` (re-replication), rate-limited.
+//!
+//! # Design
+//!
+//! - Probing ([`probe`]): a suspected donor is asked for its stats on the write-back
+//!   connection (which reconnects and re-attaches to this client if needed). An answer revives
+//!   it. A failure is classified ([`crate::health::Cause`]) by a fresh TCP connection: refused
+//!   or reset is a crash, accepted is a stall, neither is a partition; a donor that answers but
+//!   no longer knows this client restarted with an empty store. Detection therefore takes: a
+//!   crash, a round trip (its connections are reset at once); a stall or partition, the
+//!   request timeout (`request_timeout`, the first unanswered request) plus the probe's.
+//! - A dead donor's copies are dropped from every slab that has a complete copy on a live
+//!   donor; a slab whose only copies were there keeps them (the donor may come back: a stall or
+//!   a partition that ends) and is served by the backup file meanwhile, if there is one.
+//!   Dead donors are probed again every few seconds; one that answers is used again, and the
+//!   copies dropped from it are freed there, never read (they may be stale).
+//! - Re-replication copies a slab from a complete copy on a live donor (or from the backup
+//!   file) to a new donor chosen as for a new slab, in chunks of one batch. The new copy is
+//!   added to the slab first, marked filling: the sender writes it like the others, reads skip
+//!   it. Each chunk is copied with the copy gate held exclusively and every write to replicas
+//!   holds it shared, so no chunk copy can overwrite a newer page. Copies are paced to
+//!   `heal_rate_bytes` a second, so the program keeps its bandwidth.
+//! - Memory slabs (the host tier) with a copy on a dead donor lose that copy and have every
+//!   page written through again to a new one ([`crate::tier`]).
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use farmem_transport::{PageAddr, PageWrite, Status};
+
+use crate::health::Cause;
+use crate::replicas::Replicas;
+use crate::shared::Shared;
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// How often dead donors are probed to see whether they came back.
+const DEAD_PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How long the probe's fresh TCP connection may take.
+const CONNECT_PROBE: Duration = Duration::from_secs(1);
+/// After re-replication found no donor to copy to, how long before it looks again.
+const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
+
+/// The heal thread. Runs until shutdown when donors are used.
+pub(crate) fn heal_loop(sh: Arc<Shared>) {
+    sh.thread_started();
+    let far = &sh.far;
+    let mut next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
+    // Since when slabs have been re-replicated without a pause (the last donor death).
+    let mut episode: Option<Instant> = None;
+    let mut blocked_until = Instant::now();
+    let mut more = false;
+    while !sh.shutdown.load(Ordering::Relaxed) {
+        {
+            let mut woken = far.heal_mu.lock();
+            if !*woken && !more {
+                far.heal_cv.wait_for(&mut woken, Duration::from_millis(100));
+            }
+            *woken = false;
+        }
+        for d in 0..far.donors.len() {
+            if far.donors[d].health.is_suspect() && !probe_suspect(&sh, d) {
+                episode.get_or_insert_with(Instant::now);
+            }
+        }
+        if Instant::now() >= next_dead_probe {
+            next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
+            for d in 0..far.donors.len() {
+                if far.donors[d].health.is_dead() {
+                    probe_dead(&sh, d);
+                }
+            }
+        }
+        more = false;
+        if Instant::now() < blocked_until {
+            continue;
+        }
+        match heal_one(&sh) {
+            Healed::One => {
+                episode.get_or_insert_with(Instant::now);
+                more = true;
+            }
+            Healed::NoRoom => blocked_until = Instant::now() + NO_ROOM_RETRY,
+            Healed::Nothing => {
+                if let Some(t0) = episode.take() {
+                    let took = t0.elapsed().as_secs_f64();
+                    tracing::info!(
+                        "re-replication done: every slab that can be healed has its copies \
+                         ({took:.1} s after the failure was declared)"
+                    );
+                    sh.stats.lock().s.last_heal_s = Some(took);
+                }
+            }
+        }
+    }
+}
+
+/// Probes suspected donor `d`: revived if it answers (returns true), else declared dead and
+/// its copies dropped.
+fn probe_suspect(sh: &Shared, d: usize) -> bool {
+    match probe(sh, d) {
+        Ok(()) => {
+            tracing::info!(
+                "donor {} answers again: still in use",
+                sh.far.donors[d].read.addr()
+            );
+            sh.far.donors[d].health.revive();
+            true
+        }
+        Err(cause) => {
+            declare_dead(sh, d, cause);
+            false
+        }
+    }
+}
+
+/// Probes dead donor `d`: if it answers (a stall or partition ended) it is used again and the
+/// copies dropped from it are freed there.
+fn probe_dead(sh: &Shared, d: usize) {
+    let donor = &sh.far.donors[d];
+    if donor
+        .health
+        .death()
+        .is_some_and(|(c, _)| c == Cause::Restarted)
+    {
+        return;
+    }
+    if probe(sh, d).is_err() {
+        return;
+    }
+    let stale: Vec<u32> = {
+        let mut dropped = sh.far.dropped.lock();
+        let (mine, rest): (Vec<_>, Vec<_>) = dropped.drain(..).partition(|(x, _)| *x == d);
+        *dropped = rest;
+        mine.into_iter().map(|(_, s)| s).collect()
+    };
+    for slab in &stale {
+        if let Err(e) = donor.write.free_slab(*slab) {
+            tracing::warn!("freeing stale slab {slab} on {}: {e}", donor.write.addr());
+        }
+    }
+    tracing::warn!(
+        "donor {} is back: used again for new copies ({} stale slabs freed there, none read)",
+        donor.write.addr(),
+        stale.len()
+    );
+    donor.health.revive();
+    sh.far.wake_healer();
+}
+
+/// Asks donor `d` for its stats; on failure says why it failed.
+fn probe(sh: &Shared, d: usize) -> Result<(), Cause> {
+    let donor = &sh.far.donors[d];
+    let err = match donor.write.stats() {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    if err.status() == Some(Status::UnknownClient) || err.to_string().contains("unknown client") {
+        return Err(Cause::Restarted);
+    }
+    Err(classify(donor.write.addr()))
+}
+
+/// Tells a crash from a stall from a partition by opening a fresh TCP connection.
+fn classify(addr: &str) -> Cause {
+    let Some(sa) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return Cause::Partition;
+    };
+    match TcpStream::connect_timeout(&sa, CONNECT_PROBE) {
+        Ok(_) => Cause::Stall,
+        Err(e) => match e.kind() {
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset => {
+                Cause::Crash
+            }
+            _ => Cause::Partition,
+        },
+    }
+}
+
+/// Declares donor `d` dead: drops its copies where a live complete copy exists, and takes
+/// its copies from memory slabs (written through again elsewhere).
+fn declare_dead(sh: &Shared, d: usize, cause: Cause) {
+    let far = &sh.far;
+    far.donors[d].health.declare_dead(cause);
+    let mut dropped = 0;
+    {
+        let _gate = far.copy_gate.write();
+        for (idx, r) in far.donor_slabs() {
+            if r.has(d) && has_live_copy(sh, &r, Some(d)) {
+                far.drop_replica(idx, d);
+                dropped += 1;
+            }
+        }
+        let mut st = sh.state.lock();
+        for m in st.mem.oldest_first() {
+            if let Some(s) = st.mem.get_mut(m) {
+                if let Some(x) = s.donors.remove(d) {
+                    far.dropped.lock().push((x.donor, x.slab));
+                    s.mark_all_unflushed();
+                }
+            }
+        }
+    }
+    tracing::error!(
+        "donor {} declared dead: {cause}; {dropped} slab copies dropped, re-replicating",
+        far.donors[d].read.addr()
+    );
+}
+
+/// Whether `r` has a complete copy on a live donor other than `besides`.
+fn has_live_copy(sh: &Shared, r: &Replicas, besides: Option<usize>) -> bool {
+    r.readable()
+        .any(|x| Some(x.donor) != besides && sh.far.donors[x.donor].health.is_live())
+}
+
+/// What one step of re-replication did.
+enum Healed {
+    /// Copied one slab.
+    One,
+    /// Slabs need copies but no live donor can take one now.
+    NoRoom,
+    /// Nothing (more) to do.
+    Nothing,
+}
+
+/// Where a slab's pages are copied from.
+#[derive(Clone, Copy)]
+enum Source {
+    Donor(usize, u32),
+    Backup,
+}
+
+/// Finds one slab with fewer complete live copies than wanted and copies it to a new donor.
+fn heal_one(sh: &Shared) -> Healed {
+    let far = &sh.far;
+    let mut no_room = false;
+    for (idx, r) in far.donor_slabs() {
+        if r.as_slice()
+            .iter()
+            .any(|x| far.donors[x.donor].health.is_suspect())
+        {
+            continue; // wait for the verdict
+        }
+        let live: Vec<_> = r
+            .readable()
+            .filter(|x| far.donors[x.donor].health.is_live())
+            .collect();
+        if live.len() >= far.replicas {
+            // Enough copies: forget those on dead donors.
+            for x in r.as_slice() {
+                if far.donors[x.donor].health.is_dead() {
+                    far.drop_replica(idx, x.donor);
+                }
+            }
+            continue;
+        }
+        let source = match live.first() {
+            Some(x) => Source::Donor(x.donor, x.slab),
+            None if far.backup.is_some() => Source::Backup,
+            None => continue, // no copy left to heal from: lost unless its donor returns
+        };
+        if far.live_donors() <= live.len() {
+            no_room = true;
+            continue;
+        }
+        match copy_slab(sh, idx, r, source) {
+            Ok(()) => return Healed::One,
+            Err(e) => {
+                tracing::warn!("re-replicating far slab {idx}: {e}");
+                no_room = true;
+            }
+        }
+    }
+    if no_room {
+        Healed::NoRoom
+    } else {
+        Healed::Nothing
+    }
+}
+
+/// Copies far slab `idx` (replicas `r`) from `source` to a new donor, chunk by chunk, paced.
+fn copy_slab(sh: &Shared, idx: u64, r: Replicas, source: Source) -> Result<(), RuntimeError> {
+    let far = &sh.far;
+    let new = far.alloc_replicas(1, &r)?;
+    let Some(&dest) = new.as_slice().first() else {
+        return Err(RuntimeError::Internal("a new copy was allocated nowhere"));
+    };
+    {
+        let _gate = far.copy_gate.write();
+        if far
+            .update_replicas(idx, |x| x.push(dest.donor, dest.slab, true))
+            .is_none_or(|x| !x.has(dest.donor))
+        {
+            drop(_gate);
+            let _ = far.donors[dest.donor].write.free_slab(dest.slab);
+            return Err(RuntimeError::Internal("the slab left the donors meanwhile"));
+        }
+    }
+    let started = Instant::now();
+    let mut copied = 0u64;
+    let chunk = farmem_transport::MAX_BATCH_PAGES as u64;
+    let first_far = idx * far.slab_pages;
+    let mut page = 0u64;
+    while page < far.slab_pages {
+        let n = chunk.min(far.slab_pages - page);
+        if let Err(e) = copy_chunk(sh, source, dest.donor, dest.slab, first_far, page, n) {
+            far.drop_replica(idx, dest.donor);
+            return Err(e);
+        }
+        page += n;
+        copied += n * PAGE_SIZE as u64;
+        // Pace: never ahead of heal_rate_bytes a second.
+        let due = Duration::from_secs_f64(copied as f64 / sh.heal_rate_bytes.max(1) as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        if sh.shutdown.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+    }
+    let done = {
+        let _gate = far.copy_gate.write();
+        far.update_replicas(idx, |x| x.filled(dest.donor))
+            .is_some_and(|x| x.has(dest.donor))
+    };
+    if done {
+        let mut s = sh.stats.lock();
+        s.s.slabs_healed += 1;
+        s.s.heal_bytes += copied;
+    }
+    Ok(())
+}
+
+/// Copies pages `page..page + n` of a far slab from `source` to donor `dest`'s slab, with the
+/// copy gate held (no write to replicas in between).
+fn copy_chunk(
+    sh: &Shared,
+    source: Source,
+    dest: usize,
+    dest_slab: u32,
+    first_far: u64,
+    page: u64,
+    n: u64,
+) -> Result<(), RuntimeError> {
+    let far = &sh.far;
+    let _gate = far.copy_gate.write();
+    let mut data = vec![0u8; n as usize * PAGE_SIZE];
+    let mut present = vec![true; n as usize];
+    match source {
+        Source::Donor(d, slab) => {
+            let addrs: Vec<PageAddr> = (page..page + n)
+                .map(|p| PageAddr {
+                    slab,
+                    page: p as u32,
+                })
+                .collect();
+            far.donors[d]
+                .write
+                .read_pages(&addrs, &mut data)
+                .map_err(|source| {
+                    if source.is_connection_failure() {
+                        far.suspect(d);
+                    }
+                    RuntimeError::Donor {
+                        addr: far.donors[d].write.addr().to_string(),
+                        step: "reading a slab to copy it",
+                        source,
+                    }
+                })?;
+        }
+        Source::Backup => {
+            let b = far.backup.as_ref().expect("a backup source has a backup");
+            for (i, buf) in data.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                present[i] = b.read(first_far + page + i as u64, buf)?;
+            }
+        }
+    }
+    let writes: Vec<PageWrite<'_>> = data
+        .chunks_exact(PAGE_SIZE)
+        .enumerate()
+        .filter(|(i, _)| present[*i])
+        .map(|(i, d)| PageWrite {
+            addr: PageAddr {
+                slab: dest_slab,
+                page: (page + i as u64) as u32,
+            },
+            data: d,
+        })
+        .collect();
+    if writes.is_empty() {
+        return Ok(());
+    }
+    far.donors[dest]
+        .write
+        .write_pages(&writes)
+        .map_err(|source| {
+            if source.is_connection_failure() {
+                far.suspect(dest);
+            }
+            RuntimeError::Donor {
+                addr: far.donors[dest].write.addr().to_string(),
+                step: "writing a slab's new copy",
+                source,
+            }
+        })
+}

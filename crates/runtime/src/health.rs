@@ -1,0 +1,116 @@
+//! Whether a donor is alive: live, suspected (a request failed; the heal thread probes it), or
+//! dead (the probe failed), with the kind of failure.
+//!
+//! # Design
+//!
+//! - Any thread that sees a connection failure *suspects* the donor; only the heal thread
+//!   declares it dead, after a probe ([`crate::heal`]), so one broken connection (a timeout
+//!   inside a frame, a reset the next request survives) never drops a healthy donor's copies.
+//! - Reads never wait for the verdict: a read that fails, or is slow past the failover delay,
+//!   goes to the next replica at once ([`crate::failover`]).
+//! - The kinds ([`Cause`]) are told apart by how the probe fails: the connection is refused or
+//!   reset (crash: the process is gone, its host answers); a new TCP connection is accepted
+//!   but requests get no answer (stall: the process is stopped or wedged, the kernel still
+//!   completes handshakes for it); no TCP connection can be made at all, no refusal either
+//!   (partition: no route, or packets dropped).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+const LIVE: u8 = 0;
+const SUSPECT: u8 = 1;
+const DEAD: u8 = 2;
+
+/// How a donor failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cause {
+    /// Connection refused or reset: the donor process is gone.
+    Crash,
+    /// Connections are accepted but requests go unanswered.
+    Stall,
+    /// No connection can be made and nothing refuses it: no route, or packets are dropped.
+    Partition,
+    /// The donor answers but no longer knows this client (it restarted with an empty store).
+    Restarted,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Cause::Crash => "crash (connection refused or reset)",
+            Cause::Stall => "stall (connections accepted, requests unanswered)",
+            Cause::Partition => "partition (no connection possible, nothing refused)",
+            Cause::Restarted => "restart (it no longer knows this client)",
+        })
+    }
+}
+
+/// A donor's health.
+#[derive(Default)]
+pub(crate) struct Health {
+    state: AtomicU8,
+    dead: Mutex<Option<(Cause, Instant)>>,
+}
+
+impl Health {
+    /// Neither suspected nor dead: used for new slabs and read first.
+    pub(crate) fn is_live(&self) -> bool {
+        self.state.load(Ordering::Acquire) == LIVE
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DEAD
+    }
+
+    pub(crate) fn is_suspect(&self) -> bool {
+        self.state.load(Ordering::Acquire) == SUSPECT
+    }
+
+    /// Marks a live donor suspected; returns whether it was live (the caller wakes the
+    /// prober).
+    pub(crate) fn suspect(&self) -> bool {
+        self.state
+            .compare_exchange(LIVE, SUSPECT, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The probe found the donor answering again.
+    pub(crate) fn revive(&self) {
+        *self.dead.lock() = None;
+        self.state.store(LIVE, Ordering::Release);
+    }
+
+    /// The probe failed: the donor is dead, for `cause`.
+    pub(crate) fn declare_dead(&self, cause: Cause) {
+        self.dead.lock().get_or_insert((cause, Instant::now()));
+        self.state.store(DEAD, Ordering::Release);
+    }
+
+    /// Why and since when the donor is dead, if it is.
+    pub(crate) fn death(&self) -> Option<(Cause, Instant)> {
+        *self.dead.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_donor_is_suspected_once_then_dead_or_revived() {
+        let h = Health::default();
+        assert!(h.is_live());
+        assert!(h.suspect());
+        assert!(!h.suspect(), "a suspected donor is not suspected twice");
+        assert!(h.is_suspect() && !h.is_live());
+        h.declare_dead(Cause::Stall);
+        assert!(h.is_dead());
+        assert_eq!(h.death().map(|d| d.0), Some(Cause::Stall));
+        assert!(!h.suspect(), "a dead donor is not suspected");
+        h.revive();
+        assert!(h.is_live() && h.death().is_none());
+    }
+}
