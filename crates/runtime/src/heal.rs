@@ -61,16 +61,19 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
             }
             *woken = false;
         }
-        for d in 0..far.donors.len() {
-            if far.donors[d].health.is_suspect() && !probe_suspect(&sh, d) {
-                episode.get_or_insert_with(Instant::now);
-            }
-        }
-        if Instant::now() >= next_dead_probe {
+        let dead_round = Instant::now() >= next_dead_probe;
+        if dead_round {
             next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
-            for d in 0..far.donors.len() {
-                if far.donors[d].health.is_dead() {
-                    probe_dead(&sh, d);
+        }
+        for d in 0..far.donors.len() {
+            let h = &far.donors[d].health;
+            if h.is_suspect() || (dead_round && h.is_dead()) {
+                spawn_probe(&sh, d);
+            }
+            // Healing is timed from the death being declared.
+            if let Some((_, at)) = h.death() {
+                if at.elapsed() < Duration::from_secs(1) {
+                    episode.get_or_insert(at);
                 }
             }
         }
@@ -98,9 +101,36 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
     }
 }
 
-/// Probes suspected donor `d`: revived if it answers (returns true), else declared dead and
-/// its copies dropped.
-fn probe_suspect(sh: &Shared, d: usize) -> bool {
+/// Probes donor `d` on a thread of its own (one at a time per donor): a probe of a stalled
+/// donor waits for the request timeout, and must hold up neither re-replication nor the
+/// probes of other donors.
+fn spawn_probe(sh: &Arc<Shared>, d: usize) {
+    if !sh.far.donors[d].health.start_probe() {
+        return;
+    }
+    let sh2 = sh.clone();
+    let spawned = std::thread::Builder::new()
+        .name("farmem-probe".into())
+        .spawn(move || {
+            sh2.thread_started();
+            let h = &sh2.far.donors[d].health;
+            if h.is_suspect() {
+                probe_suspect(&sh2, d);
+            } else if h.is_dead() {
+                probe_dead(&sh2, d);
+            }
+            h.end_probe();
+            sh2.far.wake_healer();
+        });
+    if let Err(e) = spawned {
+        sh.far.donors[d].health.end_probe();
+        tracing::warn!("starting a donor probe thread: {e}");
+    }
+}
+
+/// Probes suspected donor `d`: revived if it answers, else declared dead and its copies
+/// dropped.
+fn probe_suspect(sh: &Shared, d: usize) {
     match probe(sh, d) {
         Ok(()) => {
             tracing::info!(
@@ -108,12 +138,8 @@ fn probe_suspect(sh: &Shared, d: usize) -> bool {
                 sh.far.donors[d].read.addr()
             );
             sh.far.donors[d].health.revive();
-            true
         }
-        Err(cause) => {
-            declare_dead(sh, d, cause);
-            false
-        }
+        Err(cause) => declare_dead(sh, d, cause),
     }
 }
 

@@ -14,7 +14,7 @@
 //!   completes handshakes for it); no TCP connection can be made at all, no refusal either
 //!   (partition: no route, or packets dropped).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -53,6 +53,8 @@ impl std::fmt::Display for Cause {
 pub(crate) struct Health {
     state: AtomicU8,
     dead: Mutex<Option<(Cause, Instant)>>,
+    /// A probe of this donor is running (one at a time).
+    probing: AtomicBool,
 }
 
 impl Health {
@@ -89,6 +91,15 @@ impl Health {
         self.state.store(DEAD, Ordering::Release);
     }
 
+    /// Claims the right to probe this donor; false while another probe runs.
+    pub(crate) fn start_probe(&self) -> bool {
+        !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn end_probe(&self) {
+        self.probing.store(false, Ordering::Release);
+    }
+
     /// Why and since when the donor is dead, if it is.
     pub(crate) fn death(&self) -> Option<(Cause, Instant)> {
         *self.dead.lock()
@@ -112,5 +123,8 @@ mod tests {
         assert!(!h.suspect(), "a dead donor is not suspected");
         h.revive();
         assert!(h.is_live() && h.death().is_none());
+        assert!(h.start_probe() && !h.start_probe());
+        h.end_probe();
+        assert!(h.start_probe());
     }
 }
