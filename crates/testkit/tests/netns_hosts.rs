@@ -353,8 +353,9 @@ fn leftovers_of_dead_processes_are_removed_and_live_ones_kept() {
     let stale_ns = format!("fmt-{dead}-0");
     let stale_link = format!("fmt{dead}h0");
     let stale_peer = format!("fmt{dead}n0");
-    // pid 1 lives as long as the machine: its names must survive.
-    let live_ns = "fmt-1-4242";
+    // pid 1 lives as long as the machine: its names must survive (numbered by our pid, so
+    // test processes running this at once do not collide).
+    let live_ns = &format!("fmt-1-{}", std::process::id());
     ip_out(&["netns", "add", &stale_ns]);
     ip_out(&["netns", "add", live_ns]);
     ip_out(&[
