@@ -27,11 +27,14 @@
 //!   messages and tests can quote it.
 //! - After the banner the server writes nothing more to stdout; the pipe is kept open (it never
 //!   gets EPIPE) and what it held after the banner can be read once the child has exited.
+//! - A launcher that execs the server in place (`ip netns exec NS`, for the tests' donors in
+//!   network namespaces) may come first: the pid, kills and `--exit-with-parent` then still
+//!   reach the server itself.
 //!
 //! # Limitations
 //!
-//! A child donor always listens on 127.0.0.1 with a port the kernel picks: it serves its parent
-//! on this host only.
+//! A child donor listens on 127.0.0.1 with a port the kernel picks unless told otherwise
+//! ([`ChildServerCommand::listen`]): by default it serves its parent on this host only.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -200,10 +203,12 @@ fn stderr_note(stderr: &Option<String>) -> String {
 }
 
 /// How to start a child server whose banner is `B`:
-/// `BIN SUBCOMMAND DEFAULT_ARGS… --exit-with-parent PID ARGS…`.
+/// `[LAUNCHER…] BIN SUBCOMMAND DEFAULT_ARGS… --exit-with-parent PID ARGS…`.
 #[derive(Debug)]
 pub struct ChildServerCommand<B> {
     bin: PathBuf,
+    launcher: Vec<OsString>,
+    default_args: Vec<OsString>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     stderr: ServerStderr,
@@ -215,6 +220,8 @@ impl<B> Clone for ChildServerCommand<B> {
     fn clone(&self) -> Self {
         ChildServerCommand {
             bin: self.bin.clone(),
+            launcher: self.launcher.clone(),
+            default_args: self.default_args.clone(),
             args: self.args.clone(),
             envs: self.envs.clone(),
             stderr: self.stderr,
@@ -233,12 +240,27 @@ impl<B: ServerBanner> ChildServerCommand<B> {
     pub fn new(bin: impl Into<PathBuf>) -> ChildServerCommand<B> {
         ChildServerCommand {
             bin: bin.into(),
+            launcher: Vec::new(),
+            default_args: B::DEFAULT_ARGS.iter().map(OsString::from).collect(),
             args: Vec::new(),
             envs: Vec::new(),
             stderr: ServerStderr::Inherit,
             banner_timeout: DEFAULT_BANNER_TIMEOUT,
             banner: PhantomData,
         }
+    }
+
+    /// Starts the server through `program args…`, which must exec it in place rather than fork
+    /// (e.g. `ip netns exec NS`), so the pid, kills and `--exit-with-parent` reach the server.
+    pub fn launcher<I, S>(mut self, program: impl Into<OsString>, args: I) -> ChildServerCommand<B>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.launcher = std::iter::once(program.into())
+            .chain(args.into_iter().map(Into::into))
+            .collect();
+        self
     }
 
     /// Adds an argument of the subcommand (after its default ones and the parent's pid).
@@ -288,9 +310,16 @@ impl<B: ServerBanner> ChildServerCommand<B> {
     /// the module docs) and when the returned [`ChildServer`] is dropped.
     pub fn spawn(self) -> Result<ChildServer<B>, ChildServerError> {
         let subcommand = B::SUBCOMMAND;
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.bin);
+                cmd
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.arg(subcommand)
-            .args(B::DEFAULT_ARGS)
+            .args(&self.default_args)
             .arg("--exit-with-parent")
             .arg(std::process::id().to_string())
             .args(&self.args)
@@ -359,6 +388,15 @@ impl<B: ServerBanner> ChildServerCommand<B> {
                 stderr,
             },
         })
+    }
+}
+
+impl ChildServerCommand<DonorBanner> {
+    /// Listens on `addr` (`HOST:PORT`) instead of 127.0.0.1:0. A non-loopback address needs a
+    /// token (`--token-file`) or `--insecure` among the arguments.
+    pub fn listen(mut self, addr: impl Into<OsString>) -> ChildDonorCommand {
+        self.default_args = vec!["--listen".into(), addr.into()];
+        self
     }
 }
 
@@ -616,6 +654,28 @@ mod tests {
         drop(d);
         // reaped: the pid no longer names a process of ours
         assert!(rustix::process::test_kill_process(pid).is_err());
+    }
+
+    #[test]
+    fn a_launcher_comes_first_and_listen_replaces_the_default_address() {
+        // `sh -c SCRIPT sh BIN donor --listen ADDR …`: the script sees BIN as $1 and the address
+        // as $4, and announces that address as the banner.
+        let bin = fake_farmem("unused", "exit 1");
+        let mut d = ChildDonorCommand::new(&bin)
+            .launcher(
+                "/bin/sh",
+                [
+                    "-c",
+                    r#"[ "$2 $3" = "donor --listen" ] && echo "farmem donor listening on $4"; exec sleep 60"#,
+                    "sh",
+                ],
+            )
+            .listen("10.1.2.3:7070")
+            .spawn()
+            .unwrap();
+        std::fs::remove_file(&bin).unwrap();
+        assert_eq!(d.addr(), "10.1.2.3:7070".parse().unwrap());
+        assert_eq!(d.stdout_after_banner(), None, "still running");
     }
 
     #[test]

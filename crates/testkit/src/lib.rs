@@ -8,6 +8,8 @@
 //! - [`pages`]: reading, writing and stamping pages with values that name page and round.
 //! - [`run`]: `farmem run` in the foreground or background, programs the tests need, scratch
 //!   directories, the stats file.
+//! - [`netns`]: hosts (network namespaces on veth links) with donors in them, and failures
+//!   injected into them: crash, stall, cut link, restart.
 //! - [`clients`]: free ports, connecting with retries, a RESP (redis) client, deterministic
 //!   values.
 //! - [`scenario`]: a scenario run in a process of its own (one that may end with a signal),
@@ -20,6 +22,7 @@
 pub mod bins;
 pub mod clients;
 pub mod donor;
+pub mod netns;
 pub mod pages;
 pub mod run;
 pub mod runtime;
