@@ -59,7 +59,7 @@ pub(crate) struct ReplicaRead {
     /// The copy being asked: donor, request, when it was sent.
     current: Option<(usize, Pending, Instant)>,
     /// Another copy than the first was asked.
-    pub(crate) failed_over: bool,
+    failed_over: bool,
     /// What went wrong with each copy, for the error.
     errors: Vec<String>,
 }
@@ -98,8 +98,8 @@ impl ReplicaRead {
     }
 
     /// Waits for the page, failing over from copy to copy, then to the backup file. Returns
-    /// the opened page.
-    pub(crate) fn finish(mut self, sh: &Shared) -> Result<Vec<u8>, String> {
+    /// the opened page, and whether another copy than the first served it.
+    pub(crate) fn finish(mut self, sh: &Shared) -> Result<(Vec<u8>, bool), String> {
         let timeout = sh.request_timeout;
         while let Some((d, mut p, sent)) = self.current.take() {
             let result = if self.rest.is_empty() {
@@ -116,7 +116,7 @@ impl ReplicaRead {
                     sh.far.read_times.record(sent.elapsed());
                     sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
                     match sh.far.open(self.far, &mut data) {
-                        Ok(()) => return Ok(data),
+                        Ok(()) => return Ok((data, self.failed_over)),
                         Err(e) => {
                             // A copy that fails its check is a failed replica: never installed.
                             sh.stats.lock().s.seal_rejected += 1;
@@ -143,10 +143,7 @@ impl ReplicaRead {
             let mut data = vec![0u8; PAGE_SIZE];
             match b.read(self.far, &mut data) {
                 Ok(true) => match sh.far.open(self.far, &mut data) {
-                    Ok(()) => {
-                        self.failed_over = true;
-                        return Ok(data);
-                    }
+                    Ok(()) => return Ok((data, true)),
                     Err(e) => self.errors.push(format!("backup file: {e}")),
                 },
                 Ok(false) => self

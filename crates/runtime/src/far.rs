@@ -423,16 +423,23 @@ impl Far {
     }
 
     /// Where far page `far` can be read on donors, in the order to try: complete replicas on
-    /// live donors first, then those on donors taken for dead (a sole copy may still answer).
+    /// live donors first, then those on suspected donors, then, with no backup file, those
+    /// on donors taken for dead (a sole copy may still answer: a stall or partition may end;
+    /// with a backup file, the file has every page those have, and asking a cut-off donor
+    /// would cost a connect timeout a fault).
     pub(crate) fn read_sources(&self, far: u64) -> Vec<(usize, PageAddr)> {
         let Some((Home::Donors(r), page)) = self.home(far) else {
             return Vec::new();
         };
         let mut out: Vec<(usize, PageAddr)> = r
             .readable()
+            .filter(|x| self.backup.is_none() || !self.donors[x.donor].health.is_dead())
             .map(|x| (x.donor, PageAddr { slab: x.slab, page }))
             .collect();
-        out.sort_by_key(|(d, _)| !self.donors[*d].health.is_live());
+        out.sort_by_key(|(d, _)| {
+            let h = &self.donors[*d].health;
+            (!h.is_live(), h.is_dead())
+        });
         out
     }
 

@@ -594,9 +594,8 @@ fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
             .read
             .take()
             .unwrap_or_else(|| ReplicaRead::start(sh, f.far));
-        let failed_over = read.failed_over;
         match read.finish(sh) {
-            Ok(data) => {
+            Ok((data, failed_over)) => {
                 let kind = if failed_over {
                     FaultKind::Failover
                 } else {

@@ -190,5 +190,6 @@ fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
 fn read_remote(sh: &Shared, e: Entry) -> Result<Vec<u8>, RuntimeError> {
     crate::failover::ReplicaRead::start(sh, e.far)
         .finish(sh)
+        .map(|(data, _)| data)
         .map_err(|reason| RuntimeError::FetchBeforeFork { far: e.far, reason })
 }

@@ -544,7 +544,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         seal: args.seal,
         tier,
         replicas: args.replicas.map(usize::from),
-        backup_file,
+        backup_file: backup_file.clone(),
         heal_rate_bytes: args.heal_rate,
         stats_file: Some(stats_path.clone()),
         record_trace: args.record_trace.clone(),
@@ -590,6 +590,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let _ = forwarder.join();
     drop(local_donor);
     drop(private_node);
+    // The runtime lives until the process ends and never drops its backup file: it holds the
+    // program's pages, so it goes with the program (also when the program crashed).
+    if let Some(p) = &backup_file {
+        if let Err(e) = std::fs::remove_file(p) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "farmem: warning: removing the backup file {}: {e}",
+                    p.display()
+                );
+            }
+        }
+    }
 
     let code: u8 = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
