@@ -129,6 +129,23 @@ fn bad_flags_are_clear_errors() {
         "bad duration `5parsecs`",
     );
     fails_with(
+        &["--capacity", "1GiB", "--capacity-file", "/nonexistent/cap"],
+        "cannot be used with",
+    );
+    fails_with(
+        &[
+            "--capacity-file",
+            "/nonexistent/cap",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        "reading the capacity file /nonexistent/cap",
+    );
+    fails_with(
+        &["--capacity", "1GiB", "--keep-free", "much"],
+        "bad size `much`",
+    );
+    fails_with(
         &["--capacity", "1GiB", "--listen", "0.0.0.0:0"],
         "refusing to listen on 0.0.0.0:0 without an auth token",
     );
@@ -326,6 +343,10 @@ fn help_explains_the_stdout_line_stopping_and_security() {
         "--token-file",
         "--insecure",
         "--orphan-grace",
+        "--keep-free",
+        "--capacity-file",
+        "SIGHUP",
+        "least recently written",
         "Examples:",
     ] {
         assert!(help.contains(needle), "{needle:?} missing from:\n{help}");

@@ -32,10 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    encode_challenge, encode_error, encode_pages_header, encode_slab_allocated, encode_stats_reply,
-    encode_success, encode_welcome, proofs_match, random_bytes, token_proof, AuthMode, DonorInfo,
-    FrameError, Header, Opcode, PageAddr, ReconnectKey, Request, Status, HEADER_LEN,
-    MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN, PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
+    encode_challenge, encode_error, encode_give_back, encode_pages_header, encode_slab_allocated,
+    encode_stats_reply, encode_success, encode_welcome, proofs_match, random_bytes, token_proof,
+    AuthMode, DonorInfo, FrameError, Header, Opcode, PageAddr, ReconnectKey, Request, Status,
+    HEADER_LEN, MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN, PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
 
 use crate::mem::{self, SlabMemory};
@@ -705,8 +705,9 @@ impl<W: Wire> Connection<W> {
                 Err(r) => self.refuse(op, id, &r, Flow::Continue),
             },
             Request::FreeSlab { slab } => match store.free(client, slab) {
-                Ok(()) => {
+                Ok(committed) => {
                     tracing::debug!(client, slab, "slab freed");
+                    self.shared.reclaimer.freed(client, slab, committed, &store);
                     encode_success(&mut self.out, Opcode::FreeSlab, id);
                     self.ok()
                 }
@@ -716,6 +717,20 @@ impl<W: Wire> Connection<W> {
                 let stats = self.shared.metrics.stats(&store);
                 encode_stats_reply(&mut self.out, id, &stats);
                 self.ok()
+            }
+            Request::Reclaims => {
+                let slabs = self.shared.reclaimer.wanted_from(client, &store);
+                match encode_give_back(&mut self.out, id, &slabs) {
+                    Ok(()) => self.ok(),
+                    Err(e) => {
+                        // Unreachable: the reclaimer bounds its lists.
+                        let r = Refusal {
+                            status: Status::Internal,
+                            message: e.to_string(),
+                        };
+                        self.refuse(op, id, &r, Flow::Continue)
+                    }
+                }
             }
             Request::ReadPages(list) => {
                 if let Err(r) = store.resolve(client, list.iter(), &mut self.slabs, &mut self.pages)

@@ -3,8 +3,10 @@
 //!
 //! A donor that promised more than its machine holds would be OOM-killed once filled, losing
 //! every client's pages; so `--capacity` above the host's memory is refused at start, and a host
-//! short of memory stops the donor from lending new slabs ([`Status::MemoryPressure`]). Giving
-//! memory back by migrating slabs to another donor is a later issue.
+//! short of memory stops the donor from lending new slabs ([`Status::MemoryPressure`]). With
+//! `--keep-free` the donor also takes slabs back when `MemAvailable` falls below it (see
+//! `reclaim`), reading `MemAvailable` from [`MEMINFO`] or, for tests, another file in the same
+//! format ([`mem_available_bytes_in`]).
 //!
 //! [`Status::MemoryPressure`]: farmem_proto::Status::MemoryPressure
 use std::path::Path;
@@ -24,9 +26,18 @@ fn meminfo_field(text: &str, field: &str) -> Option<u64> {
     })
 }
 
+/// Where the kernel reports the machine's memory.
+pub const MEMINFO: &str = "/proc/meminfo";
+
 fn meminfo(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let text = std::fs::read_to_string(MEMINFO).ok()?;
     meminfo_field(&text, field)
+}
+
+/// `MemAvailable` read from `path`, a file in the format of `/proc/meminfo`, if readable.
+pub fn mem_available_bytes_in(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    meminfo_field(&text, "MemAvailable")
 }
 
 /// The machine's memory (`MemTotal`), if readable.

@@ -24,6 +24,9 @@
 //! - `mem`: the slab memory mappings and the only code touching their bytes (the crate's only
 //!   `unsafe`, fenced there).
 //! - [`metrics`]: counters, STATS, and the Prometheus text endpoint.
+//! - [`reclaim`]: taking memory back (Valet): which slabs the donor wants back from which
+//!   client, when its owner lowers its capacity ([`DonorControl`]) or its host's free memory
+//!   falls below `--keep-free`.
 //!
 //! [`SessionDonor`] serves client sessions given as byte streams (any `Read + Write`) on the
 //! caller's thread, without sockets: the connection code of the server's sockets over an
@@ -37,8 +40,8 @@
 //! machine holds.
 //!
 //! # Limitations
-//! No reclaim or migration yet when the donor's host needs its memory back (a later issue, which
-//! will choose victims with [`SlabStore::least_recently_written`]). No replication.
+//! The donor takes memory back only by asking its clients to move slabs away (RECLAIMS); it
+//! never moves or drops pages itself. No replication.
 #![deny(unsafe_code)]
 
 pub mod child;
@@ -47,6 +50,7 @@ pub mod host;
 #[allow(unsafe_code)]
 mod mem;
 pub mod metrics;
+pub mod reclaim;
 pub mod server;
 pub mod store;
 
@@ -55,8 +59,8 @@ pub use child::{
     ChildServerError, DonorBanner, DonorStderr, NotABanner, ServerBanner, ServerStderr,
 };
 pub use server::{
-    DonorConfig, DonorError, DonorServer, RunningDonor, SessionDonor, ShutdownHandle, Tenant,
-    HELLO_TIMEOUT, MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
+    DonorConfig, DonorControl, DonorError, DonorServer, RunningDonor, SessionDonor, ShutdownHandle,
+    Tenant, HELLO_TIMEOUT, MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
     REFUSALS_LOGGED_PER_INTERVAL, REFUSAL_LOG_INTERVAL, STALL_TIMEOUT, WRITE_TIMEOUT,
 };
 pub use store::{SlabInfo, SlabStore, TenantQuota};

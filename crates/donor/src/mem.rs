@@ -27,7 +27,8 @@
 //! # Limitations
 //! A write fault on a `MAP_NORESERVE` page when the host is out of memory makes the kernel fail
 //! the `readv` (`EFAULT`) or, worse, invoke the OOM killer; the donor's capacity must be chosen
-//! below the host's free memory (a later issue adds reclaim by migration).
+//! below the host's free memory; `--keep-free` makes the donor ask for slabs back before the host
+//! runs out (see `reclaim`).
 use farmem_mm::{Advice, Mapping};
 use farmem_proto::PAGE_SIZE;
 use std::io;

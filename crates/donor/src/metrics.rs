@@ -61,6 +61,10 @@ pub struct Metrics {
     connections_total: AtomicU64,
     refused_full: AtomicU64,
     evicted_unauthenticated: AtomicU64,
+    reclaim_wanted_bytes: AtomicU64,
+    reclaim_wanted_slabs: AtomicU64,
+    reclaim_overdue_slabs: AtomicU64,
+    slabs_given_back: AtomicU64,
     buckets: [AtomicU64; SERVICE_BUCKETS_S.len() + 1],
     service_sum_ns: AtomicU64,
     service_count: AtomicU64,
@@ -88,6 +92,10 @@ impl Metrics {
             connections_total: AtomicU64::new(0),
             refused_full: AtomicU64::new(0),
             evicted_unauthenticated: AtomicU64::new(0),
+            reclaim_wanted_bytes: AtomicU64::new(0),
+            reclaim_wanted_slabs: AtomicU64::new(0),
+            reclaim_overdue_slabs: AtomicU64::new(0),
+            slabs_given_back: AtomicU64::new(0),
             buckets: Default::default(),
             service_sum_ns: AtomicU64::new(0),
             service_count: AtomicU64::new(0),
@@ -143,6 +151,22 @@ impl Metrics {
         self.evicted_unauthenticated.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The reclaim plan now: bytes wanted back, slabs asked for, and slabs asked for longer
+    /// than `reclaim::OVERDUE_AFTER`.
+    pub fn set_reclaim(&self, wanted_bytes: u64, wanted_slabs: u64, overdue_slabs: u64) {
+        self.reclaim_wanted_bytes
+            .store(wanted_bytes, Ordering::Relaxed);
+        self.reclaim_wanted_slabs
+            .store(wanted_slabs, Ordering::Relaxed);
+        self.reclaim_overdue_slabs
+            .store(overdue_slabs, Ordering::Relaxed);
+    }
+
+    /// A client freed a slab the donor had asked for.
+    pub fn slab_given_back(&self) {
+        self.slabs_given_back.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Connections refused for want of a slot, and unauthenticated ones evicted.
     pub fn refusals(&self) -> (u64, u64) {
         (
@@ -191,6 +215,8 @@ impl Metrics {
             service_p50_ns: p50,
             service_p99_ns: p99,
             uptime_ms: self.start.elapsed().as_millis() as u64,
+            reclaim_wanted_bytes: self.reclaim_wanted_bytes.load(Ordering::Relaxed),
+            slabs_given_back_total: self.slabs_given_back.load(Ordering::Relaxed),
         }
     }
 
@@ -242,6 +268,24 @@ impl Metrics {
             "Open connections.",
             self.connections.load(Ordering::Relaxed),
         );
+        gauge(
+            &mut o,
+            "farmem_donor_reclaim_wanted_bytes",
+            "Bytes the donor wants back: lent beyond its capacity plus the host's shortfall below --keep-free.",
+            self.reclaim_wanted_bytes.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut o,
+            "farmem_donor_reclaim_wanted_slabs",
+            "Slabs the donor is asking clients to give back.",
+            self.reclaim_wanted_slabs.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut o,
+            "farmem_donor_reclaim_overdue_slabs",
+            "Slabs asked for more than 30 s ago and not given back yet.",
+            self.reclaim_overdue_slabs.load(Ordering::Relaxed),
+        );
         let _ = writeln!(
             o,
             "# HELP farmem_donor_uptime_seconds Seconds since the donor started.\n# TYPE farmem_donor_uptime_seconds gauge\nfarmem_donor_uptime_seconds {:.3}",
@@ -261,6 +305,12 @@ impl Metrics {
             "# HELP farmem_donor_connections_refused_total Connections closed unserved: every slot taken (full), or unauthenticated and evicted for a newer one (evicted).\n# TYPE farmem_donor_connections_refused_total counter\nfarmem_donor_connections_refused_total{{reason=\"full\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"evicted\"}} {}",
             self.refused_full.load(Ordering::Relaxed),
             self.evicted_unauthenticated.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut o,
+            "farmem_donor_slabs_given_back_total",
+            "Slabs clients freed after the donor asked for them back.",
+            self.slabs_given_back.load(Ordering::Relaxed),
         );
         counter(
             &mut o,
@@ -458,6 +508,18 @@ mod tests {
         );
         let text = m.render(&store);
         assert!(text.contains("farmem_donor_capacity_bytes 1073741824\n"));
+        m.set_reclaim(3 << 20, 2, 1);
+        m.slab_given_back();
+        let text = m.render(&store);
+        assert!(text.contains("farmem_donor_reclaim_wanted_bytes 3145728\n"));
+        assert!(text.contains("farmem_donor_reclaim_wanted_slabs 2\n"));
+        assert!(text.contains("farmem_donor_reclaim_overdue_slabs 1\n"));
+        assert!(text.contains("farmem_donor_slabs_given_back_total 1\n"));
+        let st = m.stats(&store);
+        assert_eq!(
+            (st.reclaim_wanted_bytes, st.slabs_given_back_total),
+            (3 << 20, 1)
+        );
         assert!(text.contains("farmem_donor_requests_total{type=\"read_pages\"} 1\n"));
         assert!(text.contains("farmem_donor_requests_total{type=\"unknown\"} 1\n"));
         assert!(text.contains("farmem_donor_errors_total{status=\"unknown_request\"} 1\n"));

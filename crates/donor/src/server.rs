@@ -33,17 +33,19 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use farmem_proto::{encode_error, Opcode, Status, MAX_TOKEN_LEN, PAGE_SIZE};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::conn::{Connection, Peer, Stream};
 use crate::host;
 use crate::metrics::{self, Metrics};
+use crate::reclaim::{Reclaimer, RECLAIM_TICK};
 use crate::store::{Refusal, SlabStore, TenantQuota};
 
 /// Default of [`DonorConfig::max_connections`]: most connections served at once; more are
@@ -127,6 +129,13 @@ pub struct DonorConfig {
     /// before its connection is closed; pauses between requests are unlimited. Default
     /// [`STALL_TIMEOUT`].
     pub stall_timeout: Duration,
+    /// `--keep-free`: while the host's `MemAvailable` is below this many bytes the donor lends
+    /// no new slab and asks clients to give back enough slabs to cover the shortfall (see
+    /// [`crate::reclaim`]). `None`: it never takes memory back for the host.
+    pub keep_free_bytes: Option<u64>,
+    /// Where `MemAvailable` is read for the watermark and `keep_free_bytes`: default
+    /// [`host::MEMINFO`]; tests point it at a file of their own in the same format.
+    pub meminfo_path: PathBuf,
 }
 
 impl std::fmt::Debug for DonorConfig {
@@ -145,6 +154,8 @@ impl std::fmt::Debug for DonorConfig {
             .field("stall_timeout", &self.stall_timeout)
             .field("max_connections", &self.max_connections)
             .field("memory_watermark_bytes", &self.memory_watermark_bytes)
+            .field("keep_free_bytes", &self.keep_free_bytes)
+            .field("meminfo_path", &self.meminfo_path)
             .finish()
     }
 }
@@ -165,6 +176,8 @@ impl Default for DonorConfig {
             stall_timeout: STALL_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
             memory_watermark_bytes: None,
+            keep_free_bytes: None,
+            meminfo_path: PathBuf::from(host::MEMINFO),
         }
     }
 }
@@ -238,6 +251,13 @@ pub(crate) struct Shared {
     pub(crate) tenant_names: Vec<String>,
     pub(crate) stop: AtomicBool,
     memory_watermark_bytes: u64,
+    /// `--keep-free` (0: none).
+    keep_free_bytes: u64,
+    meminfo_path: PathBuf,
+    /// What the donor wants back, and from whom.
+    pub(crate) reclaimer: Reclaimer,
+    reclaim_lock: Mutex<()>,
+    reclaim_wake: Condvar,
     max_connections: usize,
     /// Unauthenticated connections, oldest first: (connection id, source address).
     pending: Mutex<VecDeque<(u64, IpAddr)>>,
@@ -272,19 +292,38 @@ impl Shared {
         }
     }
 
-    /// The refusal ALLOC_SLAB answers while the host is under memory pressure.
+    /// The refusal ALLOC_SLAB answers while the host is under memory pressure: `MemAvailable`
+    /// below the watermark, or below `--keep-free` (then the donor is taking slabs back too).
     pub(crate) fn memory_pressure(&self) -> Option<Refusal> {
-        if self.memory_watermark_bytes == 0 {
+        let floor = self.memory_watermark_bytes.max(self.keep_free_bytes);
+        if floor == 0 {
             return None;
         }
-        let available = host::mem_available_bytes()?;
-        (available < self.memory_watermark_bytes).then(|| Refusal {
-            status: Status::MemoryPressure,
-            message: format!(
+        let available = host::mem_available_bytes_in(&self.meminfo_path)?;
+        if available >= floor {
+            return None;
+        }
+        let message = if available < self.keep_free_bytes {
+            format!(
+                "donor host short of memory: {available} bytes available, below --keep-free {}; it lends no new slabs and is taking slabs back: use another donor",
+                self.keep_free_bytes
+            )
+        } else {
+            format!(
                 "donor host under memory pressure: {available} bytes available, below the {}-byte watermark; it lends no new slabs: use another donor",
                 self.memory_watermark_bytes
-            ),
+            )
+        };
+        Some(Refusal {
+            status: Status::MemoryPressure,
+            message,
         })
+    }
+
+    /// Wakes the reclaim thread to re-plan now (the capacity changed, or shutdown).
+    fn wake_reclaim(&self) {
+        let _g = self.reclaim_lock.lock();
+        self.reclaim_wake.notify_all();
     }
 
     /// Connection `id` completed its handshake: it no longer holds an unauthenticated slot.
@@ -367,8 +406,11 @@ impl Shared {
         for s in self.conns.lock().values() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        let _g = self.reaper_lock.lock();
-        self.reaper_wake.notify_all();
+        {
+            let _g = self.reaper_lock.lock();
+            self.reaper_wake.notify_all();
+        }
+        self.wake_reclaim();
     }
 }
 
@@ -381,6 +423,63 @@ impl ShutdownHandle {
     /// Idempotent.
     pub fn shutdown(&self) {
         self.0.shutdown();
+    }
+}
+
+/// The donor owner's control over a running donor (the CLI drives it from SIGHUP and
+/// `--capacity-file`). Cheap to clone.
+#[derive(Clone)]
+pub struct DonorControl(Arc<Shared>);
+
+impl DonorControl {
+    /// The capacity now, in bytes (whole slabs).
+    pub fn capacity_bytes(&self) -> u64 {
+        self.0.store.capacity_bytes()
+    }
+
+    /// Sets the capacity to `bytes` (rounded down to whole slabs) and returns it. Lowered below
+    /// what is lent, the donor asks clients for the difference back (least recently written
+    /// slabs first) and lends nothing new until it is under the capacity again; raised, it lends
+    /// again. Refused, leaving the capacity as it was, when `bytes` is less than one slab or more
+    /// than the host's memory.
+    pub fn set_capacity_bytes(&self, bytes: u64) -> Result<u64, DonorError> {
+        let slab = self.0.store.slab_size_bytes();
+        if bytes < slab {
+            return Err(DonorError::Config(format!(
+                "capacity {bytes} bytes is smaller than one slab ({slab} bytes); to take every slab back, stop the donor instead"
+            )));
+        }
+        if let Some((limit, what)) = host::memory_limit_bytes() {
+            if bytes > limit {
+                return Err(DonorError::CapacityAboveHost {
+                    capacity: bytes,
+                    limit,
+                    what,
+                });
+            }
+        }
+        let old = self.0.store.capacity_bytes();
+        let new = self.0.store.set_capacity_bytes(bytes);
+        let lent = self.0.store.used_bytes();
+        tracing::info!(
+            old_capacity_bytes = old,
+            capacity_bytes = new,
+            lent_bytes = lent,
+            "capacity changed{}",
+            if lent > new {
+                "; asking clients to give back the slabs lent beyond it"
+            } else {
+                ""
+            }
+        );
+        self.0.wake_reclaim();
+        Ok(new)
+    }
+}
+
+impl std::fmt::Debug for DonorControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DonorControl")
     }
 }
 
@@ -425,6 +524,8 @@ struct Plan {
     /// Each tenant's token; `None`: an open donor.
     tokens: Option<Vec<Vec<u8>>>,
     memory_watermark_bytes: u64,
+    keep_free_bytes: u64,
+    meminfo_path: PathBuf,
     max_connections: usize,
     hello_timeout: Duration,
     stall_timeout: Duration,
@@ -539,6 +640,13 @@ impl Plan {
                 });
             }
         }
+        let keep_free_bytes = cfg.keep_free_bytes.unwrap_or(0);
+        if keep_free_bytes > 0 && host::mem_available_bytes_in(&cfg.meminfo_path).is_none() {
+            return Err(DonorError::Config(format!(
+                "--keep-free needs the host's MemAvailable, which {} does not give",
+                cfg.meminfo_path.display()
+            )));
+        }
         let memory_watermark_bytes = cfg
             .memory_watermark_bytes
             .unwrap_or_else(|| host::mem_total_bytes().map_or(0, host::default_watermark_bytes));
@@ -564,6 +672,8 @@ impl Plan {
             quotas,
             tokens,
             memory_watermark_bytes,
+            keep_free_bytes,
+            meminfo_path: cfg.meminfo_path.clone(),
             max_connections: cfg.max_connections,
             hello_timeout: cfg.hello_timeout,
             stall_timeout: cfg.stall_timeout,
@@ -586,6 +696,15 @@ impl Plan {
                 self.quota_bytes,
                 self.quotas.clone(),
             )),
+            reclaimer: Reclaimer::new(
+                self.keep_free_bytes,
+                self.meminfo_path.clone(),
+                Arc::clone(&metrics),
+            ),
+            keep_free_bytes: self.keep_free_bytes,
+            meminfo_path: self.meminfo_path.clone(),
+            reclaim_lock: Mutex::new(()),
+            reclaim_wake: Condvar::new(),
             metrics,
             tokens: self.tokens.clone(),
             tenant_names: self.quotas.iter().map(|t| t.name.clone()).collect(),
@@ -669,6 +788,11 @@ impl DonorServer {
         Arc::clone(&self.shared.store)
     }
 
+    /// The owner's control over the running donor (its capacity).
+    pub fn control(&self) -> DonorControl {
+        DonorControl(Arc::clone(&self.shared))
+    }
+
     /// Serves until shut down, then closes every connection and joins every thread.
     pub fn run(self) -> Result<(), DonorError> {
         let shared = self.shared;
@@ -678,8 +802,16 @@ impl DonorServer {
             slab_size_bytes = shared.store.slab_size_bytes(),
             tenants = shared.tokens.as_ref().map_or(0, Vec::len),
             memory_watermark_bytes = shared.memory_watermark_bytes,
+            keep_free_bytes = shared.keep_free_bytes,
             "donor serving"
         );
+        let reclaim = {
+            let sh = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("farmem-donor-reclaim".into())
+                .spawn(move || reclaim_loop(&sh))
+                .map_err(DonorError::Spawn)?
+        };
         let reaper = {
             let sh = Arc::clone(&shared);
             std::thread::Builder::new()
@@ -708,6 +840,7 @@ impl DonorServer {
             let _ = t.join();
         }
         let _ = reaper.join();
+        let _ = reclaim.join();
         if let Some(t) = metrics_thread {
             let _ = t.join();
         }
@@ -720,6 +853,7 @@ impl DonorServer {
         let handle = self.shutdown_handle();
         let (local_addr, metrics_addr) = (self.local_addr, self.metrics_addr);
         let store = self.store();
+        let control = self.control();
         let thread = std::thread::Builder::new()
             .name("farmem-donor".into())
             .spawn(move || self.run());
@@ -736,6 +870,7 @@ impl DonorServer {
             local_addr,
             metrics_addr,
             store,
+            control,
         }
     }
 }
@@ -852,6 +987,15 @@ fn reap_loop(shared: &Shared) {
     }
 }
 
+/// Every [`RECLAIM_TICK`], or when woken: reads the host's memory and re-plans what to take back.
+fn reclaim_loop(shared: &Shared) {
+    let mut guard = shared.reclaim_lock.lock();
+    while !shared.stop.load(Ordering::Acquire) {
+        MutexGuard::unlocked(&mut guard, || shared.reclaimer.tick(&shared.store));
+        let _ = shared.reclaim_wake.wait_for(&mut guard, RECLAIM_TICK);
+    }
+}
+
 /// A donor running on its own thread. Dropping it stops the donor too.
 pub struct RunningDonor {
     handle: ShutdownHandle,
@@ -859,9 +1003,15 @@ pub struct RunningDonor {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     store: Arc<SlabStore>,
+    control: DonorControl,
 }
 
 impl RunningDonor {
+    /// The owner's control over the donor (its capacity).
+    pub fn control(&self) -> DonorControl {
+        self.control.clone()
+    }
+
     /// The address the donor listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

@@ -155,7 +155,8 @@ pub struct TenantQuota {
 /// The donor's slabs and clients. Shared by all connection threads.
 pub struct SlabStore {
     slab_size_bytes: u64,
-    capacity_bytes: u64,
+    /// Whole slabs; changed at run time by [`SlabStore::set_capacity_bytes`].
+    capacity_bytes: AtomicU64,
     quota_bytes: Option<u64>,
     tenants: Vec<TenantQuota>,
     epoch: Instant,
@@ -185,7 +186,7 @@ impl SlabStore {
     ) -> SlabStore {
         SlabStore {
             slab_size_bytes,
-            capacity_bytes,
+            capacity_bytes: AtomicU64::new(capacity_bytes),
             quota_bytes,
             inner: RwLock::new(Inner {
                 next_id: 1,
@@ -215,7 +216,19 @@ impl SlabStore {
 
     /// Lendable capacity in bytes.
     pub fn capacity_bytes(&self) -> u64 {
-        self.capacity_bytes
+        self.capacity_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets the capacity to `bytes` rounded down to whole slabs, and returns that. Slabs lent
+    /// beyond a lowered capacity stay lent (the donor asks for them back, see `reclaim`); no
+    /// new slab is lent until the lent bytes are below the capacity again. The caller checks
+    /// that the result is at least one slab.
+    pub fn set_capacity_bytes(&self, bytes: u64) -> u64 {
+        let whole = bytes / self.slab_size_bytes * self.slab_size_bytes;
+        // Under the write lock, so no allocation checks against a capacity half-changed.
+        let _inner = self.inner.write();
+        self.capacity_bytes.store(whole, Ordering::Relaxed);
+        whole
     }
 
     /// Bytes in allocated slabs.
@@ -403,12 +416,13 @@ impl SlabStore {
     pub fn alloc(&self, client: u64) -> Result<u32, Refusal> {
         let slab_size = self.slab_size_bytes;
         let mut inner = self.inner.write();
-        if inner.used_bytes + slab_size > self.capacity_bytes {
+        let capacity = self.capacity_bytes();
+        if inner.used_bytes + slab_size > capacity {
             return Err(Refusal::new(
                 Status::CapacityExhausted,
                 format!(
-                    "donor capacity exhausted: {} of {} bytes lent; use another donor or free slabs",
-                    inner.used_bytes, self.capacity_bytes
+                    "donor capacity exhausted: {} of {capacity} bytes lent; use another donor or free slabs",
+                    inner.used_bytes
                 ),
             ));
         }
@@ -470,14 +484,16 @@ impl SlabStore {
         Ok(id)
     }
 
-    /// Frees `client`'s slab `slab`.
-    pub fn free(&self, client: u64, slab: u32) -> Result<(), Refusal> {
+    /// Frees `client`'s slab `slab`; returns the bytes of it that were committed (they go back
+    /// to the operating system now, or when the last transfer still using the slab ends).
+    pub fn free(&self, client: u64, slab: u32) -> Result<u64, Refusal> {
         let mut inner = self.inner.write();
         match inner.slabs.get(&slab) {
             Some(s) if s.owner == client => {}
             _ => return Err(no_such_slab(slab)),
         }
         let s = inner.slabs.remove(&slab).expect("checked above");
+        let committed = s.committed_pages.load(Ordering::Relaxed) * PAGE_SIZE as u64;
         inner.used_bytes -= self.slab_size_bytes;
         let slab_size = self.slab_size_bytes;
         if let Some(c) = inner.clients.get_mut(&client) {
@@ -488,7 +504,7 @@ impl SlabStore {
         }
         drop(inner);
         drop(s); // unmapped now, or when its last in-flight transfer ends
-        Ok(())
+        Ok(committed)
     }
 
     /// Resolves a batch of page addresses of `client` into slab handles (deduplicated into

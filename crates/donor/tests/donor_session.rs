@@ -59,7 +59,8 @@ fn replies(bytes: &[u8]) -> Vec<Reply> {
                 Response::SlabAllocated { slab } => Reply::Slab(slab),
                 Response::Done => Reply::Done,
                 Response::Pages { data, .. } => Reply::Pages(data.to_vec()),
-                Response::Stats(s) => Reply::Stats(s),
+                Response::Stats(s) => Reply::Stats(Box::new(s)),
+                Response::GiveBack(list) => Reply::GiveBack(list.iter().collect()),
                 Response::Error { status, message } => Reply::Error(status, message.to_string()),
             },
         );

@@ -7,7 +7,7 @@ use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::message::AUTH_LEN;
 use crate::{
     AuthMode, DonorInfo, DonorStats, Header, Opcode, PageAddr, Status, MAX_BATCH_PAGES,
-    MAX_ERROR_MESSAGE_LEN, PAGE_ADDR_LEN, PAGE_SIZE,
+    MAX_ERROR_MESSAGE_LEN, MAX_RECLAIM_SLABS, PAGE_ADDR_LEN, PAGE_SIZE,
 };
 
 /// Why a frame could not be encoded (a caller bug: the arguments break a protocol limit).
@@ -26,6 +26,12 @@ pub enum EncodeError {
         index: usize,
         /// Its length.
         len: usize,
+    },
+    /// A GIVE_BACK list is longer than [`MAX_RECLAIM_SLABS`].
+    #[error("give_back list of {count} slabs exceeds the limit of {MAX_RECLAIM_SLABS}")]
+    SlabListSize {
+        /// Slabs in the list.
+        count: usize,
     },
 }
 
@@ -91,6 +97,11 @@ pub fn encode_free_slab(out: &mut Vec<u8>, request_id: u64, slab: u32) {
 /// STATS.
 pub fn encode_stats(out: &mut Vec<u8>, request_id: u64) {
     put_header(out, Header::request(Opcode::Stats, request_id, 0));
+}
+
+/// RECLAIMS.
+pub fn encode_reclaims(out: &mut Vec<u8>, request_id: u64) {
+    put_header(out, Header::request(Opcode::Reclaims, request_id, 0));
 }
 
 /// READ_PAGES.
@@ -251,6 +262,32 @@ pub fn encode_stats_reply(out: &mut Vec<u8>, request_id: u64, stats: &DonorStats
     }
 }
 
+/// RECLAIMS' success response, GIVE_BACK: the slabs the donor wants back from this client (at
+/// most [`MAX_RECLAIM_SLABS`]; none when it wants nothing back).
+pub fn encode_give_back(
+    out: &mut Vec<u8>,
+    request_id: u64,
+    slabs: &[u32],
+) -> Result<(), EncodeError> {
+    if slabs.len() > MAX_RECLAIM_SLABS {
+        return Err(EncodeError::SlabListSize { count: slabs.len() });
+    }
+    put_header(
+        out,
+        Header::response(
+            Opcode::Reclaims as u8,
+            request_id,
+            Status::Ok,
+            payload_len(2 + slabs.len() * 4),
+        ),
+    );
+    out.extend_from_slice(&(slabs.len() as u16).to_le_bytes());
+    for s in slabs {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +360,96 @@ mod tests {
             Request::decode(&h, p).unwrap(),
             Request::FreeSlab { slab: 9 }
         );
+
+        out.clear();
+        encode_reclaims(&mut out, 5);
+        let (h, p) = split(&out);
+        assert_eq!(Request::decode(&h, p).unwrap(), Request::Reclaims);
+        // RECLAIMS carries nothing: a payload is refused as malformed.
+        let mut bad = Header::request(Opcode::Reclaims, 6, 4).encode().to_vec();
+        bad.extend_from_slice(&[1, 2, 3, 4]);
+        let (h, p) = split(&bad);
+        let err = Request::decode(&h, p).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DecodeError::Length {
+                    what: "reclaims",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), Status::Malformed);
+    }
+
+    #[test]
+    fn give_back_round_trips_and_its_list_is_bounded() {
+        let mut out = Vec::new();
+        for slabs in [
+            vec![],
+            vec![7u32],
+            vec![3, 1, u32::MAX],
+            vec![5; MAX_RECLAIM_SLABS],
+        ] {
+            out.clear();
+            encode_give_back(&mut out, 8, &slabs).unwrap();
+            let (h, p) = split(&out);
+            let Response::GiveBack(list) = Response::decode(&h, p).unwrap() else {
+                panic!("not a give_back");
+            };
+            assert_eq!(list.len(), slabs.len());
+            assert_eq!(list.is_empty(), slabs.is_empty());
+            assert_eq!(list.iter().collect::<Vec<_>>(), slabs);
+        }
+        out.clear();
+        assert_eq!(
+            encode_give_back(&mut out, 8, &vec![1; MAX_RECLAIM_SLABS + 1]),
+            Err(EncodeError::SlabListSize {
+                count: MAX_RECLAIM_SLABS + 1
+            })
+        );
+        assert!(out.is_empty(), "a refused encode writes nothing");
+
+        let frame = |count: u16, ids: usize| {
+            let len = (2 + ids * 4) as u32;
+            let mut f = Header::response(Opcode::Reclaims as u8, 1, Status::Ok, len)
+                .encode()
+                .to_vec();
+            f.extend_from_slice(&count.to_le_bytes());
+            f.extend(std::iter::repeat_n(9u8, ids * 4));
+            f
+        };
+        // A count over the limit is refused before the list is looked at.
+        let f = frame(MAX_RECLAIM_SLABS as u16 + 1, 0);
+        let (h, p) = split(&f);
+        assert_eq!(
+            Response::decode(&h, p),
+            Err(DecodeError::SlabListSize {
+                count: MAX_RECLAIM_SLABS + 1
+            })
+        );
+        // A count that does not match the payload, either way.
+        for (count, ids) in [(3u16, 2usize), (1, 2)] {
+            let f = frame(count, ids);
+            let (h, p) = split(&f);
+            assert!(
+                matches!(Response::decode(&h, p), Err(DecodeError::Length { .. })),
+                "count {count} with {ids} ids"
+            );
+        }
+        // No count at all.
+        let f = Header::response(Opcode::Reclaims as u8, 1, Status::Ok, 1)
+            .encode()
+            .iter()
+            .copied()
+            .chain([0u8])
+            .collect::<Vec<_>>();
+        let (h, p) = split(&f);
+        assert!(matches!(
+            Response::decode(&h, p),
+            Err(DecodeError::Length { .. })
+        ));
     }
 
     #[test]

@@ -27,11 +27,14 @@ pub enum Opcode {
     Stats = 6,
     /// Prove the auth token (and, to reattach, the client's reconnect key); follows HELLO.
     Auth = 7,
+    /// Ask which of this client's slabs the donor wants back (to be moved elsewhere, then
+    /// freed with FREE_SLAB).
+    Reclaims = 8,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 7] = [
+    pub const ALL: [Opcode; 8] = [
         Opcode::Hello,
         Opcode::AllocSlab,
         Opcode::FreeSlab,
@@ -39,6 +42,7 @@ impl Opcode {
         Opcode::ReadPages,
         Opcode::Stats,
         Opcode::Auth,
+        Opcode::Reclaims,
     ];
 
     /// The request opcode with wire value `value` (response bit cleared), if it is one.
@@ -57,6 +61,7 @@ impl Opcode {
             Opcode::ReadPages => "read_pages",
             Opcode::Stats => "stats",
             Opcode::Auth => "auth",
+            Opcode::Reclaims => "reclaims",
         }
     }
 }

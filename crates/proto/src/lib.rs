@@ -35,14 +35,16 @@ pub use auth::{
     RandomError, ReconnectKey, KEY_LEN, NONCE_LEN, PROOF_LEN,
 };
 pub use codec::{
-    encode_alloc_slab, encode_auth, encode_challenge, encode_error, encode_free_slab, encode_hello,
-    encode_pages_header, encode_read_pages, encode_slab_allocated, encode_stats,
-    encode_stats_reply, encode_success, encode_welcome, encode_write_pages,
-    encode_write_pages_header, EncodeError,
+    encode_alloc_slab, encode_auth, encode_challenge, encode_error, encode_free_slab,
+    encode_give_back, encode_hello, encode_pages_header, encode_read_pages, encode_reclaims,
+    encode_slab_allocated, encode_stats, encode_stats_reply, encode_success, encode_welcome,
+    encode_write_pages, encode_write_pages_header, EncodeError,
 };
 pub use frame::{FrameError, Header, Opcode, HEADER_LEN, MAGIC, RESPONSE_BIT};
 pub use io::{read_frame, ReadFrameError};
-pub use message::{AddrList, AuthMode, DecodeError, DonorInfo, Request, Response, WriteBatch};
+pub use message::{
+    AddrList, AuthMode, DecodeError, DonorInfo, Request, Response, SlabList, WriteBatch,
+};
 pub use stats::DonorStats;
 pub use status::Status;
 
@@ -56,6 +58,9 @@ pub const PROTOCOL_VERSION: u8 = 2;
 pub const MAX_TOKEN_LEN: usize = 256;
 /// The longest error message an error response may carry, in bytes.
 pub const MAX_ERROR_MESSAGE_LEN: usize = 1024;
+/// The most slab ids one GIVE_BACK answer (to RECLAIMS) may carry; a donor wanting more back
+/// from one client names the rest in later answers.
+pub const MAX_RECLAIM_SLABS: usize = 1024;
 /// Size of one page address on the wire (slab u32 + page index u32).
 pub const PAGE_ADDR_LEN: usize = 8;
 /// The largest payload any frame may have: a full write batch and its addresses, with room.

@@ -3,7 +3,7 @@
 use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::{
     DonorStats, FrameError, Header, Opcode, PageAddr, Status, MAX_BATCH_PAGES,
-    MAX_ERROR_MESSAGE_LEN, PAGE_ADDR_LEN, PAGE_SIZE,
+    MAX_ERROR_MESSAGE_LEN, MAX_RECLAIM_SLABS, PAGE_ADDR_LEN, PAGE_SIZE,
 };
 
 /// Why a payload could not be decoded. [`DecodeError::status`] is the status to answer with.
@@ -37,6 +37,12 @@ pub enum DecodeError {
     /// AUTH's mode byte is neither register (0) nor attach (1).
     #[error("unknown AUTH mode {0}")]
     AuthMode(u8),
+    /// A GIVE_BACK list names more than [`MAX_RECLAIM_SLABS`] slabs.
+    #[error("give_back list of {count} slabs exceeds the limit of {MAX_RECLAIM_SLABS}")]
+    SlabListSize {
+        /// Slabs the list claims.
+        count: usize,
+    },
 }
 
 impl DecodeError {
@@ -101,6 +107,31 @@ impl<'a> AddrList<'a> {
     }
 }
 
+/// A list of slab ids, as carried by GIVE_BACK (the answer to RECLAIMS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlabList<'a> {
+    raw: &'a [u8],
+}
+
+impl<'a> SlabList<'a> {
+    /// Slab ids in the list.
+    pub fn len(&self) -> usize {
+        self.raw.len() / 4
+    }
+
+    /// Whether the list is empty (the donor wants nothing back).
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The slab ids, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = u32> + 'a {
+        self.raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    }
+}
+
 /// A decoded request.
 ///
 /// Payload layouts (little-endian):
@@ -111,6 +142,7 @@ impl<'a> AddrList<'a> {
 /// - WRITE_PAGES: `count u16, count × (slab u32, page u32), count × 4096 bytes`
 /// - READ_PAGES: `count u16, count × (slab u32, page u32)`
 /// - STATS: empty
+/// - RECLAIMS: empty
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request<'a> {
     /// Open the handshake; must be the first request on a connection.
@@ -142,6 +174,8 @@ pub enum Request<'a> {
     ReadPages(AddrList<'a>),
     /// Report counters.
     Stats,
+    /// Ask which of this client's slabs the donor wants back now.
+    Reclaims,
 }
 
 impl<'a> Request<'a> {
@@ -196,6 +230,7 @@ impl<'a> Request<'a> {
                 Ok(Request::ReadPages(AddrList { raw: &payload[2..] }))
             }
             Opcode::Stats => exact("stats", 0, payload).map(|()| Request::Stats),
+            Opcode::Reclaims => exact("reclaims", 0, payload).map(|()| Request::Reclaims),
         }
     }
 }
@@ -232,6 +267,7 @@ pub struct DonorInfo {
 /// - FREE_SLAB, WRITE_PAGES: empty
 /// - READ_PAGES: `count u16, count × 4096 bytes`
 /// - STATS: `n u16, n × u64` (see [`DonorStats`])
+/// - RECLAIMS: `count u16, count × slab u32` (GIVE_BACK; `count` 0 to [`MAX_RECLAIM_SLABS`])
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Response<'a> {
     /// HELLO's challenge: the nonce AUTH must answer.
@@ -257,6 +293,10 @@ pub enum Response<'a> {
     },
     /// The donor's counters.
     Stats(DonorStats),
+    /// RECLAIMS' answer: the slabs of this client the donor wants back now (least recently
+    /// written first; empty when it wants nothing back). The client moves each elsewhere, then
+    /// frees it with FREE_SLAB.
+    GiveBack(SlabList<'a>),
     /// The request failed.
     Error {
         /// Why (never [`Status::Ok`]).
@@ -314,6 +354,17 @@ impl<'a> Response<'a> {
                 })
             }
             Opcode::Stats => DonorStats::decode(payload).map(Response::Stats),
+            Opcode::Reclaims => {
+                let Some(b) = payload.get(..2) else {
+                    return Err(length("give_back response", 2, payload.len()));
+                };
+                let count = usize::from(u16::from_le_bytes([b[0], b[1]]));
+                if count > MAX_RECLAIM_SLABS {
+                    return Err(DecodeError::SlabListSize { count });
+                }
+                exact("give_back response", 2 + count * 4, payload)?;
+                Ok(Response::GiveBack(SlabList { raw: &payload[2..] }))
+            }
         }
     }
 }

@@ -37,11 +37,16 @@ pub struct DonorStats {
     pub service_p99_ns: u64,
     /// Time since the donor started, milliseconds.
     pub uptime_ms: u64,
+    /// Bytes the donor wants back now (lent beyond its capacity, plus the host's shortfall
+    /// below `--keep-free`); 0 when it wants nothing back.
+    pub reclaim_wanted_bytes: u64,
+    /// Slabs clients gave back (freed) after the donor asked for them, since start.
+    pub slabs_given_back_total: u64,
 }
 
 impl DonorStats {
     /// Number of fields on the wire.
-    pub const FIELDS: usize = 15;
+    pub const FIELDS: usize = 17;
 
     /// The fields in wire order.
     pub fn to_array(&self) -> [u64; Self::FIELDS] {
@@ -61,6 +66,8 @@ impl DonorStats {
             self.service_p50_ns,
             self.service_p99_ns,
             self.uptime_ms,
+            self.reclaim_wanted_bytes,
+            self.slabs_given_back_total,
         ]
     }
 
@@ -81,6 +88,8 @@ impl DonorStats {
             service_p50_ns: v[12],
             service_p99_ns: v[13],
             uptime_ms: v[14],
+            reclaim_wanted_bytes: v[15],
+            slabs_given_back_total: v[16],
         }
     }
 

@@ -2,8 +2,9 @@
 //! frame that breaks a protocol limit, and every valid frame survives a round trip.
 
 use farmem_proto::{
-    encode_auth, encode_hello, encode_read_pages, encode_write_pages, read_frame, AuthMode, Header,
-    PageAddr, Request, Response, HEADER_LEN, MAX_BATCH_PAGES, PAGE_SIZE, PROOF_LEN,
+    encode_auth, encode_give_back, encode_hello, encode_read_pages, encode_reclaims,
+    encode_write_pages, read_frame, AuthMode, Header, PageAddr, Request, Response, HEADER_LEN,
+    MAX_BATCH_PAGES, MAX_RECLAIM_SLABS, PAGE_SIZE, PROOF_LEN,
 };
 use proptest::prelude::*;
 
@@ -25,6 +26,10 @@ fn decode_everything(bytes: &[u8]) {
         }
         if let Ok(Response::Pages { count, data }) = Response::decode(&h, payload) {
             assert_eq!(data.len(), count * PAGE_SIZE);
+        }
+        if let Ok(Response::GiveBack(list)) = Response::decode(&h, payload) {
+            assert!(list.len() <= MAX_RECLAIM_SLABS);
+            assert_eq!(list.iter().count(), list.len());
         }
     }
     let mut r = bytes;
@@ -51,6 +56,10 @@ fn valid_frames() -> Vec<Vec<u8>> {
     encode_read_pages(&mut f, 2, &[a, a, a]).unwrap();
     frames.push(std::mem::take(&mut f));
     encode_write_pages(&mut f, 3, &[(a, &page)]).unwrap();
+    frames.push(std::mem::take(&mut f));
+    encode_reclaims(&mut f, 5);
+    frames.push(std::mem::take(&mut f));
+    encode_give_back(&mut f, 5, &[1, 2, 3]).unwrap();
     frames.push(f);
     frames
 }
@@ -74,7 +83,7 @@ proptest! {
 
     #[test]
     fn mutated_valid_frames_never_panic(
-        which in 0usize..3, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        which in 0usize..6, flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
         cut in any::<usize>()
     ) {
         let mut frame = valid_frames().swap_remove(which);
@@ -97,5 +106,16 @@ proptest! {
             panic!("not a read");
         };
         prop_assert_eq!(list.iter().collect::<Vec<_>>(), addrs);
+    }
+
+    #[test]
+    fn give_back_lists_round_trip(slabs in proptest::collection::vec(any::<u32>(), 0..=MAX_RECLAIM_SLABS)) {
+        let mut f = Vec::new();
+        encode_give_back(&mut f, 6, &slabs).unwrap();
+        let h = Header::decode(&f).unwrap();
+        let Response::GiveBack(list) = Response::decode(&h, &f[HEADER_LEN..]).unwrap() else {
+            panic!("not a give_back");
+        };
+        prop_assert_eq!(list.iter().collect::<Vec<_>>(), slabs);
     }
 }

@@ -51,6 +51,8 @@ pub(crate) enum Reply {
     Done,
     Pages(Vec<u8>),
     Stats(DonorStats),
+    /// The slabs the donor wants back (RECLAIMS' answer).
+    GiveBack(Vec<u32>),
 }
 
 /// Why a connection ended; turned into one [`TransportError`] per request in flight.
@@ -739,6 +741,7 @@ fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, Read
         Ok(Response::SlabAllocated { slab }) => Reply::Slab(slab),
         Ok(Response::Done) => Reply::Done,
         Ok(Response::Stats(s)) => Reply::Stats(s),
+        Ok(Response::GiveBack(list)) => Reply::GiveBack(list.iter().collect()),
         Ok(Response::Error { status, message }) => {
             return Ok((header.request_id, Err((status, message.to_string()))))
         }

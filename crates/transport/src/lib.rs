@@ -67,14 +67,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    encode_alloc_slab, encode_free_slab, encode_read_pages, encode_stats,
+    encode_alloc_slab, encode_free_slab, encode_read_pages, encode_reclaims, encode_stats,
     encode_write_pages_header, EncodeError, Opcode,
 };
 
 pub use error::TransportError;
 pub use farmem_proto::{
     token_from_file_bytes, DonorInfo, DonorStats, PageAddr, ReconnectKey, Status, MAX_BATCH_PAGES,
-    MAX_TOKEN_LEN, PAGE_SIZE,
+    MAX_RECLAIM_SLABS, MAX_TOKEN_LEN, PAGE_SIZE,
 };
 
 use conn::{Conn, Failure, Reply, SendError, Waited};
@@ -356,6 +356,26 @@ impl DonorClient {
         }
     }
 
+    /// Asks which of this client's slabs the donor wants back now (RECLAIMS): at most
+    /// [`MAX_RECLAIM_SLABS`] slab ids, least recently written first, empty when it wants
+    /// nothing back. The donor asks because it is over its capacity (its owner lowered it) or
+    /// its host is short of memory (`farmem donor --keep-free`); the caller gives a slab back
+    /// by moving its pages elsewhere and then freeing it ([`DonorClient::free_slab`]). Until it
+    /// does, the donor keeps asking (it never drops a client's data) and lends no new slabs.
+    /// Meant to be polled (every few hundred milliseconds) by whoever places slabs.
+    pub fn reclaims(&self) -> Result<Vec<u32>, TransportError> {
+        let reply = self
+            .submit(Opcode::Reclaims, &[], |b, id| {
+                encode_reclaims(b, id);
+                Ok(())
+            })?
+            .wait_reply()?;
+        match reply {
+            Reply::GiveBack(slabs) => Ok(slabs),
+            other => Err(self.unexpected(Opcode::Reclaims, &other)),
+        }
+    }
+
     /// Writes 1 to [`MAX_BATCH_PAGES`] pages and waits until the donor has them.
     pub fn write_pages(&self, pages: &[PageWrite<'_>]) -> Result<(), TransportError> {
         self.submit_write(pages)?.wait().map(|_| ())
@@ -478,7 +498,7 @@ impl From<Reply> for Completion {
     fn from(r: Reply) -> Completion {
         match r {
             Reply::Pages(data) => Completion::Pages(data),
-            Reply::Done | Reply::Slab(_) | Reply::Stats(_) => Completion::Done,
+            Reply::Done | Reply::Slab(_) | Reply::Stats(_) | Reply::GiveBack(_) => Completion::Done,
         }
     }
 }

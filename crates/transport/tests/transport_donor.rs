@@ -223,3 +223,39 @@ fn a_stopped_donor_gives_disconnected_and_a_restarted_one_is_reached_again() {
     assert_eq!(client.stats().unwrap().slabs, 0);
     drop(again);
 }
+
+#[test]
+fn reclaims_names_the_slabs_the_donor_wants_back_until_they_are_freed() {
+    let d = DonorServer::bind(DonorConfig {
+        listen: "127.0.0.1:0".into(),
+        capacity_bytes: 16 * u64::from(SLAB_PAGES) * PAGE_SIZE as u64,
+        slab_size_bytes: u64::from(SLAB_PAGES) * PAGE_SIZE as u64,
+        memory_watermark_bytes: Some(0),
+        ..DonorConfig::default()
+    })
+    .expect("bind the donor on 127.0.0.1:0")
+    .spawn();
+    let client = DonorClient::connect(&d.local_addr().to_string(), config(61)).unwrap();
+    let slabs: Vec<u32> = (0..3).map(|_| client.alloc_slab().unwrap()).collect();
+    for (i, &slab) in slabs.iter().enumerate() {
+        let p = page(i as u64);
+        client
+            .write_pages(&[PageWrite {
+                addr: PageAddr { slab, page: 0 },
+                data: &p,
+            }])
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(client.reclaims().unwrap(), Vec::<u32>::new());
+    let slab_bytes = u64::from(SLAB_PAGES) * PAGE_SIZE as u64;
+    d.control().set_capacity_bytes(2 * slab_bytes).unwrap();
+    assert_eq!(client.reclaims().unwrap(), vec![slabs[0]]);
+    client.free_slab(slabs[0]).unwrap();
+    assert_eq!(client.reclaims().unwrap(), Vec::<u32>::new());
+    let st = client.stats().unwrap();
+    assert_eq!(
+        (st.used_bytes, st.slabs_given_back_total),
+        (2 * slab_bytes, 1)
+    );
+}

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use farmem_proto::{
     encode_alloc_slab, encode_auth, encode_challenge, encode_error, encode_free_slab,
-    encode_hello, encode_pages_header, encode_read_pages, encode_slab_allocated, encode_stats,
+    encode_give_back, encode_hello, encode_pages_header, encode_read_pages, encode_reclaims,
+    encode_slab_allocated, encode_stats,
     encode_stats_reply, encode_success, encode_welcome, encode_write_pages, AuthMode, DonorInfo,
     DonorStats, Opcode, PageAddr, Status, PAGE_SIZE,
 };
@@ -43,6 +44,8 @@ fn requests() -> Vec<(&'static str, Vec<u8>)> {
     out.push(("auth-attach", std::mem::take(&mut f)));
     encode_auth(&mut f, 11, 78, AuthMode::Register, &[1; 32], &[2; 32]);
     out.push(("auth-register", std::mem::take(&mut f)));
+    encode_reclaims(&mut f, 12);
+    out.push(("reclaims", std::mem::take(&mut f)));
     out
 }
 
@@ -68,6 +71,8 @@ fn responses() -> Vec<(&'static str, Vec<u8>)> {
     out.push(("r-pages", std::mem::take(&mut f)));
     encode_stats_reply(&mut f, 7, &DonorStats::default());
     out.push(("r-stats", std::mem::take(&mut f)));
+    encode_give_back(&mut f, 8, &[3, 1, 4]).unwrap();
+    out.push(("r-give-back", std::mem::take(&mut f)));
     out
 }
 
@@ -93,6 +98,7 @@ fn main() {
     write(&donor, "alloc-write-read", &cat(&["alloc", "write", "read"]));
     write(&donor, "alloc-write-free-read", &cat(&["alloc", "write", "free", "read"]));
     write(&donor, "many", &cat(&["alloc", "alloc", "stats", "read-256", "free", "hello"]));
+    write(&donor, "alloc-write-reclaims-free", &cat(&["alloc", "write", "reclaims", "free", "reclaims"]));
 
     // trace: real trace files.
     let trace = root.join("trace");

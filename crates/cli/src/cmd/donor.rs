@@ -4,7 +4,8 @@
 //! the [`DonorBanner`] (`farmem donor listening on ADDR`), and flushes it: `farmem run`, the
 //! runtime and the tests start child donors with `farmem_donor::ChildDonorCommand`, which reads
 //! that line to learn the port. Everything else (logs)
-//! goes to stderr. SIGINT or SIGTERM stops the donor cleanly (exit status 0).
+//! goes to stderr. SIGINT or SIGTERM stops the donor cleanly (exit status 0); SIGHUP makes it
+//! re-read `--capacity-file` (the owner's way to lower or raise a running donor's capacity).
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,7 +15,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use farmem_donor::{DonorBanner, DonorConfig, DonorServer, Tenant};
 use farmem_transport::MAX_TOKEN_LEN;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::cmd::units::{parse_duration, parse_size};
@@ -38,8 +39,22 @@ holds: another client with the same token cannot read, overwrite or free them.
 
 --capacity may not exceed this machine's memory (MemTotal) or the donor's memory cgroup limit; \
 while the host's available memory (MemAvailable) is below 5 % of MemTotal (at least 256 MiB), \
-the donor lends no new slabs (clients are told the donor is under memory pressure). Slabs \
-already lent are not migrated away yet (a later version).
+the donor lends no new slabs (clients are told the donor is under memory pressure).
+
+Taking memory back: the donor never drops a client's pages; it asks the clients to move slabs \
+away (they poll it a few times a second, move the slabs' pages to another donor, then free \
+them, which returns the memory to the system at once). It asks for the least recently written \
+slabs, from the clients holding the most first, in two cases:
+  --keep-free SIZE: whenever MemAvailable (read every 200 ms) falls below SIZE, enough written \
+slabs to cover the shortfall; no new slabs are lent meanwhile.
+  --capacity-file FILE: the capacity is read from FILE (a size such as 512MiB) at start and \
+again on SIGHUP (`kill -HUP PID`), so only the donor's owner (or root) can change it; FILE must \
+not be writable by group or others. Lowered below what is lent, the donor asks for the \
+difference back and lends nothing new until under it; raised, it lends again. Unreadable or \
+bad content (not a size, less than one slab, more than the machine's memory) is logged and the \
+old capacity kept; the donor keeps serving.
+A client that does not give slabs back is asked again and again (logged after 30 s); the donor \
+keeps refusing new slabs to everyone until the memory is back.
 
 Tenants (--tenants FILE, TOML; unknown keys are an error): each tenant has its own token file \
 and a quota bounding all its clients together:
@@ -56,6 +71,7 @@ A client that disconnects keeps its slabs for --orphan-grace, so a reconnect fin
 
 Examples:
   farmem donor --capacity 8GiB
+  farmem donor --capacity-file /etc/farmem/capacity --keep-free 2GiB   # then: kill -HUP PID
   farmem donor --listen 0.0.0.0:7070 --capacity 8GiB --token-file /etc/farmem/token --metrics 127.0.0.1:9177";
 
 /// Arguments of `farmem donor`.
@@ -67,8 +83,24 @@ pub struct DonorArgs {
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
     pub listen: String,
     /// Most memory to lend, in whole slabs: e.g. 1GiB, 512MiB, or bytes.
+    #[arg(
+        long,
+        value_parser = parse_size,
+        value_name = "SIZE",
+        required_unless_present = "capacity_file"
+    )]
+    pub capacity: Option<u64>,
+    /// Read the capacity from FILE (a size, e.g. 512MiB) at start and again on SIGHUP, to
+    /// lower or raise it while running (see below). Instead of --capacity.
+    #[arg(long, value_name = "FILE", conflicts_with = "capacity")]
+    pub capacity_file: Option<PathBuf>,
+    /// Keep at least SIZE of the host's memory available: below it, lend nothing new and ask
+    /// clients to move slabs away until the shortfall is covered.
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
-    pub capacity: u64,
+    pub keep_free: Option<u64>,
+    /// Read MemAvailable from FILE instead of /proc/meminfo (for tests).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub meminfo_file: Option<PathBuf>,
     /// Size of one slab (a multiple of 4 KiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub slab_size: u64,
@@ -147,6 +179,60 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(token.to_vec())
 }
 
+/// Reads a capacity file: one size (`512MiB`, `1GiB`, bytes), surrounding whitespace ignored.
+/// A file writable by group or others is refused (only the donor's owner may change it), as is
+/// a capacity of zero.
+pub fn read_capacity_file(path: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("reading the capacity file {}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        bail!(
+            "the capacity file {} is writable by others (mode {mode:04o}); run `chmod go-w {}`",
+            path.display(),
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the capacity file {}", path.display()))?;
+    let bytes = parse_size(text.trim()).map_err(|e| {
+        anyhow::anyhow!(
+            "the capacity file {} does not hold a size: {e}",
+            path.display()
+        )
+    })?;
+    if bytes == 0 {
+        bail!(
+            "the capacity file {} says 0: a donor needs at least one slab; to stop lending, stop the donor",
+            path.display()
+        );
+    }
+    Ok(bytes)
+}
+
+/// SIGHUP: re-reads `path` and applies the capacity; on any error logs it and keeps the old one.
+fn reload_capacity(path: &Path, control: &farmem_donor::DonorControl) {
+    let old = control.capacity_bytes();
+    let applied = read_capacity_file(path).and_then(|bytes| {
+        control
+            .set_capacity_bytes(bytes)
+            .map_err(anyhow::Error::from)
+    });
+    match applied {
+        Ok(new) => tracing::info!(
+            old_capacity_bytes = old,
+            capacity_bytes = new,
+            "SIGHUP: capacity read from {}",
+            path.display()
+        ),
+        Err(e) => tracing::error!(
+            capacity_bytes = old,
+            "SIGHUP: keeping the capacity of {old} bytes: {e:#}"
+        ),
+    }
+}
+
 /// Reads a tenants file and every token file it names (relative to the file's folder).
 pub fn read_tenants(path: &Path) -> anyhow::Result<Vec<Tenant>> {
     let text = std::fs::read_to_string(path)
@@ -182,12 +268,17 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         Some(f) => read_tenants(f)?,
         None => Vec::new(),
     };
+    let capacity = match (args.capacity, &args.capacity_file) {
+        (Some(c), _) => c,
+        (None, Some(f)) => read_capacity_file(f)?,
+        (None, None) => bail!("give --capacity SIZE or --capacity-file FILE"),
+    };
     let capacity_bytes = match (
         args.exit_with_parent,
         farmem_donor::host::memory_limit_bytes(),
     ) {
-        (Some(_), Some((limit, _))) => args.capacity.min(limit),
-        _ => args.capacity,
+        (Some(_), Some((limit, _))) => capacity.min(limit),
+        _ => capacity,
     };
     let cfg = DonorConfig {
         listen: args.listen.clone(),
@@ -199,19 +290,36 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         orphan_grace: args.orphan_grace,
         insecure: args.insecure,
         metrics_listen: args.metrics.clone(),
+        keep_free_bytes: args.keep_free.filter(|&b| b > 0),
+        meminfo_path: args
+            .meminfo_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(farmem_donor::host::MEMINFO)),
         ..DonorConfig::default()
     };
     let server = DonorServer::bind(cfg).context("starting the donor")?;
     let handle = server.shutdown_handle();
-    let mut signals =
-        Signals::new([SIGINT, SIGTERM]).context("installing the SIGINT/SIGTERM handlers")?;
+    let control = server.control();
+    let capacity_file = args.capacity_file.clone();
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("installing the SIGINT/SIGTERM/SIGHUP handlers")?;
     let signals_handle = signals.handle();
     let watcher = std::thread::Builder::new()
         .name("farmem-donor-signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
+            for sig in signals.forever() {
+                if sig == SIGHUP {
+                    match &capacity_file {
+                        Some(f) => reload_capacity(f, &control),
+                        None => tracing::warn!(
+                            "SIGHUP ignored: the donor was started without --capacity-file"
+                        ),
+                    }
+                    continue;
+                }
                 tracing::info!(signal = sig, "signal received; stopping the donor");
                 handle.shutdown();
+                break;
             }
         })
         .context("starting the signal thread")?;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use farmem_donor::{DonorConfig, DonorServer, RunningDonor};
 use farmem_proto::{
     attach_proof, encode_alloc_slab, encode_auth, encode_free_slab, encode_hello,
-    encode_read_pages, encode_stats, encode_write_pages, read_frame, token_proof, AuthMode,
-    DonorStats, Header, PageAddr, ReadFrameError, ReconnectKey, Response, Status, KEY_LEN,
-    NONCE_LEN, PAGE_SIZE,
+    encode_read_pages, encode_reclaims, encode_stats, encode_write_pages, read_frame, token_proof,
+    AuthMode, DonorStats, Header, PageAddr, ReadFrameError, ReconnectKey, Response, Status,
+    KEY_LEN, NONCE_LEN, PAGE_SIZE,
 };
 
 /// A small slab (64 pages) so tests stay light.
@@ -47,7 +47,9 @@ pub enum Reply {
     Slab(u32),
     Done,
     Pages(Vec<u8>),
-    Stats(DonorStats),
+    /// Boxed: the counters would make every `Reply` (and `Result<_, Reply>`) large.
+    Stats(Box<DonorStats>),
+    GiveBack(Vec<u32>),
     Error(Status, String),
 }
 
@@ -121,7 +123,8 @@ impl Raw {
             Response::SlabAllocated { slab } => Reply::Slab(slab),
             Response::Done => Reply::Done,
             Response::Pages { data, .. } => Reply::Pages(data.to_vec()),
-            Response::Stats(s) => Reply::Stats(s),
+            Response::Stats(s) => Reply::Stats(Box::new(s)),
+            Response::GiveBack(list) => Reply::GiveBack(list.iter().collect()),
             Response::Error { status, message } => Reply::Error(status, message.to_string()),
         };
         Some((h, reply))
@@ -228,12 +231,23 @@ impl Raw {
         self.call(&f)
     }
 
+    /// RECLAIMS: the slabs the donor wants back from this client.
+    pub fn reclaims(&mut self) -> Vec<u32> {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_reclaims(&mut f, id);
+        match self.call(&f) {
+            Reply::GiveBack(s) => s,
+            other => panic!("RECLAIMS failed: {other:?}"),
+        }
+    }
+
     pub fn stats(&mut self) -> DonorStats {
         let mut f = Vec::new();
         let id = self.id();
         encode_stats(&mut f, id);
         match self.call(&f) {
-            Reply::Stats(s) => s,
+            Reply::Stats(s) => *s,
             other => panic!("STATS failed: {other:?}"),
         }
     }

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use farmem_proto::{
-    encode_challenge, encode_error, encode_pages_header, encode_slab_allocated, encode_stats_reply,
-    encode_success, encode_welcome, proofs_match, read_frame, token_proof, AuthMode, DonorInfo,
-    DonorStats, Header, Opcode, PageAddr, Request, Status, NONCE_LEN, PAGE_SIZE, PROOF_LEN,
+    encode_challenge, encode_error, encode_give_back, encode_pages_header, encode_slab_allocated,
+    encode_stats_reply, encode_success, encode_welcome, proofs_match, read_frame, token_proof,
+    AuthMode, DonorInfo, DonorStats, Header, Opcode, PageAddr, Request, Status, NONCE_LEN,
+    PAGE_SIZE, PROOF_LEN,
 };
 
 /// Geometry the fake donor announces.
@@ -195,6 +196,7 @@ pub fn answer(
                 ..DonorStats::default()
             },
         ),
+        Ok(Request::Reclaims) => encode_give_back(out, id, &[]).unwrap(),
         Ok(Request::Hello { .. } | Request::Auth { .. }) => {
             panic!("a handshake request twice on one connection")
         }
