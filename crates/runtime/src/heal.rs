@@ -22,6 +22,8 @@
 //!   it. Each chunk is copied with the copy gate held exclusively and every write to replicas
 //!   holds it shared, so no chunk copy can overwrite a newer page. Copies are paced to
 //!   `heal_rate_bytes` a second, so the program keeps its bandwidth.
+//! - Every 250 ms the donors are asked which slabs they want back, and those are moved
+//!   ([`crate::migrate`]).
 //! - Memory slabs (the host tier) with a copy on a dead donor lose that copy and have every
 //!   page written through again to a new one ([`crate::tier`]).
 
@@ -41,6 +43,8 @@ use crate::{RuntimeError, PAGE_SIZE};
 const DEAD_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// How long the probe's fresh TCP connection may take.
 const CONNECT_PROBE: Duration = Duration::from_secs(1);
+/// How often donors are asked which slabs they want back ([`crate::migrate`]).
+const RECLAIM_POLL_EVERY: Duration = Duration::from_millis(250);
 /// After re-replication found no donor to copy to, how long before it looks again.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
 
@@ -53,6 +57,7 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
     let mut episode: Option<Instant> = None;
     let mut blocked_until = Instant::now();
     let mut more = false;
+    let mut next_reclaim_poll = Instant::now();
     while !sh.shutdown.load(Ordering::Relaxed) {
         {
             let mut woken = far.heal_mu.lock();
@@ -76,6 +81,10 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
                     episode.get_or_insert(at);
                 }
             }
+        }
+        if Instant::now() >= next_reclaim_poll {
+            crate::migrate::poll(&sh);
+            next_reclaim_poll = Instant::now() + RECLAIM_POLL_EVERY;
         }
         more = false;
         if Instant::now() < blocked_until {
@@ -254,7 +263,7 @@ enum Healed {
 
 /// Where a slab's pages are copied from.
 #[derive(Clone, Copy)]
-enum Source {
+pub(crate) enum Source {
     Donor(usize, u32),
     Backup,
 }
@@ -308,7 +317,12 @@ fn heal_one(sh: &Shared) -> Healed {
 }
 
 /// Copies far slab `idx` (replicas `r`) from `source` to a new donor, chunk by chunk, paced.
-fn copy_slab(sh: &Shared, idx: u64, r: Replicas, source: Source) -> Result<(), RuntimeError> {
+pub(crate) fn copy_slab(
+    sh: &Shared,
+    idx: u64,
+    r: Replicas,
+    source: Source,
+) -> Result<(), RuntimeError> {
     let far = &sh.far;
     let new = far.alloc_replicas(1, &r)?;
     let Some(&dest) = new.as_slice().first() else {

@@ -67,6 +67,7 @@ mod fork;
 mod heal;
 mod health;
 mod memslabs;
+mod migrate;
 mod mm;
 mod pages;
 mod prefetch;

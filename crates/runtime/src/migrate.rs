@@ -1,0 +1,186 @@
+//! Giving slabs back to a donor that asks for its memory (Valet's migration): the heal thread
+//! polls each live donor's RECLAIMS about four times a second ([`poll`]) and moves every slab
+//! named off that donor before freeing it there, so the donor's memory falls while the program
+//! keeps running and loses nothing.
+//!
+//! # Design
+//!
+//! Where a slab named goes, in order of preference:
+//! 1. to a live donor that holds no copy of it, copied like a re-replication
+//!    ([`crate::heal::copy_slab`], from the asking donor's own copy, which is still complete);
+//! 2. nowhere, when another live donor already holds a complete copy: the asking donor's copy
+//!    is simply dropped (the slab runs with one copy fewer until a donor has room);
+//! 3. into this process's memory (a local memory slab, [`crate::memslabs`]) when the asking
+//!    donor holds the only copy: pages are read in batches (and opened, when sealed) into
+//!    private memory, and the slab's home switches to it with the copy gate held and the state
+//!    lock taken, so no write-back and no fault sees half a move. That memory is beyond the
+//!    budget: the price of not losing pages when nowhere else can take them (swap has no
+//!    better answer); the stats count it in `local_slabs`.
+//!
+//! A memory slab's donor copy that is named is dropped and freed; the write-through makes a new
+//! one elsewhere. Every slab moved is freed on the donor at once.
+
+use farmem_mm::{Advice, Mapping};
+use farmem_transport::PageAddr;
+
+use crate::far::Home;
+use crate::heal::{copy_slab, Source};
+use crate::memslabs::MemKind;
+use crate::replicas::Replicas;
+use crate::shared::Shared;
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// Asks every live donor which of this runtime's slabs it wants back and moves them.
+pub(crate) fn poll(sh: &Shared) {
+    for d in 0..sh.far.donors.len() {
+        if !sh.far.donors[d].health.is_live() {
+            continue;
+        }
+        let wanted = match sh.far.donors[d].write.reclaims() {
+            Ok(w) => w,
+            Err(e) => {
+                if e.is_connection_failure() {
+                    sh.far.suspect(d);
+                }
+                continue;
+            }
+        };
+        for slab in wanted {
+            if sh.shutdown.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            match give_back(sh, d, slab) {
+                Ok(true) => sh.stats.lock().s.slabs_migrated += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    "donor {} asked for slab {slab} back; moving it failed (asked again \
+                     later): {e}",
+                    sh.far.donors[d].write.addr()
+                ),
+            }
+        }
+    }
+}
+
+/// Moves donor `d`'s slab `slab` elsewhere and frees it there. `Ok(false)`: not one of this
+/// runtime's (already given back).
+fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
+    let far = &sh.far;
+    let found = far
+        .donor_slabs()
+        .into_iter()
+        .find(|(_, r)| r.as_slice().iter().any(|x| x.donor == d && x.slab == slab));
+    match found {
+        Some((idx, r)) => move_slab(sh, idx, r, d, slab)?,
+        None => {
+            if !drop_memory_copy(sh, d, slab) {
+                return Ok(false);
+            }
+        }
+    }
+    far.donors[d]
+        .write
+        .free_slab(slab)
+        .map_err(|source| RuntimeError::Donor {
+            addr: far.donors[d].write.addr().to_string(),
+            step: "freeing a slab given back",
+            source,
+        })?;
+    *far.donors[d].slabs_placed.lock() -= 1;
+    Ok(true)
+}
+
+/// Moves far slab `idx` (copies `r`) off donor `d` (its copy `slab`): see the module doc.
+fn move_slab(sh: &Shared, idx: u64, r: Replicas, d: usize, slab: u32) -> Result<(), RuntimeError> {
+    let far = &sh.far;
+    let spare = (0..far.donors.len()).any(|x| !r.has(x) && far.donors[x].health.is_live());
+    let other_copy = r
+        .readable()
+        .any(|x| x.donor != d && far.donors[x.donor].health.is_live());
+    if spare && copy_slab(sh, idx, r, Source::Donor(d, slab)).is_ok() {
+        // Copied: the asking donor's copy is one too many now.
+    } else if !other_copy {
+        return to_local_memory(sh, idx, d, slab);
+    }
+    let _gate = far.copy_gate.write();
+    far.update_replicas(idx, |x| {
+        x.remove(d);
+    });
+    Ok(())
+}
+
+/// Takes donor `d`'s copy `slab` away from the memory slab holding it, if one does; its pages
+/// are written through again to a new copy.
+fn drop_memory_copy(sh: &Shared, d: usize, slab: u32) -> bool {
+    let _gate = sh.far.copy_gate.write();
+    let mut st = sh.state.lock();
+    for m in st.mem.oldest_first() {
+        if let Some(s) = st.mem.get_mut(m) {
+            if s.donors
+                .as_slice()
+                .iter()
+                .any(|x| x.donor == d && x.slab == slab)
+            {
+                s.donors.remove(d);
+                s.mark_all_unflushed();
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Moves far slab `idx`, whose only copy is donor `d`'s `slab`, into private memory of this
+/// process, and makes that its home.
+fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<(), RuntimeError> {
+    let far = &sh.far;
+    let pages = far.slab_pages as usize;
+    let local = Mapping::anonymous(pages * PAGE_SIZE).map_err(|source| RuntimeError::Mmap {
+        op: "mapping local memory for a slab a donor asked back",
+        len_bytes: pages * PAGE_SIZE,
+        source,
+    })?;
+    local.advise(Advice::DontFork);
+    local.advise(Advice::NoHugePage);
+    // No write to the slab's copies while it moves (the sender would write the donor's copy
+    // after it was read).
+    let _gate = far.copy_gate.write();
+    let first_far = idx * far.slab_pages;
+    let batch = farmem_transport::MAX_BATCH_PAGES;
+    let mut data = vec![0u8; batch * PAGE_SIZE];
+    for start in (0..pages).step_by(batch) {
+        let n = batch.min(pages - start);
+        let addrs: Vec<PageAddr> = (start..start + n)
+            .map(|p| PageAddr {
+                slab,
+                page: p as u32,
+            })
+            .collect();
+        let buf = &mut data[..n * PAGE_SIZE];
+        far.donors[d]
+            .write
+            .read_pages(&addrs, buf)
+            .map_err(|source| RuntimeError::Donor {
+                addr: far.donors[d].write.addr().to_string(),
+                step: "reading a slab to take it into local memory",
+                source,
+            })?;
+        for (i, page) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            let p = start + i;
+            // A page never sent has no seal and holds nothing: it stays zero.
+            if far.open(first_far + p as u64, page).is_ok() {
+                crate::mm::write_page(&local, p as u32, page);
+            }
+        }
+    }
+    let mut st = sh.state.lock();
+    let m = st.mem.insert(local, MemKind::Local, idx);
+    far.set_home(idx, Some(Home::Memory(m)));
+    drop(st);
+    tracing::warn!(
+        "donor {} asked for slab {slab} back and no other donor can take it: far slab {idx} \
+         now lives in this process's memory (beyond the budget)",
+        far.donors[d].write.addr()
+    );
+    Ok(())
+}
