@@ -299,3 +299,34 @@ fn an_older_version_handed_back_by_the_donor_is_never_installed() {
     assert!(status.success(), "{status}");
     assert!(stdout.contains("READ round Some(1)"), "{stdout}");
 }
+
+#[test]
+fn a_tampered_copy_is_a_failed_replica_and_the_other_copy_serves_the_page() {
+    // Two donors, two copies of every slab: one donor's answers are altered on the way back.
+    let budget = MIB;
+    let (good, bad) = (in_process(64 << 20, 1 << 20), in_process(64 << 20, 1 << 20));
+    let proxy = Proxy::start(bad.local_addr(), Attack::Watch);
+    let rt = start(RuntimeConfig {
+        seal: SealMode::On,
+        replicas: Some(2),
+        ..config(
+            budget,
+            vec![proxy.addr.to_string(), good.local_addr().to_string()],
+        )
+    });
+    let region = rt.map(8 * budget).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = region.len() / PAGE;
+    fill(base, pages, 5);
+    wait_for_sends_to_settle(&rt);
+    proxy.set(Attack::Flip);
+    assert_eq!(
+        mismatches(base, pages, 5),
+        0,
+        "an altered copy must never be installed: the other copy serves the page"
+    );
+    let s = rt.stats();
+    assert!(s.seal_rejected > 0, "the altered copies were read: {s:?}");
+    assert!(s.failovers > 0, "the good copy served them: {s:?}");
+    assert_eq!(s.fetch_errors, 0, "no page failed: {s:?}");
+}

@@ -76,6 +76,32 @@ fn a_donor_that_stalls_after_hello_gives_timeout_then_the_client_reconnects() {
 }
 
 #[test]
+fn wait_until_gives_up_early_on_a_slow_donor_and_keeps_the_request_in_flight() {
+    let peer = spawn_peer(|mut stream, _| {
+        if handshake(&mut stream, |_| true).is_some() {
+            stall(&mut stream);
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let mut p = client
+        .submit_read(&[PageAddr { slab: 0, page: 0 }])
+        .unwrap();
+    // Early: no answer yet, and the request is not given up (nor the connection).
+    let early = Instant::now() + Duration::from_millis(100);
+    assert!(p.wait_until(early).is_none());
+    assert!(Instant::now() >= early);
+    assert_eq!(client.counters().timeouts_total, 0);
+    // Past the request timeout it ends as a plain wait does: a timeout.
+    let late = Instant::now() + SHORT_TIMEOUT * 2;
+    let err = p
+        .wait_until(late)
+        .expect("answered by the timeout")
+        .unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err}");
+    assert_eq!(client.counters().timeouts_total, 1);
+}
+
+#[test]
 fn a_donor_that_never_answers_hello_gives_timeout_at_connect() {
     let peer = spawn_peer(|mut stream, _| stall(&mut stream));
     let start = Instant::now();
