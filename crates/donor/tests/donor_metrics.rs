@@ -104,7 +104,19 @@ fn metrics_endpoint_serves_parseable_prometheus_text() {
         Status::NoSuchSlab
     );
 
-    let (head, body) = http_get(maddr, "/metrics");
+    // The donor counts a request after sending its reply, so the last read may be counted a
+    // moment after the client has its answer: scrape until it is (seen once in six runs).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (head, body) = loop {
+        let (head, body) = http_get(maddr, "/metrics");
+        let counted = parse(&body)
+            .get("farmem_donor_requests_total{type=\"read_pages\"}")
+            .is_some_and(|n| *n >= 2.0);
+        if counted || std::time::Instant::now() > deadline {
+            break (head, body);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
     let m = parse(&body);
