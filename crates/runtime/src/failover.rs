@@ -129,9 +129,7 @@ impl ReplicaRead {
                     sh.far.donors[d].read.addr()
                 ),
                 Some(Err(e)) => {
-                    if e.is_connection_failure() {
-                        sh.far.suspect(d);
-                    }
+                    sh.far.on_error(d, &e);
                     e.to_string()
                 }
             };

@@ -343,9 +343,7 @@ impl Far {
                                     | Status::MemoryPressure
                             )
                         );
-                        if e.is_connection_failure() {
-                            self.suspect(d);
-                        }
+                        self.on_error(d, &e);
                         last = Some((d, e, full));
                     }
                 }
@@ -512,9 +510,7 @@ impl Far {
                 match self.donors[d].write.submit_write(chunk) {
                     Ok(p) => submitted.push((d, p)),
                     Err(e) => {
-                        if e.is_connection_failure() {
-                            self.suspect(d);
-                        }
+                        self.on_error(d, &e);
                         first_err.get_or_insert((d, e));
                     }
                 }
@@ -522,9 +518,7 @@ impl Far {
         }
         for (d, p) in submitted {
             if let Err(e) = p.wait() {
-                if e.is_connection_failure() {
-                    self.suspect(d);
-                }
+                self.on_error(d, &e);
                 first_err.get_or_insert((d, e));
             }
         }
@@ -588,8 +582,16 @@ impl Far {
         (degraded, lost)
     }
 
-    /// Donor `d` failed a request with a connection failure: the heal thread probes it soon
-    /// and declares it dead if it does not answer ([`crate::heal`]).
+    /// A request to donor `d` failed with `e`: a connection failure, or the donor having
+    /// forgotten this client (restarted), makes it suspected ([`Far::suspect`]).
+    pub(crate) fn on_error(&self, d: usize, e: &farmem_transport::TransportError) {
+        if e.is_connection_failure() || e.is_forgotten() {
+            self.suspect(d);
+        }
+    }
+
+    /// Donor `d` failed a request: the heal thread probes it soon and declares it dead if it
+    /// does not answer ([`crate::heal`]).
     pub(crate) fn suspect(&self, d: usize) {
         if self.donors[d].health.suspect() {
             self.wake_healer();

@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use farmem_transport::{PageAddr, PageWrite, Status};
+use farmem_transport::{PageAddr, PageWrite};
 
 use crate::health::Cause;
 use crate::replicas::Replicas;
@@ -193,7 +193,7 @@ fn probe(sh: &Shared, d: usize) -> Result<(), Cause> {
         Ok(_) => return Ok(()),
         Err(e) => e,
     };
-    if err.status() == Some(Status::UnknownClient) || err.to_string().contains("unknown client") {
+    if err.is_forgotten() {
         return Err(Cause::Restarted);
     }
     Err(classify(donor.write.addr()))
@@ -224,7 +224,8 @@ fn declare_dead(sh: &Shared, d: usize, cause: Cause) {
     {
         let _gate = far.copy_gate.write();
         for (idx, r) in far.donor_slabs() {
-            if r.has(d) && has_live_copy(sh, &r, Some(d)) {
+            // A restarted donor's copies are gone for sure, sole copies too.
+            if r.has(d) && (cause == Cause::Restarted || has_live_copy(sh, &r, Some(d))) {
                 far.drop_replica(idx, d);
                 dropped += 1;
             }
@@ -401,9 +402,7 @@ fn copy_chunk(
                 .write
                 .read_pages(&addrs, &mut data)
                 .map_err(|source| {
-                    if source.is_connection_failure() {
-                        far.suspect(d);
-                    }
+                    far.on_error(d, &source);
                     RuntimeError::Donor {
                         addr: far.donors[d].write.addr().to_string(),
                         step: "reading a slab to copy it",
@@ -437,9 +436,7 @@ fn copy_chunk(
         .write
         .write_pages(&writes)
         .map_err(|source| {
-            if source.is_connection_failure() {
-                far.suspect(dest);
-            }
+            far.on_error(dest, &source);
             RuntimeError::Donor {
                 addr: far.donors[dest].write.addr().to_string(),
                 step: "writing a slab's new copy",

@@ -39,9 +39,7 @@ pub(crate) fn poll(sh: &Shared) {
         let wanted = match sh.far.donors[d].write.reclaims() {
             Ok(w) => w,
             Err(e) => {
-                if e.is_connection_failure() {
-                    sh.far.suspect(d);
-                }
+                sh.far.on_error(d, &e);
                 continue;
             }
         };

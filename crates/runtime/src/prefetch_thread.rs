@@ -132,9 +132,7 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         }
         for (d, reqs, p) in batches {
             let result = p.and_then(|p| p.wait()).map_err(|e| {
-                if e.is_connection_failure() {
-                    sh.far.suspect(d);
-                }
+                sh.far.on_error(d, &e);
                 e.to_string()
             });
             match result {

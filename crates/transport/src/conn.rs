@@ -235,6 +235,12 @@ impl Conn {
             )?;
             match answer {
                 Ok(info) => break info,
+                // Attaching after having been attached: the donor lost this client's state.
+                Err((Status::UnknownClient, _)) if registered => {
+                    return Err(TransportError::Forgotten {
+                        addr: addr.to_string(),
+                    })
+                }
                 Err((Status::UnknownClient, _)) if attempts < 3 => mode = AuthMode::Register,
                 Err((Status::ClientIdTaken, _)) if attempts < 3 => mode = AuthMode::Attach,
                 Err((status, message)) => return Err(refused(status, message)),

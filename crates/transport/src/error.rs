@@ -58,6 +58,15 @@ pub enum TransportError {
         /// What happened to the connection.
         reason: String,
     },
+    /// The donor no longer knows this client (it restarted, or dropped the client after its
+    /// orphan grace): every slab this client had there is gone. The client does not register
+    /// again on its own — slab ids handed out afresh could collide with the ones its user still
+    /// holds — so every request to that donor fails this way.
+    #[error("donor {addr} no longer knows this client (it restarted, or dropped it after its orphan grace): every slab this client had there is gone")]
+    Forgotten {
+        /// The donor address.
+        addr: String,
+    },
     /// The donor executed nothing and answered with an error status.
     #[error("donor {addr} refused {op}: {status}: {message}")]
     Status {
@@ -120,6 +129,11 @@ impl TransportError {
                 | TransportError::Timeout { .. }
                 | TransportError::Disconnected { .. }
         )
+    }
+
+    /// Whether the donor lost this client's slabs ([`TransportError::Forgotten`]).
+    pub fn is_forgotten(&self) -> bool {
+        matches!(self, TransportError::Forgotten { .. })
     }
 
     /// The status the donor answered with, for [`TransportError::Refused`] and

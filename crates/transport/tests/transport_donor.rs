@@ -205,7 +205,7 @@ fn a_batch_over_the_limit_is_rejected_client_side() {
 }
 
 #[test]
-fn a_stopped_donor_gives_disconnected_and_a_restarted_one_is_reached_again() {
+fn a_stopped_donor_gives_disconnected_and_a_restarted_one_says_it_forgot_the_client() {
     let donor = donor(None);
     let addr = donor.local_addr();
     let client = DonorClient::connect(&addr.to_string(), config(4)).unwrap();
@@ -213,14 +213,26 @@ fn a_stopped_donor_gives_disconnected_and_a_restarted_one_is_reached_again() {
     donor.stop().unwrap();
     let err = client.stats().unwrap_err();
     assert!(err.is_connection_failure(), "{err}");
-    // A new donor on the same port: the next call reconnects to it.
+    // A new donor on the same port: the next call reaches it, which no longer knows this
+    // client; the client does not register again behind its user's back (its slab ids would
+    // be handed out afresh), every call says so.
     let again = DonorServer::bind(DonorConfig {
         listen: addr.to_string(),
         ..DonorConfig::default()
     })
     .expect("rebind the same port")
     .spawn();
-    assert_eq!(client.stats().unwrap().slabs, 0);
+    for _ in 0..2 {
+        let err = client.stats().unwrap_err();
+        assert!(err.is_forgotten(), "{err}");
+        assert!(
+            err.to_string().contains("no longer knows this client"),
+            "{err}"
+        );
+    }
+    // A new client (a new id) is welcome.
+    let fresh = DonorClient::connect(&addr.to_string(), config(5)).unwrap();
+    assert_eq!(fresh.stats().unwrap().slabs, 0);
     drop(again);
 }
 
