@@ -134,17 +134,31 @@ fn until_stats(
         if let Ok(Some(st)) = run.child.try_wait() {
             panic!(
                 "{what}: the program ended first ({st}); stats {s:?}\nlog:\n{}",
-                run.log_text()
+                log_tail(run)
             );
         }
         assert!(
             start.elapsed() < RECOVERY,
             "{what}: not seen within {RECOVERY:?}; stats {s:?}\nlog:\n{}",
-            run.log_text()
+            log_tail(run)
         );
         work();
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The end of the run's log, for failure messages (a failing donor can log tens of thousands
+/// of lines).
+fn log_tail(run: &Running) -> String {
+    let log = run.log_text();
+    let lines: Vec<&str> = log.lines().collect();
+    let from = lines.len().saturating_sub(80);
+    format!(
+        "({} lines, the last {})\n{}",
+        lines.len(),
+        lines.len() - from,
+        lines[from..].join("\n")
+    )
 }
 
 /// Waits for the program to create `dir/name` (it reached a step).
@@ -154,13 +168,13 @@ fn until_file(run: &mut Running, dir: &Scratch, name: &str) {
         if let Ok(Some(st)) = run.child.try_wait() {
             panic!(
                 "the program ended ({st}) before {name}; log:\n{}",
-                run.log_text()
+                log_tail(run)
             );
         }
         assert!(
             start.elapsed() < RECOVERY,
             "the program did not reach {name}; log:\n{}",
-            run.log_text()
+            log_tail(run)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
