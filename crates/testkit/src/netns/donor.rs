@@ -35,17 +35,32 @@ impl HostDonor {
         HostDonor::spawn(Host::new(), &["--capacity", capacity, "--slab-size", slab])
     }
 
+    /// Like [`HostDonor::start`], with `token` (`farmem run` takes one `--token-file`, so
+    /// donors of one run must share their token).
+    pub fn start_with_token(capacity: &str, slab: &str, token: &[u8]) -> HostDonor {
+        HostDonor::spawn_with_token(
+            Host::new(),
+            &["--capacity", capacity, "--slab-size", slab],
+            token.to_vec(),
+        )
+    }
+
     /// Runs `farmem donor --listen HOST_IP:0 --token-file FILE ARGS…` in `host` and waits for
     /// its banner.
     pub fn spawn(host: Host, args: &[&str]) -> HostDonor {
         static TOKENS: AtomicU32 = AtomicU32::new(0);
-        let token_dir = Scratch::new("host-donor");
         let token = format!(
             "host-donor-{}-{}",
             std::process::id(),
             TOKENS.fetch_add(1, Ordering::Relaxed)
         )
         .into_bytes();
+        HostDonor::spawn_with_token(host, args, token)
+    }
+
+    /// [`HostDonor::spawn`] with the token given.
+    pub fn spawn_with_token(host: Host, args: &[&str], token: Vec<u8>) -> HostDonor {
+        let token_dir = Scratch::new("host-donor");
         write_token(&token_dir.path("token"), &token);
         let mut d = HostDonor {
             donor: None,

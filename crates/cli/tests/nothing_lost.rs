@@ -1,0 +1,727 @@
+//! Real programs under `farmem run` survive donor failures (docs/architecture.md, "Nothing
+//! lost"): each donor runs in a network namespace of its own (testkit's `HostDonor`) and is
+//! crashed (SIGKILL), stalled (SIGSTOP), cut off (link down), restarted empty or resumed with
+//! stale pages while redis-server, a numpy job or a C program keeps reading and checking its
+//! data. Every test checks the data (every redis key, the numpy result against the same job
+//! without farmem, every word of the C program's working set) and the mechanism in the stats
+//! file (the dead donor and its cause, slab copies re-made, reads failed over, pages read from
+//! the backup file), never timings.
+//!
+//! Working sets are 96–128 MiB at 32 MiB of local memory, on donors with 4 MiB slabs, so there
+//! are dozens of slabs to re-replicate.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use farmem_runtime::{Stats, StatsFile};
+use farmem_testkit::clients::*;
+use farmem_testkit::netns::HostDonor;
+use farmem_testkit::run::*;
+
+const LOCAL_MEM: &str = "32MiB";
+const SLAB: &str = "4MiB";
+const CAPACITY: &str = "512MiB";
+/// How long a failure may take to be detected and healed on this loaded 2-core machine
+/// (detection of a stall or cut link alone takes the request timeout plus a probe, ~10 s).
+const RECOVERY: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------------------
+// donors and runs
+
+/// `n` donors, each in a host of its own, sharing one token (`farmem run` takes one
+/// `--token-file`). Started on the test's thread: a donor dies with the thread that started it.
+fn donors(n: usize) -> Vec<HostDonor> {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let token = format!(
+        "nothing-lost-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    );
+    (0..n)
+        .map(|_| HostDonor::start_with_token(CAPACITY, SLAB, token.as_bytes()))
+        .collect()
+}
+
+/// `farmem run`'s options: the donors, their token, the stats file, then `extra`.
+fn run_args(donors: &[HostDonor], stats: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec!["--local-mem".into(), LOCAL_MEM.into()];
+    for d in donors {
+        a.push("--donor".into());
+        a.push(d.addr().to_string());
+    }
+    a.push("--token-file".into());
+    a.push(donors[0].token_file().to_str().unwrap().into());
+    a.push("--stats".into());
+    a.push(stats.to_str().unwrap().into());
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The runtime's counters in the stats file, if it has been written yet (it is replaced
+/// atomically every second, and at exit).
+fn runtime_stats(path: &Path) -> Option<Stats> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let f: StatsFile = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("the stats file does not parse ({e}): {text}"));
+    f.runtime
+}
+
+/// The stats file written at exit.
+fn final_stats(path: &Path) -> StatsFile {
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading the stats file {}: {e}", path.display()));
+    let f: StatsFile = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("the stats file does not parse ({e}): {text}"));
+    assert!(f.is_final, "the stats file was not written at exit: {text}");
+    if let Some(s) = &f.runtime {
+        report(&test, s);
+    }
+    f
+}
+
+/// Prints the failure figures (seen with `--nocapture`).
+fn report(test: &str, s: &Stats) {
+    eprintln!(
+        "{test}: dead {:?}, failovers {}, slabs healed {} ({} MiB, last in {:?} s), degraded \
+         {}, lost {}, backup pages written {} read {}, fetch errors {}",
+        s.dead_donors,
+        s.failovers,
+        s.slabs_healed,
+        s.heal_bytes >> 20,
+        s.last_heal_s,
+        s.slabs_degraded,
+        s.slabs_lost,
+        s.backup_pages_written,
+        s.backup_pages_read,
+        s.fetch_errors
+    );
+}
+
+/// Whether the stats list `d` as dead for `cause` ("crash", "stall", "partition", "restart").
+fn dead_as(s: &Stats, d: &HostDonor, cause: &str) -> bool {
+    let want = format!("{}: {cause} ", d.addr());
+    s.dead_donors.iter().any(|x| x.starts_with(&want))
+}
+
+/// Every slab has its copies again after re-replication made some.
+fn healed(s: &Stats) -> bool {
+    s.slabs_healed > 0 && s.slabs_degraded == 0 && s.slabs_lost == 0 && s.last_heal_s.is_some()
+}
+
+/// Calls `work` (the program's own checking, for a server the test drives) until the stats
+/// satisfy `done`; a test failure with the last stats and the log otherwise, or if the
+/// program ends first.
+fn until_stats(
+    what: &str,
+    run: &mut Running,
+    stats: &Path,
+    mut work: impl FnMut(),
+    done: impl Fn(&Stats) -> bool,
+) -> Stats {
+    let start = Instant::now();
+    loop {
+        let s = runtime_stats(stats);
+        if let Some(s) = s.as_ref().filter(|s| done(s)) {
+            return s.clone();
+        }
+        if let Ok(Some(st)) = run.child.try_wait() {
+            panic!(
+                "{what}: the program ended first ({st}); stats {s:?}\nlog:\n{}",
+                log_tail(run)
+            );
+        }
+        assert!(
+            start.elapsed() < RECOVERY,
+            "{what}: not seen within {RECOVERY:?}; stats {s:?}\nlog:\n{}",
+            log_tail(run)
+        );
+        work();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The end of the run's log, for failure messages (a failing donor can log tens of thousands
+/// of lines).
+fn log_tail(run: &Running) -> String {
+    let log = run.log_text();
+    let lines: Vec<&str> = log.lines().collect();
+    let from = lines.len().saturating_sub(80);
+    format!(
+        "({} lines, the last {})\n{}",
+        lines.len(),
+        lines.len() - from,
+        lines[from..].join("\n")
+    )
+}
+
+/// Waits for the program to create `dir/name` (it reached a step).
+fn until_file(run: &mut Running, dir: &Scratch, name: &str) {
+    let start = Instant::now();
+    while !dir.path(name).exists() {
+        if let Ok(Some(st)) = run.child.try_wait() {
+            panic!(
+                "the program ended ({st}) before {name}; log:\n{}",
+                log_tail(run)
+            );
+        }
+        assert!(
+            start.elapsed() < RECOVERY,
+            "the program did not reach {name}; log:\n{}",
+            log_tail(run)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn touch(dir: &Scratch, name: &str) {
+    std::fs::write(dir.path(name), b"").unwrap();
+}
+
+/// Waits for a successful exit; a test failure with the log otherwise.
+fn finish(run: &mut Running) -> String {
+    let st = run.wait(RECOVERY);
+    let log = run.log_text();
+    assert!(st.success(), "farmem run failed ({st}); log:\n{log}");
+    assert!(
+        !log.contains("SIGBUS"),
+        "the program saw SIGBUS; log:\n{log}"
+    );
+    log
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis
+
+const KEYS: u64 = 100_000;
+const VALUE_BYTES: usize = 1024;
+const BATCH: u64 = 1000;
+
+struct Redis {
+    run: Running,
+    c: Resp,
+    stats: PathBuf,
+    _dir: Scratch,
+}
+
+/// redis-server under `farmem run` with `args` on a fresh port.
+fn redis(args: impl FnOnce(&Path) -> Vec<String>) -> Redis {
+    let server = require_program("redis-server", "redis-server");
+    let dir = Scratch::new("lost-redis");
+    let stats = dir.path("stats.json");
+    let port = free_port();
+    let port_s = port.to_string();
+    let args = args(&stats);
+    let mut run = farmem_spawn(
+        &strs(&args),
+        &[
+            server.to_str().unwrap(),
+            "--port",
+            &port_s,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        &dir.path("farmem-run.log"),
+    );
+    let mut c = Resp::new(connect_retry(port, Duration::from_secs(30), &mut run));
+    for start in (0..KEYS).step_by(BATCH as usize) {
+        let end = (start + BATCH).min(KEYS);
+        for i in start..end {
+            c.send(&[b"SET", redis_key(i).as_bytes(), &value_of(i, VALUE_BYTES)]);
+        }
+        c.flush();
+        for i in start..end {
+            assert_eq!(c.read(), Reply::Status("OK".into()), "SET {i}");
+        }
+    }
+    Redis {
+        run,
+        c,
+        stats,
+        _dir: dir,
+    }
+}
+
+impl Redis {
+    /// Reads every key back and checks its value.
+    fn verify(&mut self, what: &str) {
+        verify_keys(&mut self.c, what)
+    }
+
+    /// Checks every key again and again until the stats satisfy `done`.
+    fn verify_until(&mut self, what: &str, done: impl Fn(&Stats) -> bool) -> Stats {
+        let Redis { run, c, stats, .. } = self;
+        until_stats(what, run, stats, || verify_keys(c, what), done)
+    }
+
+    /// Checks every key a last time, shuts redis down and returns the final stats and log.
+    fn shutdown(mut self) -> (StatsFile, String) {
+        self.verify("at the end");
+        self.c.send(&[b"SHUTDOWN", b"NOSAVE"]);
+        self.c.flush();
+        let log = finish(&mut self.run);
+        (final_stats(&self.stats), log)
+    }
+}
+
+/// Reads every key back and checks its value.
+fn verify_keys(c: &mut Resp, what: &str) {
+    assert_eq!(
+        c.call(&[b"DBSIZE"]),
+        Reply::Int(KEYS as i64),
+        "{what}: DBSIZE"
+    );
+    for start in (0..KEYS).step_by(BATCH as usize) {
+        let end = (start + BATCH).min(KEYS);
+        for i in start..end {
+            c.send(&[b"GET", redis_key(i).as_bytes()]);
+        }
+        c.flush();
+        for i in start..end {
+            match c.read() {
+                Reply::Bulk(Some(v)) => {
+                    assert!(v == value_of(i, VALUE_BYTES), "{what}: key {i} differs")
+                }
+                other => panic!("{what}: GET {i} gave {other:?}"),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// numpy
+
+/// Two 4096×2048 float64 arrays (128 MiB). After building them the job announces `at-fail`
+/// and hashes both again and again (failing if they ever change) until `go` exists, then
+/// rewrites one (every page written again after the failure) and prints hash, sum and a
+/// product. Without farmem `go` exists from the start: the printed result is the same.
+const NUMPY_JOB: &str = r#"
+import hashlib, json, os, sys
+import numpy as np
+d = sys.argv[1]
+rows, cols = 4096, 2048
+rng = np.random.default_rng(2024)
+a = rng.random((rows, cols))
+b = a * 3.0
+def digest():
+    h = hashlib.sha256()
+    for x in (a, b):
+        for i in range(0, rows, 256):
+            h.update(x[i:i + 256].tobytes())
+    return h.hexdigest()
+first = digest()
+open(os.path.join(d, "at-fail"), "w").close()
+while not os.path.exists(os.path.join(d, "go")):
+    if digest() != first:
+        print("FAIL: the arrays changed while donors failed", flush=True)
+        sys.exit(1)
+b += a
+print(json.dumps({"sha": digest(), "total": float(b.sum()), "mm": float((a[:256] @ b[:256].T).sum())}))
+"#;
+
+fn python() -> &'static str {
+    // Debian's interpreter with Debian's numpy; a PATH python3 may be a shim script.
+    let py = "/usr/bin/python3";
+    assert!(
+        Path::new(py).is_file(),
+        "{py} is missing: install the Debian package python3"
+    );
+    let o = Command::new(py)
+        .args(["-c", "import numpy"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "numpy is missing for {py}: install the Debian package python3-numpy"
+    );
+    py
+}
+
+fn numpy_result(out: &str) -> serde_json::Value {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("{\"sha\""))
+        .unwrap_or_else(|| panic!("no result printed:\n{out}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+/// The job's result without farmem.
+fn numpy_expected() -> serde_json::Value {
+    let dir = Scratch::new("lost-numpy-plain");
+    touch(&dir, "go");
+    let o = Command::new(python())
+        .args(["-c", NUMPY_JOB])
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "without farmem: {}", text(&o));
+    numpy_result(&String::from_utf8_lossy(&o.stdout))
+}
+
+/// The same result: the hash bit for bit, sums within rounding (BLAS and reductions may round
+/// differently with differently aligned data).
+fn assert_same_result(got: &serde_json::Value, want: &serde_json::Value) {
+    assert_eq!(got["sha"], want["sha"], "element-wise results differ");
+    for k in ["total", "mm"] {
+        let (x, y) = (got[k].as_f64().unwrap(), want[k].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+            "{k}: {x} vs {y}"
+        );
+    }
+}
+
+/// The numpy job under `farmem run ARGS`, started; returns it once it announced `at-fail`.
+fn numpy_job(dir: &Scratch, args: &[String]) -> Running {
+    let mut run = farmem_spawn(
+        &strs(args),
+        &[python(), "-c", NUMPY_JOB, dir.0.to_str().unwrap()],
+        &dir.path("farmem-run.log"),
+    );
+    until_file(&mut run, dir, "at-fail");
+    run
+}
+
+/// Lets the numpy job finish; checks its result against `want`; returns the log.
+fn numpy_finish(run: &mut Running, dir: &Scratch, want: &serde_json::Value) -> String {
+    touch(dir, "go");
+    let log = finish(run);
+    assert_same_result(&numpy_result(&log), want);
+    log
+}
+
+// ---------------------------------------------------------------------------------------------
+// the C program
+
+fn phases(dir: &Scratch) -> PathBuf {
+    let prog = dir.path("phases");
+    compile_c(&c_source("phases.c"), &prog, &[]);
+    prog
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. one donor of three fails, for each kind of failure
+
+#[test]
+fn redis_keeps_every_key_when_a_donor_crashes() {
+    let mut ds = donors(3);
+    let mut r = redis(|stats| run_args(&ds, stats, &["--replicas", "2"]));
+    r.verify("before the crash");
+    ds[1].crash();
+    let s = r.verify_until("the crash healed", |s| {
+        dead_as(s, &ds[1], "crash") && healed(s)
+    });
+    assert_eq!(s.replicas, 2, "{s:?}");
+    let (f, log) = r.shutdown();
+    let s = f.runtime.unwrap();
+    assert!(dead_as(&s, &ds[1], "crash"), "{s:?}");
+    assert!(healed(&s), "{s:?}");
+    assert_eq!(s.fetch_errors, 0, "{s:?}");
+    assert!(
+        log.contains("dead donors:") && log.contains("slab copies re-made"),
+        "the summary does not tell the failure:\n{log}"
+    );
+}
+
+#[test]
+fn numpy_result_unchanged_when_a_donor_stalls() {
+    let want = numpy_expected();
+    let ds = donors(3);
+    let dir = Scratch::new("lost-numpy-stall");
+    let stats = dir.path("stats.json");
+    let mut run = numpy_job(&dir, &run_args(&ds, &stats, &["--replicas", "2"]));
+    ds[0].stall();
+    until_stats(
+        "the stall healed",
+        &mut run,
+        &stats,
+        || {},
+        |s| dead_as(s, &ds[0], "stall") && healed(s),
+    );
+    let log = numpy_finish(&mut run, &dir, &want);
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(dead_as(&s, &ds[0], "stall"), "{s:?}");
+    assert!(healed(&s), "{s:?}");
+    assert!(log.contains("dead donors:"), "{log}");
+    ds[0].resume();
+}
+
+#[test]
+fn redis_keeps_every_key_when_a_donor_is_cut_off() {
+    let ds = donors(3);
+    let mut r = redis(|stats| run_args(&ds, stats, &["--replicas", "2"]));
+    r.verify("before the cut");
+    ds[2].partition();
+    r.verify_until("the cut link healed", |s| {
+        dead_as(s, &ds[2], "partition") && healed(s)
+    });
+    let (f, log) = r.shutdown();
+    let s = f.runtime.unwrap();
+    assert!(dead_as(&s, &ds[2], "partition"), "{s:?}");
+    assert!(healed(&s), "{s:?}");
+    assert_eq!(s.fetch_errors, 0, "{s:?}");
+    assert!(log.contains("slab copies re-made"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. two donors lost, one after the other
+
+#[test]
+fn redis_keeps_every_key_when_two_donors_die_one_after_the_other() {
+    let mut ds = donors(4);
+    let mut r = redis(|stats| run_args(&ds, stats, &["--replicas", "2"]));
+    r.verify("before the first crash");
+    ds[0].crash();
+    let first = r.verify_until("the first crash healed", |s| {
+        dead_as(s, &ds[0], "crash") && healed(s)
+    });
+    // The second loss hits copies re-replication just made, too.
+    ds[3].stall();
+    let second = r.verify_until("the stall healed", |s| {
+        dead_as(s, &ds[3], "stall") && s.slabs_healed > first.slabs_healed && healed(s)
+    });
+    let (f, _log) = r.shutdown();
+    let s = f.runtime.unwrap();
+    assert!(
+        dead_as(&s, &ds[0], "crash") && dead_as(&s, &ds[3], "stall"),
+        "{s:?}"
+    );
+    assert!(healed(&s) && s.slabs_healed >= second.slabs_healed, "{s:?}");
+    assert_eq!(s.fetch_errors, 0, "{s:?}");
+    ds[3].resume();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. every copy lost, the backup file serves
+
+#[test]
+fn numpy_result_unchanged_from_the_backup_file_when_every_donor_crashes() {
+    let want = numpy_expected();
+    let mut ds = donors(2);
+    let dir = Scratch::new("lost-numpy-backup");
+    let stats = dir.path("stats.json");
+    let backup = dir.path("backup.pages");
+    let backup_s = backup.to_str().unwrap();
+    let mut run = numpy_job(
+        &dir,
+        &run_args(&ds, &stats, &["--replicas", "2", "--backup-file", backup_s]),
+    );
+    assert!(backup.exists(), "no backup file at {backup_s}");
+    ds[0].crash();
+    ds[1].crash();
+    until_stats(
+        "both crashes seen",
+        &mut run,
+        &stats,
+        || {},
+        |s| dead_as(s, &ds[0], "crash") && dead_as(s, &ds[1], "crash") && s.backup_pages_read > 0,
+    );
+    let log = numpy_finish(&mut run, &dir, &want);
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(
+        s.backup_pages_read > 0 && s.backup_pages_written > 0,
+        "{s:?}"
+    );
+    assert!(
+        dead_as(&s, &ds[0], "crash") && dead_as(&s, &ds[1], "crash"),
+        "{s:?}"
+    );
+    assert_eq!(s.slabs_lost, 0, "{s:?}");
+    assert!(log.contains("pages read from the backup file"), "{log}");
+    assert!(
+        !backup.exists(),
+        "the backup file {backup_s} is left behind"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. a donor comes back: empty after a restart, stale after a stall
+
+#[test]
+fn a_restarted_empty_donor_is_never_read() {
+    let mut ds = donors(3);
+    let dir = Scratch::new("lost-restart");
+    let prog = phases(&dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(&ds, &stats, &["--replicas", "2"]);
+    let mut run = farmem_spawn(
+        &strs(&args),
+        &[
+            prog.to_str().unwrap(),
+            "128",
+            dir.0.to_str().unwrap(),
+            "fill:1",
+            "check:1",
+            // Idle while the donor restarts, so the runtime's first contact finds the new,
+            // empty donor on the same address (not the refused connects of a crash).
+            "wait:restarted",
+            "loop:1:healed",
+            "fill:2",
+            "check:2",
+        ],
+        &dir.path("farmem-run.log"),
+    );
+    until_file(&mut run, &dir, "at-restarted");
+    ds[1].restart();
+    touch(&dir, "restarted");
+    until_stats(
+        "the restart healed",
+        &mut run,
+        &stats,
+        || {},
+        |s| dead_as(s, &ds[1], "restart") && healed(s),
+    );
+    touch(&dir, "healed");
+    let log = finish(&mut run);
+    assert!(log.contains("ok "), "{log}");
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(dead_as(&s, &ds[1], "restart"), "{s:?}");
+    assert!(healed(&s), "{s:?}");
+    assert_eq!(s.fetch_errors, 0, "{s:?}");
+}
+
+#[test]
+fn a_donor_resumed_after_a_stall_never_hands_back_stale_pages() {
+    let ds = donors(3);
+    let dir = Scratch::new("lost-resume");
+    let prog = phases(&dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(&ds, &stats, &["--replicas", "2"]);
+    let mut run = farmem_spawn(
+        &strs(&args),
+        &[
+            prog.to_str().unwrap(),
+            "128",
+            dir.0.to_str().unwrap(),
+            "fill:1",
+            "check:1",
+            "wait:stalled",
+            // Every page written again while the donor is stopped: its copies are now stale.
+            "fill:2",
+            "loop:2:resumed",
+            "check:2",
+        ],
+        &dir.path("farmem-run.log"),
+    );
+    until_file(&mut run, &dir, "at-stalled");
+    ds[0].stall();
+    touch(&dir, "stalled");
+    let during = until_stats(
+        "the stall healed",
+        &mut run,
+        &stats,
+        || {},
+        |s| dead_as(s, &ds[0], "stall") && healed(s),
+    );
+    ds[0].resume();
+    // Dead donors are probed every 2 s: once back it leaves the dead list and serves again,
+    // while the program goes on reading every page.
+    let addr = ds[0].addr().to_string();
+    until_stats(
+        "the donor back",
+        &mut run,
+        &stats,
+        || {},
+        |s| !s.dead_donors.iter().any(|d| d.starts_with(&addr)),
+    );
+    until_file(&mut run, &dir, "at-resumed");
+    touch(&dir, "resumed");
+    let log = finish(&mut run);
+    assert!(log.contains("ok "), "{log}");
+    assert!(
+        log.contains(&format!("donor {addr} is back")),
+        "the log does not say the donor came back:\n{log}"
+    );
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(s.slabs_healed >= during.slabs_healed, "{s:?}");
+    assert_eq!(s.slabs_degraded, 0, "{s:?}");
+    assert_eq!(s.fetch_errors, 0, "{s:?}");
+    assert_eq!(s.seal_rejected, 0, "a stale page was read: {s:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. donors unreachable at start
+
+#[test]
+fn a_donor_down_at_start_is_named_and_left_out() {
+    let mut ds = donors(3);
+    ds[2].crash();
+    let dir = Scratch::new("lost-start");
+    let prog = phases(&dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(&ds, &stats, &["--replicas", "2"]);
+    let o = farmem_run(
+        &strs(&args),
+        &[
+            prog.to_str().unwrap(),
+            "96",
+            dir.0.to_str().unwrap(),
+            "fill:1",
+            "check:1",
+            "check:1",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("ok "),
+        "{}",
+        text(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    let down = ds[2].addr().to_string();
+    assert!(
+        err.lines()
+            .any(|l| l.contains("warning") && l.contains(&down)),
+        "no warning names the donor down at start ({down}):\n{}",
+        text(&o)
+    );
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(s.slabs_placed > 0 && s.bytes_received > 0, "{s:?}");
+    assert_eq!(
+        s.slabs_degraded, 0,
+        "two live donors hold both copies: {s:?}"
+    );
+}
+
+#[test]
+fn no_donor_reachable_at_start_fails_clearly() {
+    let mut ds = donors(2);
+    ds[0].crash();
+    ds[1].partition();
+    let dir = Scratch::new("lost-none");
+    let prog = phases(&dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(&ds, &stats, &[]);
+    let o = farmem_run(
+        &strs(&args),
+        &[
+            prog.to_str().unwrap(),
+            "16",
+            dir.0.to_str().unwrap(),
+            "fill:1",
+        ],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("ok"),
+        "the program ran: {}",
+        text(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("none of the 2 donor(s) can be reached"),
+        "{}",
+        text(&o)
+    );
+    ds[1].heal_link();
+}
