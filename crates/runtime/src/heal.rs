@@ -163,8 +163,15 @@ fn probe_dead(sh: &Shared, d: usize) {
     {
         return;
     }
-    if probe(sh, d).is_err() {
-        return;
+    match probe(sh, d) {
+        Ok(()) => {}
+        // Taken for dead while it restarted (e.g. probed before its new process answered):
+        // now it is known, and what it still had copies of is gone.
+        Err(Cause::Restarted) => {
+            declare_dead(sh, d, Cause::Restarted);
+            return;
+        }
+        Err(_) => return,
     }
     let stale: Vec<u32> = {
         let mut dropped = sh.far.dropped.lock();

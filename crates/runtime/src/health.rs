@@ -85,9 +85,13 @@ impl Health {
         self.state.store(LIVE, Ordering::Release);
     }
 
-    /// The probe failed: the donor is dead, for `cause`.
+    /// The probe failed: the donor is dead, for `cause` (a later probe may find out more: a
+    /// donor taken for stalled while it restarted is then said to have restarted; the time
+    /// of death stays the first).
     pub(crate) fn declare_dead(&self, cause: Cause) {
-        self.dead.lock().get_or_insert((cause, Instant::now()));
+        let mut dead = self.dead.lock();
+        let since = dead.map_or_else(Instant::now, |(_, at)| at);
+        *dead = Some((cause, since));
         self.state.store(DEAD, Ordering::Release);
     }
 
