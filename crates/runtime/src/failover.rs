@@ -35,7 +35,7 @@ pub(crate) struct ReadTimes {
 }
 
 impl ReadTimes {
-    fn record(&self, took: Duration) {
+    pub(crate) fn record(&self, took: Duration) {
         let us = took.as_micros() as u64;
         let old = self.slowest_us.load(Ordering::Relaxed);
         let new = us.max(old - old / 64);

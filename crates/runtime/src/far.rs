@@ -91,6 +91,9 @@ pub(crate) struct Far {
     pub(crate) heal_mu: Mutex<bool>,
     /// How fast donors answer demand reads (the failover delay, [`crate::failover`]).
     pub(crate) read_times: ReadTimes,
+    /// How fast donors answer prefetch batches (how long one is waited for when its pages
+    /// have another copy).
+    pub(crate) batch_times: ReadTimes,
     /// Kept alive for as long as the runtime: dropping it stops the embedded donor.
     _embedded: Option<EmbeddedDonor>,
 }
@@ -248,6 +251,7 @@ impl Far {
             heal_cv: Condvar::new(),
             heal_mu: Mutex::new(false),
             read_times: ReadTimes::default(),
+            batch_times: ReadTimes::default(),
             _embedded: embedded,
         })
     }

@@ -124,17 +124,48 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
                 let addrs: Vec<PageAddr> = chunk.iter().map(|(a, _)| *a).collect();
                 let reqs: Vec<Req> = chunk.into_iter().map(|(_, r)| r).collect();
                 let p = pf.clients[d].submit_read(&addrs);
-                batches.push((d, reqs, p));
+                batches.push((d, reqs, p, Instant::now()));
             }
         }
         if !lost.is_empty() {
             arrive(&sh, lost, None);
         }
-        for (d, reqs, p) in batches {
-            let result = p.and_then(|p| p.wait()).map_err(|e| {
+        // With another copy to read from, a batch is waited for only as long as batches
+        // usually take (the failover delay of batch times): pages faulted on while a stalled
+        // donor holds their prefetch then go to the demand path, which fails over, instead of
+        // waiting out the request timeout.
+        let other_copy = sh.far.replicas > 1 || sh.far.backup.is_some();
+        for (d, reqs, p, sent) in batches {
+            let failed = |e: farmem_transport::TransportError| {
                 sh.far.on_error(d, &e);
                 e.to_string()
-            });
+            };
+            let result = match p {
+                Err(e) => Err(failed(e)),
+                Ok(p) if !other_copy => p.wait().map_err(failed),
+                Ok(mut p) => {
+                    let delay = sh.far.batch_times.failover_delay(sh.request_timeout);
+                    match p.wait_until(sent + delay) {
+                        Some(r) => r.map_err(failed),
+                        // Slow, not failed: nothing to suspect. Counted as a batch that took
+                        // the delay, so a donor slow for good soon gets four times longer.
+                        None => {
+                            sh.far.batch_times.record(delay);
+                            tracing::debug!(
+                                "donor {} did not answer a prefetch batch within {} ms; its \
+                                 pages go to the demand path",
+                                sh.far.donors[d].read.addr(),
+                                delay.as_millis()
+                            );
+                            arrive(&sh, reqs, None);
+                            continue;
+                        }
+                    }
+                }
+            };
+            if result.is_ok() {
+                sh.far.batch_times.record(sent.elapsed());
+            }
             match result {
                 Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
                     sh.pf.inner.lock().batches += 1;
