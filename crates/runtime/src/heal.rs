@@ -58,6 +58,8 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
     let mut blocked_until = Instant::now();
     let mut more = false;
     let mut next_reclaim_poll = Instant::now();
+    // The death each donor had when last looked at: a new one starts a healing episode.
+    let mut deaths_seen: Vec<Option<Instant>> = vec![None; far.donors.len()];
     while !sh.shutdown.load(Ordering::Relaxed) {
         {
             let mut woken = far.heal_mu.lock();
@@ -75,9 +77,11 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
             if h.is_suspect() || (dead_round && h.is_dead()) {
                 spawn_probe(&sh, d);
             }
-            // Healing is timed from the death being declared.
-            if let Some((_, at)) = h.death() {
-                if at.elapsed() < Duration::from_secs(1) {
+            // Healing is timed from the death being declared (each death once).
+            let death = h.death().map(|(_, at)| at);
+            if death.is_some() && death != deaths_seen[d] {
+                deaths_seen[d] = death;
+                if let Some(at) = death {
                     episode.get_or_insert(at);
                 }
             }
@@ -171,7 +175,12 @@ fn probe_dead(sh: &Shared, d: usize) {
             declare_dead(sh, d, Cause::Restarted);
             return;
         }
-        Err(_) => return,
+        // Still dead; what the probe says now is the better account (a process killed while
+        // it still held its sockets looked stalled until it had exited).
+        Err(cause) => {
+            donor.health.declare_dead(cause);
+            return;
+        }
     }
     let stale: Vec<u32> = {
         let mut dropped = sh.far.dropped.lock();
