@@ -41,8 +41,6 @@ use crate::units;
 const DONORS: usize = 3;
 /// The slowdown of replicas 2 over replicas 1 the issue allows.
 const COST_TARGET: f64 = 1.15;
-/// Write-back pool of the failover runtime: small, so read-back pages come from the donors.
-const FAILOVER_POOL_PAGES: u64 = 16;
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Measure replicas: their cost on compare workloads (replicas 2 vs 1), the latency of a fault
@@ -124,6 +122,13 @@ pub struct BenchReplicasArgs {
     #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     pub request_timeout: Duration,
 
+    /// failover: leave the fill's last pages dirty in local memory when the donor fails, so the
+    /// read-back also writes them back (to the failed donor too: a stalled one holds
+    /// write-back up until the request timeout). Default: they are written back first, so the
+    /// read-back measures reads alone.
+    #[arg(long)]
+    pub failover_dirty: bool,
+
     /// heal: size of the region whose lost copies are made again.
     #[arg(long, default_value = "1GiB", value_parser = parse_region)]
     pub heal_size: u64,
@@ -197,13 +202,6 @@ impl Failure {
         match self {
             Failure::Crash => "crash",
             Failure::Stall => "stall",
-        }
-    }
-
-    fn signal(self) -> Signal {
-        match self {
-            Failure::Crash => Signal::SIGKILL,
-            Failure::Stall => Signal::SIGSTOP,
         }
     }
 }
@@ -309,8 +307,10 @@ impl Donors {
                     "--slab-size".to_string(),
                     slab.to_string(),
                 ])
-                // Their warnings only: a killed client's connections are routine here.
-                .env("FARMEM_LOG", "warn")
+                // Errors only: every runtime start has each donor warn about the refused
+                // register of its second connection (which then attaches), and dropped clients
+                // are routine here.
+                .env("FARMEM_LOG", "error")
                 .spawn()
                 .context("starting a loopback donor (farmem donor)")?;
             kids.push(kid);
@@ -321,8 +321,26 @@ impl Donors {
 
     /// Sends `sig` to donor `i`.
     fn signal(&self, i: usize, sig: Signal) -> anyhow::Result<()> {
-        let pid = Pid::from_raw(self.kids[i].pid() as i32);
-        kill(pid, sig).with_context(|| format!("sending {sig} to donor {}", self.addrs[i]))
+        kill(self.pid(i), sig).with_context(|| format!("sending {sig} to donor {}", self.addrs[i]))
+    }
+
+    fn pid(&self, i: usize) -> Pid {
+        Pid::from_raw(self.kids[i].pid() as i32)
+    }
+
+    /// Kills donor `i` and returns a thread that ends when the process has exited (not reaping
+    /// it: the [`ChildDonor`] does) and says how long that took. A killed process keeps its
+    /// sockets open until its memory is freed, so for that long it looks stalled, not crashed.
+    fn kill9(&self, i: usize) -> anyhow::Result<std::thread::JoinHandle<Option<Duration>>> {
+        let pid = self.pid(i);
+        let t0 = Instant::now();
+        self.signal(i, Signal::SIGKILL)?;
+        Ok(std::thread::spawn(move || {
+            use nix::sys::wait::{waitid, Id, WaitPidFlag};
+            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+                .ok()
+                .map(|_| t0.elapsed())
+        }))
     }
 }
 
@@ -617,6 +635,8 @@ pub struct FailoverRow {
     pub failure: &'static str,
     pub region_bytes: u64,
     pub budget_bytes: u64,
+    /// `--failover-dirty`: pages written in the fill were still in local memory, unsent.
+    pub dirty_at_failure: bool,
     /// Far slabs, and those whose first copy was on the failed donor.
     pub slabs: u64,
     pub victim_first_copies: u64,
@@ -633,6 +653,8 @@ pub struct FailoverRow {
     pub load_p50_us: f64,
     pub load_p99_us: f64,
     pub load_max_us: f64,
+    /// crash: from the SIGKILL to the donor process having exited (its sockets closed), ms.
+    pub victim_exit_ms: Option<f64>,
     /// Donors the runtime had declared dead when the read-back ended.
     pub dead_donors: Vec<String>,
     pub fetch_errors: u64,
@@ -649,17 +671,31 @@ fn failover_once(
 ) -> anyhow::Result<FailoverRow> {
     let donors = Donors::start(capacity, args.slab_size)?;
     let rt = Runtime::start(RuntimeConfig {
-        pool_bytes: Some(FAILOVER_POOL_PAGES * PAGE_SIZE as u64),
         request_timeout: args.request_timeout,
         ..runtime_config(&donors.addrs, args.failover_budget)
     })
     .context("starting the runtime")?;
     let (region, _) = fill(&rt, args.failover_region)?;
-    let (victim, victim_first_copies, slabs) = busiest_first_copy(&rt);
-    let before = rt.stats();
-    donors.signal(victim, kind.signal())?;
     let mem = Pages::from(&region);
     let pages = region.len() / PAGE_SIZE;
+    if !args.failover_dirty {
+        // Reading twice the budget from the start pushes the fill's dirty last pages out of
+        // local memory and the pool (FIFO), so they are on the donors before one fails.
+        let push = (2 * args.failover_budget as usize / PAGE_SIZE).min(pages);
+        for p in 0..push {
+            mem.word(p);
+        }
+        crate::measure::quiesce(&rt);
+    }
+    let (victim, victim_first_copies, slabs) = busiest_first_copy(&rt);
+    let before = rt.stats();
+    let exited = match kind {
+        Failure::Crash => Some(donors.kill9(victim)?),
+        Failure::Stall => {
+            donors.signal(victim, Signal::SIGSTOP)?;
+            None
+        }
+    };
     let mut h = hist();
     let mut wrong = 0u64;
     let t0 = Instant::now();
@@ -671,6 +707,9 @@ fn failover_once(
     }
     let read_s = t0.elapsed().as_secs_f64();
     let after = rt.stats();
+    let victim_exit_ms = exited
+        .and_then(|t| t.join().ok().flatten())
+        .map(|d| d.as_secs_f64() * 1000.0);
     // Kill the stopped donor before the runtime goes, so its shutdown waits on no request.
     drop(donors);
     drop(region);
@@ -684,6 +723,7 @@ fn failover_once(
         failure: kind.name(),
         region_bytes: args.failover_region,
         budget_bytes: args.failover_budget,
+        dirty_at_failure: args.failover_dirty,
         slabs,
         victim_first_copies,
         pages: pages as u64,
@@ -694,6 +734,7 @@ fn failover_once(
         load_p50_us: us(0.5),
         load_p99_us: us(0.99),
         load_max_us: h.max() as f64 / 1000.0,
+        victim_exit_ms,
         dead_donors: after.dead_donors.clone(),
         fetch_errors: after.fetch_errors,
     })
@@ -745,8 +786,8 @@ fn heal_once(
         .max_by_key(|(_, n)| *n)
         .unwrap_or((0, 0));
     let slabs = rt.first_copies_per_donor().iter().sum();
-    donors.signal(victim, Signal::SIGKILL)?;
     let t0 = Instant::now();
+    let _exited = donors.kill9(victim)?;
     let deadline = t0 + args.heal_timeout;
     let mut detect_s = None;
     let s = loop {
@@ -866,6 +907,14 @@ fn human(r: &ReplicasReport) -> String {
             );
         }
         out += "   (µs; fo = faults served by the other copy; load = every read-back load as the program timed it)\n";
+        for f in &r.failover {
+            if let Some(ms) = f.victim_exit_ms {
+                out += &format!(
+                    "   {}: the killed donor took {ms:.0} ms to exit (its connections stay open until then)\n",
+                    f.failure
+                );
+            }
+        }
     }
     if !r.heal.is_empty() {
         out += "\n== re-replication after a donor is killed (replicas 2, 3 donors)\n";
