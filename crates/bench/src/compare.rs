@@ -66,7 +66,9 @@ use crate::units;
 use cost::{CpuParts, SwapCounters};
 use report::RunRow;
 use systems::{Cgroup, CgroupMount, Cleanup, CleanupGuard, SystemKind};
-use workloads::{Sizes, Toolbox, Workload, WorkloadList, Wrap};
+use workloads::{Sizes, Toolbox, Wrap};
+// `farmem-bench replicas` runs compare as a child and reads its rows per workload.
+pub use workloads::{parse_workload_list, Metric, Workload, WorkloadList};
 
 /// Arguments of `farmem-bench compare`.
 #[derive(Args, Debug)]

@@ -14,6 +14,7 @@ mod measure;
 #[allow(unsafe_code)]
 mod mem;
 mod prefetch;
+mod replicas;
 /// Sizes on the command line (`64MiB`, `1GiB`): the `farmem` binary's parser, compiled into this
 /// binary too so both accept sizes alike (one source, not a copy).
 #[path = "../../cli/src/cmd/units.rs"]
@@ -54,6 +55,9 @@ enum Command {
     Fault(fault::BenchFaultArgs),
     /// Prefetching on seq and stride-10 scans: none vs buffer vs marker install, ratios to none.
     Prefetch(prefetch::BenchPrefetchArgs),
+    /// Replicas: cost (replicas 2 vs 1 on compare workloads), failover latency after a donor
+    /// crash or stall, time to re-replicate a lost donor's slabs.
+    Replicas(replicas::BenchReplicasArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
         Command::Donor(a) => donor::run(a),
         Command::Fault(a) => fault::run(a),
         Command::Prefetch(a) => prefetch::run(a),
+        Command::Replicas(a) => replicas::run(a),
     };
     match result {
         Ok(code) => code,

@@ -143,7 +143,7 @@ impl RttRig {
 
 /// Waits until write-back has nothing left to do (the counts of pages sent to donors and
 /// written into the host tier stop moving).
-fn quiesce(rt: &Runtime) -> Stats {
+pub fn quiesce(rt: &Runtime) -> Stats {
     let mut last = rt.stats();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

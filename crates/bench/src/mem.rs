@@ -53,6 +53,13 @@ impl Pages<'_> {
         t0.elapsed().as_nanos() as u64
     }
 
+    /// Loads the first word of page `page` (what [`Pages::stamp`] stored).
+    pub fn word(&self, page: usize) -> u64 {
+        let a = self.at(page);
+        // SAFETY: as in `load`; page-aligned, so the word is aligned and inside the page.
+        unsafe { std::ptr::read_volatile(a as *const u64) }
+    }
+
     /// Stores `v` into the first byte of page `page`.
     pub fn store(&self, page: usize, v: u8) {
         let a = self.at(page);

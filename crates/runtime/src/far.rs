@@ -628,6 +628,20 @@ pub(crate) fn slabs_per_donor(far: &Far) -> Vec<u64> {
     far.donors.iter().map(|d| *d.slabs_placed.lock()).collect()
 }
 
+/// Far slabs whose first readable copy (the one demand reads go to while its donor is live)
+/// is on each donor, in configuration order.
+pub(crate) fn first_copies_per_donor(far: &Far) -> Vec<u64> {
+    let mut out = vec![0; far.donors.len()];
+    for home in far.placement.lock().iter().flatten() {
+        if let Home::Donors(r) = home {
+            if let Some(first) = r.readable().next() {
+                out[first.donor] += 1;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

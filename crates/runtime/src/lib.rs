@@ -488,6 +488,12 @@ impl Runtime {
         far::slabs_per_donor(&self.sh.far)
     }
 
+    /// Slabs whose first copy (the one demand reads go to while its donor is live) is on
+    /// each donor, in configuration order: the donor whose failure the most faults notice.
+    pub fn first_copies_per_donor(&self) -> Vec<u64> {
+        far::first_copies_per_donor(&self.sh.far)
+    }
+
     /// Before `fork()`: pauses eviction, brings every evicted page of every region back into
     /// local memory (temporarily exceeding the budget), and holds the runtime's state until
     /// [`Runtime::after_fork_parent`] / [`Runtime::after_fork_child`]. The child then gets all
