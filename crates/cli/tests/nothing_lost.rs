@@ -5,11 +5,14 @@
 //! data. Every test checks the data (every redis key, the numpy result against the same job
 //! without farmem, every word of the C program's working set) and the mechanism in the stats
 //! file (the dead donor and its cause, slab copies re-made, reads failed over, pages read from
-//! the backup file), never timings.
+//! the backup file), never timings. A donor asked for its memory back (its capacity lowered, its
+//! host short of memory) gets it while the program runs on, unaffected (the donor's lent and
+//! resident memory, the slabs the runtime migrated).
 //!
 //! Working sets are 96–128 MiB at 32 MiB of local memory, on donors with 4 MiB slabs, so there
 //! are dozens of slabs to re-replicate.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use farmem_runtime::{Stats, StatsFile};
 use farmem_testkit::clients::*;
-use farmem_testkit::netns::HostDonor;
+use farmem_testkit::netns::{Host, HostDonor};
 use farmem_testkit::run::*;
+use farmem_transport::{ClientConfig, DonorClient, DonorStats};
 
 const LOCAL_MEM: &str = "32MiB";
 const SLAB: &str = "4MiB";
@@ -33,15 +37,35 @@ const RECOVERY: Duration = Duration::from_secs(120);
 /// `n` donors, each in a host of its own, sharing one token (`farmem run` takes one
 /// `--token-file`). Started on the test's thread: a donor dies with the thread that started it.
 fn donors(n: usize) -> Vec<HostDonor> {
-    static RUNS: AtomicU32 = AtomicU32::new(0);
-    let token = format!(
-        "nothing-lost-{}-{}",
-        std::process::id(),
-        RUNS.fetch_add(1, Ordering::Relaxed)
-    );
+    let token = run_token();
     (0..n)
         .map(|_| HostDonor::start_with_token(CAPACITY, SLAB, token.as_bytes()))
         .collect()
+}
+
+/// A fresh token for the donors of one run.
+fn run_token() -> String {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "nothing-lost-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A donor started with `args` (besides `--slab-size`), then `n - 1` plain ones, all sharing
+/// one token.
+fn donors_first_with(n: usize, args: &[&str]) -> Vec<HostDonor> {
+    let token = run_token();
+    let mut first = args.to_vec();
+    first.extend(["--slab-size", SLAB]);
+    let mut ds = vec![HostDonor::spawn_with_token(
+        Host::new(),
+        &first,
+        token.clone().into_bytes(),
+    )];
+    ds.extend((1..n).map(|_| HostDonor::start_with_token(CAPACITY, SLAB, token.as_bytes())));
+    ds
 }
 
 /// `farmem run`'s options: the donors, their token, the stats file, then `extra`.
@@ -724,4 +748,284 @@ fn no_donor_reachable_at_start_fails_clearly() {
         text(&o)
     );
     ds[1].heal_link();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. a donor takes memory back mid-run (Valet's migration)
+
+const SLAB_BYTES: u64 = 4 << 20;
+
+/// A connection to `d` for its counters (STATS) with the run's token. It holds no slab, so
+/// the donor never asks it for any.
+fn stats_client(d: &HostDonor) -> DonorClient {
+    let cfg = ClientConfig {
+        token: Some(d.token().to_vec()),
+        ..ClientConfig::default()
+    };
+    DonorClient::connect(&d.addr().to_string(), cfg)
+        .unwrap_or_else(|e| panic!("connecting to the donor {} for its stats: {e}", d.addr()))
+}
+
+fn donor_stats(c: &DonorClient) -> DonorStats {
+    c.stats()
+        .unwrap_or_else(|e| panic!("the donor's STATS: {e}"))
+}
+
+/// The donor process's anonymous resident memory: its slabs' committed pages, and little else.
+fn rss_anon_bytes(d: &HostDonor) -> u64 {
+    let pid = d.pid().expect("the donor runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("RssAnon in /proc/PID/status");
+    kb * 1024
+}
+
+/// Writes `text` to `path` (mode 600) through a rename, so the donor never reads half of it.
+fn put(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// SIGHUP: the donor re-reads its `--capacity-file`.
+fn hup(d: &HostDonor) {
+    let pid = d.pid().expect("the donor runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap_or_else(|e| panic!("SIGHUP to the donor {pid}: {e}"));
+}
+
+/// phases.c over 128 MiB: written and checked, then checked again and again while the donor
+/// gives memory back (until `back`), then every word written again and checked (writes to the
+/// slabs' new homes), then idle until `end`.
+fn giving_back_run(ds: &[HostDonor], dir: &Scratch) -> (Running, PathBuf) {
+    let prog = phases(dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(ds, &stats, &["--replicas", "2"]);
+    let mut run = farmem_spawn(
+        &strs(&args),
+        &[
+            prog.to_str().unwrap(),
+            "128",
+            dir.0.to_str().unwrap(),
+            "fill:1",
+            "check:1",
+            "loop:1:back",
+            "fill:2",
+            "check:2",
+            "wait:end",
+        ],
+        &dir.path("farmem-run.log"),
+    );
+    until_file(&mut run, dir, "at-back");
+    (run, stats)
+}
+
+/// What the donor gave back, between `before` (when asked) and `after` (done): the figures, and
+/// that its process's memory fell by at least half of the committed bytes it gave back (the
+/// rest of RssAnon is buffers that come and go).
+fn gave_back(test: &str, d: &HostDonor, before: (DonorStats, u64), after: (DonorStats, u64)) {
+    let ((b, rss_b), (a, rss_a)) = (before, after);
+    let freed = b.committed_bytes.saturating_sub(a.committed_bytes);
+    eprintln!(
+        "{test}: donor {} lent {} MiB ({} MiB committed, RssAnon {} MiB), now {} MiB ({} MiB \
+         committed, RssAnon {} MiB) at capacity {} MiB; slabs given back {}",
+        d.addr(),
+        b.used_bytes >> 20,
+        b.committed_bytes >> 20,
+        rss_b >> 20,
+        a.used_bytes >> 20,
+        a.committed_bytes >> 20,
+        rss_a >> 20,
+        a.capacity_bytes >> 20,
+        a.slabs_given_back_total
+    );
+    assert!(a.slabs_given_back_total > 0, "{a:?}");
+    assert!(
+        rss_a + freed / 2 <= rss_b,
+        "giving back {freed} committed bytes did not return memory: RssAnon {rss_b} -> {rss_a}"
+    );
+}
+
+/// Lets the program write and check everything again while `host` keeps playing the donor's
+/// host, then waits until `within` (the donor lends no more than it was asked to keep to);
+/// checks that the program ended well, with nothing lost, no donor dead, and slabs migrated.
+fn unaffected(
+    run: &mut Running,
+    dir: &Scratch,
+    stats: &Path,
+    during: &Stats,
+    mut host: impl FnMut(),
+    within: impl Fn() -> bool,
+) {
+    touch(dir, "back");
+    let at_end = dir.path("at-end");
+    until_stats(
+        "every page written and checked again",
+        run,
+        stats,
+        &mut host,
+        |_| at_end.exists(),
+    );
+    until_stats(
+        "the donor within its limit after every page was written again",
+        run,
+        stats,
+        &mut host,
+        |_| within(),
+    );
+    touch(dir, "end");
+    let log = finish(run);
+    assert!(log.contains("ok "), "{log}");
+    let s = final_stats(stats).runtime.unwrap();
+    eprintln!(
+        "{}: slabs placed {}, migrated {}, local slabs {}, degraded {}, lost {}",
+        std::thread::current().name().unwrap_or("?"),
+        s.slabs_placed,
+        s.slabs_migrated,
+        s.local_slabs,
+        s.slabs_degraded,
+        s.slabs_lost
+    );
+    assert!(
+        s.slabs_migrated > 0 && s.slabs_migrated >= during.slabs_migrated,
+        "{s:?}"
+    );
+    assert!(s.dead_donors.is_empty(), "{s:?}");
+    assert_eq!(s.fetch_errors, 0, "{s:?}");
+    assert_eq!(s.seal_rejected, 0, "{s:?}");
+    assert_eq!(s.slabs_lost, 0, "{s:?}");
+    // Two other donors with room: every slab moved went to one of them (none into this
+    // process's memory), and every slab has its two copies again.
+    assert_eq!(s.local_slabs, 0, "{s:?}");
+    assert_eq!(s.slabs_degraded, 0, "{s:?}");
+}
+
+#[test]
+fn a_donor_asked_for_half_its_memory_back_gets_it_and_the_program_is_unaffected() {
+    let test = "a_donor_asked_for_half_its_memory_back";
+    let dir = Scratch::new("lost-capacity");
+    let cap_file = dir.path("capacity");
+    put(&cap_file, &format!("{CAPACITY}\n"));
+    let ds = donors_first_with(3, &["--capacity-file", cap_file.to_str().unwrap()]);
+    let (mut run, stats) = giving_back_run(&ds, &dir);
+    let c = stats_client(&ds[0]);
+    let before = (donor_stats(&c), rss_anon_bytes(&ds[0]));
+    // Half of what it lends, in whole slabs.
+    let cap = before.0.used_bytes / 2 / SLAB_BYTES * SLAB_BYTES;
+    assert!(
+        cap >= SLAB_BYTES,
+        "the donor lends too little to halve: {:?}",
+        before.0
+    );
+    put(&cap_file, &format!("{}MiB\n", cap >> 20));
+    hup(&ds[0]);
+    let during = until_stats(
+        "the donor's memory given back",
+        &mut run,
+        &stats,
+        || {},
+        |s| {
+            let d = donor_stats(&c);
+            s.slabs_migrated > 0
+                && d.capacity_bytes == cap
+                && d.used_bytes <= cap
+                && d.reclaim_wanted_bytes == 0
+        },
+    );
+    let after = (donor_stats(&c), rss_anon_bytes(&ds[0]));
+    gave_back(test, &ds[0], before, after);
+    assert!(
+        after.0.slabs_given_back_total * SLAB_BYTES >= before.0.used_bytes - cap,
+        "{:?}",
+        after.0
+    );
+    unaffected(
+        &mut run,
+        &dir,
+        &stats,
+        &during,
+        || {},
+        || {
+            let d = donor_stats(&c);
+            d.used_bytes <= cap && d.reclaim_wanted_bytes == 0
+        },
+    );
+    eprintln!("{test}: at the end the donor lends {:?}", donor_stats(&c));
+}
+
+/// `--keep-free` for the test: the host's memory is a fake /proc/meminfo.
+const KEEP_FREE: u64 = 4 << 30;
+
+fn meminfo(available: u64) -> String {
+    format!(
+        "MemTotal: {} kB\nMemAvailable: {} kB\n",
+        (16u64 << 30) / 1024,
+        available / 1024
+    )
+}
+
+#[test]
+fn a_donor_whose_host_runs_short_gets_half_its_memory_back_and_the_program_is_unaffected() {
+    let test = "a_donor_whose_host_runs_short";
+    let dir = Scratch::new("lost-keep-free");
+    let info = dir.path("meminfo");
+    put(&info, &meminfo(4 * KEEP_FREE));
+    let keep_free = format!("{}GiB", KEEP_FREE >> 30);
+    let ds = donors_first_with(
+        3,
+        &[
+            "--capacity",
+            CAPACITY,
+            "--keep-free",
+            &keep_free,
+            "--meminfo-file",
+            info.to_str().unwrap(),
+        ],
+    );
+    let (mut run, stats) = giving_back_run(&ds, &dir);
+    let c = stats_client(&ds[0]);
+    let before = (donor_stats(&c), rss_anon_bytes(&ds[0]));
+    // The host falls short by half of what the donor has committed; as a real host's would,
+    // its available memory grows again by what the donor frees.
+    let want = before.0.committed_bytes / 2;
+    assert!(
+        want >= SLAB_BYTES,
+        "the donor lends too little to halve: {:?}",
+        before.0
+    );
+    let short = KEEP_FREE - want;
+    put(&info, &meminfo(short));
+    let host = || {
+        let freed = before
+            .0
+            .committed_bytes
+            .saturating_sub(donor_stats(&c).committed_bytes);
+        put(&info, &meminfo(short + freed));
+    };
+    let during = until_stats(
+        "the host's shortfall given back",
+        &mut run,
+        &stats,
+        host,
+        |s| {
+            let d = donor_stats(&c);
+            s.slabs_migrated > 0
+                && d.committed_bytes + want <= before.0.committed_bytes
+                && d.reclaim_wanted_bytes == 0
+        },
+    );
+    let after = (donor_stats(&c), rss_anon_bytes(&ds[0]));
+    gave_back(test, &ds[0], before, after);
+    unaffected(&mut run, &dir, &stats, &during, host, || {
+        let d = donor_stats(&c);
+        d.committed_bytes + want <= before.0.committed_bytes && d.reclaim_wanted_bytes == 0
+    });
+    eprintln!("{test}: at the end the donor lends {:?}", donor_stats(&c));
 }
