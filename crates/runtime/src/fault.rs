@@ -228,7 +228,30 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
             // Served already (another thread's fault on the same page), or being fetched:
             // the install wakes every waiter.
             if e.state != PageState::Fetching {
+                // Installs happen under the state lock, so a resident page whose region page
+                // is absent is not a race: the state is wrong, and waking the thread would
+                // only make it fault again, forever (seen once: 75 million wakes of one
+                // page). Fail the access loudly instead.
+                let mut present = [0u8; 1];
+                let absent =
+                    farmem_mm::mincore(msg.addr, &mut present).is_ok() && present[0] & 1 == 0;
                 drop(st);
+                if absent {
+                    sh.report(
+                        format!(
+                            "internal error: page {:#x} is taken for resident ({:?}) but is \
+                             not mapped; its contents are lost: the faulting thread gets \
+                             SIGBUS (please report this)",
+                            msg.addr, e.state
+                        ),
+                        true,
+                    );
+                    sh.stats.lock().s.state_lost_pages += 1;
+                    if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
+                        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+                    }
+                    return;
+                }
                 let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
             }
             sh.stats.lock().s.faults_already_served += 1;

@@ -72,15 +72,15 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
         if dead_round {
             next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
         }
-        for d in 0..far.donors.len() {
+        for (d, seen) in deaths_seen.iter_mut().enumerate() {
             let h = &far.donors[d].health;
             if h.is_suspect() || (dead_round && h.is_dead()) {
                 spawn_probe(&sh, d);
             }
             // Healing is timed from the death being declared (each death once).
             let death = h.death().map(|(_, at)| at);
-            if death.is_some() && death != deaths_seen[d] {
-                deaths_seen[d] = death;
+            if death.is_some() && death != *seen {
+                *seen = death;
                 if let Some(at) = death {
                     episode.get_or_insert(at);
                 }

@@ -129,6 +129,9 @@ pub struct Stats {
     pub send_errors: u64,
     /// Pages are sealed (encrypted and authenticated) before they leave the process.
     pub sealed: bool,
+    /// Pages found absent while their state said resident (a runtime bug; each access there
+    /// got SIGBUS instead of faulting forever).
+    pub state_lost_pages: u64,
     /// Copies of each donor slab (`--replicas`).
     pub replicas: u64,
     /// Donors declared dead (each with the kind of failure: crash, stall, partition, restart).
