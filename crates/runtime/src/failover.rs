@@ -12,6 +12,8 @@
 //!   four times the slowest recent read (a maximum that decays by 1/64 a read), at least 20 ms
 //!   (a scheduling hiccup on a loaded 2-core machine is not a failure) and at most half the
 //!   request timeout. The last replica is always waited for up to the request timeout.
+//! - Three reads in a row given up on one donor for slowness make it suspected (probed), so a
+//!   stalled donor that is only read from is found, not paid for on every read.
 //! - With no replica left, the page is read from the backup file, if any; else the read fails
 //!   and the fault path retries it (`fetch_attempts`) before poisoning the page.
 
@@ -108,12 +110,18 @@ impl ReplicaRead {
                 p.wait_until(sent + sh.far.read_times.failover_delay(timeout))
             };
             let why = match result {
-                None => format!(
-                    "donor {} did not answer within the failover delay",
-                    sh.far.donors[d].read.addr()
-                ),
+                None => {
+                    if sh.far.donors[d].health.slow() {
+                        sh.far.suspect(d);
+                    }
+                    format!(
+                        "donor {} did not answer within the failover delay",
+                        sh.far.donors[d].read.addr()
+                    )
+                }
                 Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
                     sh.far.read_times.record(sent.elapsed());
+                    sh.far.donors[d].health.answered();
                     sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
                     match sh.far.open(self.far, &mut data) {
                         Ok(()) => return Ok((data, self.failed_over)),

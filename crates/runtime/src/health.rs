@@ -14,7 +14,7 @@
 //!   completes handshakes for it); no TCP connection can be made at all, no refusal either
 //!   (partition: no route, or packets dropped).
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -22,6 +22,11 @@ use parking_lot::Mutex;
 const LIVE: u8 = 0;
 const SUSPECT: u8 = 1;
 const DEAD: u8 = 2;
+
+/// Reads given up on for slowness in a row before the donor is suspected: one slow read is
+/// the machine's load, three in a row (each past four times the slowest recent read) is the
+/// donor.
+const SLOW_STREAK: u32 = 3;
 
 /// How a donor failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -55,6 +60,8 @@ pub(crate) struct Health {
     dead: Mutex<Option<(Cause, Instant)>>,
     /// A probe of this donor is running (one at a time).
     probing: AtomicBool,
+    /// Reads given up on in a row for slowness (reset by any answer in time).
+    slow_streak: AtomicU32,
 }
 
 impl Health {
@@ -95,6 +102,20 @@ impl Health {
         self.state.store(DEAD, Ordering::Release);
     }
 
+    /// A read from this donor was given up for slowness; true once that has happened
+    /// [`SLOW_STREAK`] times in a row (the caller suspects the donor: a stalled donor that is
+    /// only read from would otherwise cost every read the failover delay, forever).
+    pub(crate) fn slow(&self) -> bool {
+        self.slow_streak.fetch_add(1, Ordering::AcqRel) + 1 >= SLOW_STREAK
+    }
+
+    /// A read from this donor was answered in time.
+    pub(crate) fn answered(&self) {
+        if self.slow_streak.load(Ordering::Relaxed) != 0 {
+            self.slow_streak.store(0, Ordering::Release);
+        }
+    }
+
     /// Claims the right to probe this donor; false while another probe runs.
     pub(crate) fn start_probe(&self) -> bool {
         !self.probing.swap(true, Ordering::AcqRel)
@@ -130,5 +151,11 @@ mod tests {
         assert!(h.start_probe() && !h.start_probe());
         h.end_probe();
         assert!(h.start_probe());
+        assert!(!h.slow() && !h.slow());
+        h.answered();
+        assert!(
+            !h.slow() && !h.slow() && h.slow(),
+            "three slow reads in a row"
+        );
     }
 }
