@@ -225,7 +225,6 @@ fn finish(run: &mut Running) -> String {
 
 const KEYS: u64 = 100_000;
 const VALUE_BYTES: usize = 1024;
-const BATCH: u64 = 1000;
 
 struct Redis {
     run: Running,
@@ -258,16 +257,7 @@ fn redis(args: impl FnOnce(&Path) -> Vec<String>) -> Redis {
         &dir.path("farmem-run.log"),
     );
     let mut c = Resp::new(connect_retry(port, Duration::from_secs(30), &mut run));
-    for start in (0..KEYS).step_by(BATCH as usize) {
-        let end = (start + BATCH).min(KEYS);
-        for i in start..end {
-            c.send(&[b"SET", redis_key(i).as_bytes(), &value_of(i, VALUE_BYTES)]);
-        }
-        c.flush();
-        for i in start..end {
-            assert_eq!(c.read(), Reply::Status("OK".into()), "SET {i}");
-        }
-    }
+    redis_load(&mut c, KEYS, VALUE_BYTES);
     Redis {
         run,
         c,
@@ -279,13 +269,19 @@ fn redis(args: impl FnOnce(&Path) -> Vec<String>) -> Redis {
 impl Redis {
     /// Reads every key back and checks its value.
     fn verify(&mut self, what: &str) {
-        verify_keys(&mut self.c, what)
+        redis_verify(&mut self.c, KEYS, VALUE_BYTES, what)
     }
 
     /// Checks every key again and again until the stats satisfy `done`.
     fn verify_until(&mut self, what: &str, done: impl Fn(&Stats) -> bool) -> Stats {
         let Redis { run, c, stats, .. } = self;
-        until_stats(what, run, stats, || verify_keys(c, what), done)
+        until_stats(
+            what,
+            run,
+            stats,
+            || redis_verify(c, KEYS, VALUE_BYTES, what),
+            done,
+        )
     }
 
     /// Checks every key a last time, shuts redis down and returns the final stats and log.
@@ -295,30 +291,6 @@ impl Redis {
         self.c.flush();
         let log = finish(&mut self.run);
         (final_stats(&self.stats), log)
-    }
-}
-
-/// Reads every key back and checks its value.
-fn verify_keys(c: &mut Resp, what: &str) {
-    assert_eq!(
-        c.call(&[b"DBSIZE"]),
-        Reply::Int(KEYS as i64),
-        "{what}: DBSIZE"
-    );
-    for start in (0..KEYS).step_by(BATCH as usize) {
-        let end = (start + BATCH).min(KEYS);
-        for i in start..end {
-            c.send(&[b"GET", redis_key(i).as_bytes()]);
-        }
-        c.flush();
-        for i in start..end {
-            match c.read() {
-                Reply::Bulk(Some(v)) => {
-                    assert!(v == value_of(i, VALUE_BYTES), "{what}: key {i} differs")
-                }
-                other => panic!("{what}: GET {i} gave {other:?}"),
-            }
-        }
     }
 }
 

@@ -11,43 +11,6 @@ use std::time::{Duration, Instant};
 
 const KEYS: u64 = 500_000;
 const VALUE_BYTES: usize = 1024;
-const BATCH: u64 = 1000;
-
-fn load(c: &mut Resp) {
-    for start in (0..KEYS).step_by(BATCH as usize) {
-        let end = (start + BATCH).min(KEYS);
-        for i in start..end {
-            c.send(&[b"SET", redis_key(i).as_bytes(), &value_of(i, VALUE_BYTES)]);
-        }
-        c.flush();
-        for i in start..end {
-            assert_eq!(c.read(), Reply::Status("OK".into()), "SET {i}");
-        }
-    }
-}
-
-fn verify(c: &mut Resp, what: &str) {
-    assert_eq!(
-        c.call(&[b"DBSIZE"]),
-        Reply::Int(KEYS as i64),
-        "{what}: DBSIZE"
-    );
-    for start in (0..KEYS).step_by(BATCH as usize) {
-        let end = (start + BATCH).min(KEYS);
-        for i in start..end {
-            c.send(&[b"GET", redis_key(i).as_bytes()]);
-        }
-        c.flush();
-        for i in start..end {
-            match c.read() {
-                Reply::Bulk(Some(v)) => {
-                    assert!(v == value_of(i, VALUE_BYTES), "{what}: key {i} differs")
-                }
-                other => panic!("{what}: GET {i} gave {other:?}"),
-            }
-        }
-    }
-}
 
 fn info_field(c: &mut Resp, section: &str, field: &str) -> String {
     let Reply::Bulk(Some(v)) = c.call(&[b"INFO", section.as_bytes()]) else {
@@ -90,8 +53,8 @@ fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
         &dir.path("farmem-run.log"),
     );
     let mut c = Resp::new(connect_retry(port, Duration::from_secs(30), &mut child));
-    load(&mut c);
-    verify(&mut c, "under farmem");
+    redis_load(&mut c, KEYS, VALUE_BYTES);
+    redis_verify(&mut c, KEYS, VALUE_BYTES, "under farmem");
 
     // BGSAVE under pressure: the child writes every page, most of them evicted.
     assert_eq!(
@@ -169,7 +132,7 @@ fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    verify(&mut c2, "RDB loaded without farmem");
+    redis_verify(&mut c2, KEYS, VALUE_BYTES, "RDB loaded without farmem");
     let _ = plain.kill();
     let _ = plain.wait();
 }

@@ -144,3 +144,46 @@ impl Resp {
 pub fn redis_key(i: u64) -> String {
     format!("key:{i:012}")
 }
+
+/// Stores keys `0..keys` ([`redis_key`]) with values [`value_of`]`(i, value_bytes)`, pipelined
+/// 1000 at a time, checking every reply.
+pub fn redis_load(c: &mut Resp, keys: u64, value_bytes: usize) {
+    for start in (0..keys).step_by(PIPELINE as usize) {
+        let end = (start + PIPELINE).min(keys);
+        for i in start..end {
+            c.send(&[b"SET", redis_key(i).as_bytes(), &value_of(i, value_bytes)]);
+        }
+        c.flush();
+        for i in start..end {
+            assert_eq!(c.read(), Reply::Status("OK".into()), "SET {i}");
+        }
+    }
+}
+
+/// Reads back every key [`redis_load`] stored (and checks there are no others); `what` names
+/// the moment in failure messages.
+pub fn redis_verify(c: &mut Resp, keys: u64, value_bytes: usize, what: &str) {
+    assert_eq!(
+        c.call(&[b"DBSIZE"]),
+        Reply::Int(keys as i64),
+        "{what}: DBSIZE"
+    );
+    for start in (0..keys).step_by(PIPELINE as usize) {
+        let end = (start + PIPELINE).min(keys);
+        for i in start..end {
+            c.send(&[b"GET", redis_key(i).as_bytes()]);
+        }
+        c.flush();
+        for i in start..end {
+            match c.read() {
+                Reply::Bulk(Some(v)) => {
+                    assert!(v == value_of(i, value_bytes), "{what}: key {i} differs")
+                }
+                other => panic!("{what}: GET {i} gave {other:?}"),
+            }
+        }
+    }
+}
+
+/// Commands sent before their replies are read.
+const PIPELINE: u64 = 1000;
