@@ -103,6 +103,9 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     assert!(n("requests_per_s") >= 0.0);
     assert_eq!(v["rate_method"], "sampled");
     assert!(n("rate_interval_ms") >= 150.0, "{v}");
+    // Nothing asked back: the donor is within its capacity.
+    assert_eq!(n("reclaim_wanted_bytes"), 0.0);
+    assert_eq!(n("slabs_given_back_total"), 0.0);
 
     let out = farmem(&[
         "stats",
@@ -124,6 +127,7 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
         "(lifetime average)",
         "service p50",
         "8 read, 8 written",
+        "given back   0 slabs; wanted back now 0 B",
     ] {
         assert!(table.contains(needle), "{needle:?} missing from\n{table}");
     }

@@ -96,6 +96,11 @@ pub struct StatsReport {
     pub pages_written_total: u64,
     /// Seconds since the donor started.
     pub uptime_s: f64,
+    /// Bytes the donor wants back from its clients now (its capacity was lowered, or its host
+    /// is below `--keep-free`): they are moving slabs away.
+    pub reclaim_wanted_bytes: u64,
+    /// Slabs clients gave back when asked.
+    pub slabs_given_back_total: u64,
 }
 
 /// Runs `farmem stats`.
@@ -188,6 +193,8 @@ fn report(
         pages_read_total: s.pages_read_total,
         pages_written_total: s.pages_written_total,
         uptime_s: s.uptime_ms as f64 / 1000.0,
+        reclaim_wanted_bytes: s.reclaim_wanted_bytes,
+        slabs_given_back_total: s.slabs_given_back_total,
     }
 }
 
@@ -251,6 +258,14 @@ pub fn render(r: &StatsReport) -> String {
             format!(
                 "{} read, {} written",
                 r.pages_read_total, r.pages_written_total
+            ),
+        ),
+        (
+            "given back",
+            format!(
+                "{} slabs; wanted back now {}",
+                r.slabs_given_back_total,
+                human_bytes(r.reclaim_wanted_bytes)
             ),
         ),
     ];
