@@ -631,12 +631,22 @@ mod tests {
 
     /// A stand-in for the `farmem` binary: a shell script with this body (its arguments are
     /// `donor --listen …`, ignored).
+    ///
+    /// The file is written by a short-lived `sh`, not by this process: a file this process had
+    /// open for writing could be inherited by a child another test thread forks at that
+    /// moment, and executing it would then fail with ETXTBSY ("Text file busy", seen in CI).
     fn fake_farmem(tag: &str, body: &str) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
         let p =
             std::env::temp_dir().join(format!("farmem-child-test-{tag}-{}", std::process::id()));
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let status = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(r#"printf '#!/bin/sh\n%s\n' "$1" > "$2" && chmod 755 "$2""#)
+            .arg("sh")
+            .arg(body)
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(status.success(), "writing {}", p.display());
         p
     }
 

@@ -265,7 +265,16 @@ fn reclaims_names_the_slabs_the_donor_wants_back_until_they_are_freed() {
     assert_eq!(client.reclaims().unwrap(), vec![slabs[0]]);
     client.free_slab(slabs[0]).unwrap();
     assert_eq!(client.reclaims().unwrap(), Vec::<u32>::new());
-    let st = client.stats().unwrap();
+    // The give-back is counted when the donor re-plans after the free, which may come just
+    // after the free's answer (CI once read 0): read until it shows.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let st = loop {
+        let st = client.stats().unwrap();
+        if st.slabs_given_back_total == 1 || std::time::Instant::now() > deadline {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(
         (st.used_bytes, st.slabs_given_back_total),
         (2 * slab_bytes, 1)
