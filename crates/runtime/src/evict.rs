@@ -86,15 +86,15 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
         let resident = st.pages.resident();
-        if resident >= sh.high_water {
+        if resident >= sh.budget.high_water() {
             ev.draining = true;
         }
-        if st.paused || !ev.draining || resident <= sh.low_water {
+        if st.paused || !ev.draining || resident <= sh.budget.low_water() {
             ev.draining = false;
             sh.evict_cv.wait_for(&mut st, Duration::from_millis(50));
             continue;
         }
-        let want = ((resident - sh.low_water) as usize).min(EVICT_BATCH);
+        let want = ((resident - sh.budget.low_water()) as usize).min(EVICT_BATCH);
         pick_victims(&sh, &mut st, &mut ev.victims, want);
         if ev.victims.is_empty() {
             sh.slots_cv.wait_for(&mut st, Duration::from_millis(20));

@@ -338,7 +338,7 @@ fn zero_ahead(sh: &Shared, st: &mut State, msg: &FaultMsg, q: &mut Queues) {
     let page = (msg.addr / PAGE_SIZE) as u64;
     let ahead = q.first_touch.on_first_touch(page, msg.thread);
     let ahead_len = (ahead.end - ahead.start) as usize;
-    let room = sh.high_water.saturating_sub(st.pages.resident());
+    let room = sh.budget.high_water().saturating_sub(st.pages.resident());
     let mut n = 0usize;
     for p in ahead.take(room as usize) {
         let Some(a) = addr_of(p) else {
@@ -586,7 +586,7 @@ fn install_ahead(
             marker = Some(a);
             continue;
         }
-        if installed.len() >= MAX_AHEAD || st.pages.resident() >= sh.high_water {
+        if installed.len() >= MAX_AHEAD || st.pages.resident() >= sh.budget.high_water() {
             continue;
         }
         // An error (mapped already: a thread faulting on it is being served; or events

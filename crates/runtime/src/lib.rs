@@ -55,6 +55,7 @@
 #![deny(unsafe_code)]
 
 mod backup;
+mod budget;
 mod config;
 mod embedded;
 mod events;
@@ -90,6 +91,7 @@ use farmem_mm::Mapping;
 use farmem_uffd::UffdError;
 use parking_lot::Mutex;
 
+pub use budget::Usage;
 pub use config::{
     split_local_memory, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
@@ -243,7 +245,7 @@ impl Runtime {
             ));
         }
         let sh = Shared::start(&cfg)?;
-        let budget_pages = sh.budget_pages;
+        let budget_pages = sh.budget.limit();
         let mut threads = Vec::new();
         let spawn = |name: &str, f: fn(Arc<Shared>), sh: Arc<Shared>| {
             std::thread::Builder::new()
@@ -302,7 +304,7 @@ impl Runtime {
             });
         }
         let len = len_bytes.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let needed = (len as u64).saturating_sub(self.sh.budget_pages * PAGE_SIZE as u64);
+        let needed = (len as u64).saturating_sub(self.sh.budget.limit() * PAGE_SIZE as u64);
         let cap = self.sh.far.capacity_bytes();
         if needed > cap {
             return Err(RuntimeError::InsufficientCapacity {
@@ -427,7 +429,7 @@ impl Runtime {
             s.peak_resident_pages = peak;
         }
         s.pool_pages = pool_pages;
-        s.budget_pages = sh.budget_pages;
+        s.budget_pages = sh.budget.limit();
         s.pool_capacity_pages = u64::from(sh.pool.slots());
         s.slabs_placed = sh.far.slabs_placed();
         s.replicas = sh.far.replicas as u64;
@@ -492,6 +494,57 @@ impl Runtime {
     /// each donor, in configuration order: the donor whose failure the most faults notice.
     pub fn first_copies_per_donor(&self) -> Vec<u64> {
         far::first_copies_per_donor(&self.sh.far)
+    }
+
+    /// Changes the budget of resident region pages (at least 16). Lowering it wakes the
+    /// evictor, which brings resident pages down at once; returns the budget now in force.
+    pub fn set_budget_pages(&self, pages: u64) -> u64 {
+        let set = self.sh.budget.set(pages);
+        self.sh.evict_cv.notify_one();
+        set
+    }
+
+    /// What the runtime uses and moves, cheaply (for a coordinator polling every few tens
+    /// of milliseconds; [`Runtime::stats`] computes percentiles and reads /proc).
+    pub fn usage(&self) -> Usage {
+        let sh = &self.sh;
+        if sh.in_child.load(Ordering::Relaxed) {
+            return Usage::default();
+        }
+        let used_pages = {
+            let st = sh.state.lock();
+            st.pages.resident() + st.slots.used()
+        };
+        let s = &sh.stats.lock().s;
+        Usage {
+            used_pages,
+            budget_pages: sh.budget.limit(),
+            fetched_pages: s.faults_remote
+                + s.faults_tier
+                + s.faults_pool_hit
+                + s.prefetched_pages
+                + s.tier_installed_ahead,
+            evicted_pages: s.evicted_sent_dirty
+                + s.tier_pages_written
+                + s.evicted_dropped_clean
+                + s.evicted_zero,
+        }
+    }
+
+    /// Slots of the write-back pool (fixed at start; with a host tier only the slots it keeps).
+    pub fn pool_pages(&self) -> u64 {
+        u64::from(self.sh.pool.slots())
+    }
+
+    /// The registered ranges `(start, length in bytes)` as they are now (munmap and mremap
+    /// split and move them). In a forked child, the ranges the parent had at fork.
+    pub fn regions(&self) -> Vec<(usize, usize)> {
+        let st = self.sh.state.lock();
+        st.pages
+            .ranges()
+            .into_iter()
+            .map(|(s, e)| (s, e - s))
+            .collect()
     }
 
     /// Before `fork()`: pauses eviction, brings every evicted page of every region back into

@@ -266,7 +266,8 @@ fn keep(sh: &Shared, st: &mut State, r: &Req, page_data: &[u8]) {
     let pf = &sh.pf;
     let now = pf.now_ns();
     let marker = r.addr == r.window;
-    if pf.mode == PrefetchInstall::Marker && !marker && st.pages.resident() < sh.high_water {
+    if pf.mode == PrefetchInstall::Marker && !marker && st.pages.resident() < sh.budget.high_water()
+    {
         match sh.uffd.copy(r.addr, page_data, false, true) {
             Ok(()) => {
                 st.pages.install_prefetched(r.addr, Origin::Prefetch);

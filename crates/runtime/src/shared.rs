@@ -15,6 +15,7 @@ use farmem_mm::{Advice, Mapping};
 use farmem_uffd::{Features, Uffd};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::budget::Budget;
 use crate::far::Far;
 use crate::farpages::FarPages;
 use crate::memslabs::MemSlabs;
@@ -85,12 +86,9 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     /// Set in a forked child: no runtime threads exist there, never touch the uffd.
     pub(crate) in_child: AtomicBool,
-    pub(crate) budget_pages: u64,
-    /// The evictor brings resident pages down to this (budget minus a headroom)...
-    pub(crate) low_water: u64,
-    /// ...once they reach this (halfway between it and the budget), so it works in batches
-    /// and the fault path rarely has to wake it.
-    pub(crate) high_water: u64,
+    /// Resident-page limit and the evictor's watermarks ([`Budget`]); it can change while
+    /// the runtime runs ([`crate::Runtime::set_budget_pages`]).
+    pub(crate) budget: Budget,
     pub(crate) fetch_attempts: u32,
     /// Limit for each donor request (a read waits this long on its last copy).
     pub(crate) request_timeout: Duration,
@@ -180,7 +178,6 @@ impl Shared {
             pool.keep(kept);
         }
         let pf = Prefetch::new(cfg, &far)?;
-        let headroom = (budget_pages / 16).clamp(2, 256);
         let slots = Slots::new(pool.slots());
         Ok(Arc::new(Shared {
             uffd,
@@ -203,9 +200,7 @@ impl Shared {
             stats: Mutex::new(StatsCell::new()),
             shutdown: AtomicBool::new(false),
             in_child: AtomicBool::new(false),
-            budget_pages,
-            low_water: budget_pages - headroom,
-            high_water: budget_pages - headroom / 2,
+            budget: Budget::new(budget_pages),
             fetch_attempts: cfg.fetch_attempts,
             request_timeout: cfg.request_timeout,
             heal_rate_bytes: cfg.heal_rate_bytes,
@@ -283,7 +278,7 @@ impl Shared {
     /// make progress or is unsharing pages (`evictor_blocked`): unsharing needs this thread.
     pub(crate) fn make_room(&self, st: &mut MutexGuard<'_, State>) {
         let deadline = Instant::now() + Duration::from_secs(2);
-        while st.pages.resident() >= self.budget_pages
+        while st.pages.resident() >= self.budget.limit()
             && !st.paused
             && !self.send_failing.load(Ordering::Relaxed)
             && !self.evictor_blocked.load(Ordering::Relaxed)
@@ -297,7 +292,7 @@ impl Shared {
     /// After a page was installed: wakes the evictor once resident pages reach the high
     /// watermark.
     pub(crate) fn kick_evictor(&self, st: &State) {
-        if st.pages.resident() >= self.high_water {
+        if st.pages.resident() >= self.budget.high_water() {
             self.evict_cv.notify_one();
         }
     }

@@ -1,0 +1,95 @@
+//! The budget of resident region pages and the evictor's watermarks derived from it.
+//!
+//! The budget changes while the runtime runs: under `farmem run` every process of a program's
+//! tree shares one `--local-mem`, and a coordinator moves budget to the processes that fault
+//! (crate farmem-tree). Readers take one relaxed load per check; a change is seen by the next
+//! check, and the evictor is woken so a lowered budget is enforced at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Resident-page limit and watermarks, all in pages.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    limit: AtomicU64,
+    low: AtomicU64,
+    high: AtomicU64,
+}
+
+/// What a runtime uses and moves ([`crate::Runtime::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Local pages in use: resident region pages plus write-back pool pages in use.
+    pub used_pages: u64,
+    /// The budget of resident region pages now.
+    pub budget_pages: u64,
+    /// Pages brought back from far memory so far (faults served from the pool, the host tier
+    /// or a donor, and pages installed or prefetched ahead).
+    pub fetched_pages: u64,
+    /// Pages evicted so far.
+    pub evicted_pages: u64,
+}
+
+/// The least budget a runtime accepts (the evictor needs some room to work with).
+pub(crate) const MIN_BUDGET_PAGES: u64 = 16;
+
+impl Budget {
+    pub(crate) fn new(pages: u64) -> Budget {
+        let b = Budget {
+            limit: AtomicU64::new(0),
+            low: AtomicU64::new(0),
+            high: AtomicU64::new(0),
+        };
+        b.set(pages);
+        b
+    }
+
+    /// Sets the limit (at least [`MIN_BUDGET_PAGES`]). The evictor brings resident pages down
+    /// to `low` (the limit minus a headroom of 1/16, 2 to 256 pages) once they reach `high`
+    /// (halfway between), so it works in batches and a fault rarely waits for it.
+    pub(crate) fn set(&self, pages: u64) -> u64 {
+        let pages = pages.max(MIN_BUDGET_PAGES);
+        let headroom = (pages / 16).clamp(2, 256);
+        // Lower the watermarks first when shrinking, the limit first when growing, so a
+        // reader never sees a low watermark above the limit.
+        if pages < self.limit.load(Ordering::Relaxed) {
+            self.low.store(pages - headroom, Ordering::Relaxed);
+            self.high.store(pages - headroom / 2, Ordering::Relaxed);
+            self.limit.store(pages, Ordering::Relaxed);
+        } else {
+            self.limit.store(pages, Ordering::Relaxed);
+            self.high.store(pages - headroom / 2, Ordering::Relaxed);
+            self.low.store(pages - headroom, Ordering::Relaxed);
+        }
+        pages
+    }
+
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn low_water(&self) -> u64 {
+        self.low.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn high_water(&self) -> u64 {
+        self.high.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermarks_follow_the_limit_both_ways() {
+        let b = Budget::new(1024);
+        assert_eq!((b.limit(), b.low_water(), b.high_water()), (1024, 960, 992));
+        b.set(100_000);
+        assert_eq!(
+            (b.limit(), b.low_water(), b.high_water()),
+            (100_000, 99_744, 99_872)
+        );
+        assert_eq!(b.set(3), MIN_BUDGET_PAGES);
+        assert_eq!((b.limit(), b.low_water(), b.high_water()), (16, 14, 15));
+    }
+}
