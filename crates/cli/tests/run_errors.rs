@@ -1,7 +1,7 @@
 //! `farmem run`'s clear errors and its process semantics: budget below the minimum, COMMAND
 //! not found, statically linked program, donor unreachable, donor refusing the token,
 //! userfaultfd unavailable to the user; exit status passthrough (signals → 128+n); a program
-//! exec'd by the child is not under farmem; --quiet.
+//! exec'd by the child is under farmem too; --quiet.
 
 use farmem_testkit::bins::*;
 use farmem_testkit::clients::*;
@@ -161,10 +161,13 @@ fn exit_status_and_signals_pass_through() {
 }
 
 #[test]
-fn exec_leaves_farmem_behind() {
-    // The shell runs under farmem; what it execs sees neither LD_PRELOAD nor FARMEM_RUN_*.
+fn exec_keeps_the_program_under_farmem() {
+    // The shell runs under farmem, and so does what it execs: it inherits the library and
+    // the settings, and writes a stats file of its own in the tree.
+    let scratch = farmem_testkit::run::Scratch::new("exec-tree");
+    let stats = scratch.path("stats.json");
     let o = farmem_run(
-        &["--local-mem", "256MiB"],
+        &["--local-mem", "256MiB", "--stats", stats.to_str().unwrap()],
         &[
             "sh",
             "-c",
@@ -173,13 +176,17 @@ fn exec_leaves_farmem_behind() {
     );
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(out.contains("preload=[]"), "{}", text(&o));
-    assert!(out.lines().any(|l| l.trim() == "0"), "{}", text(&o));
+    assert!(out.contains("libfarmem_preload.so]"), "{}", text(&o));
+    assert!(out.lines().any(|l| l.trim() == "1"), "{}", text(&o));
     assert!(
         stderr(&o).contains("peak resident"),
         "summary line expected: {}",
         text(&o)
     );
+    let v = farmem_testkit::run::read_stats(&stats);
+    let procs = v["tree"]["processes"].as_array().expect("a tree section");
+    assert!(procs.len() >= 2, "sh and env each ran a runtime: {v}");
+    assert!(procs.iter().all(|p| p["final"] == true), "{v}");
 }
 
 /// The pids of `pid`'s children (started by any of its threads: the private node is spawned

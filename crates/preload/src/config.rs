@@ -2,23 +2,27 @@
 //!
 //! `farmem run` passes its options as one JSON value in [`RUN_SETTINGS_VAR`] (the type and its
 //! encoding: `farmem_runtime::run_settings`). The constructor reads it once with
-//! [`take_from_env`], which removes it and restores `LD_PRELOAD` to what it was before
-//! `farmem run`: a program the child execs is not under farmem unless it is run through
-//! `farmem run` again.
+//! [`take_from_env`]. With a tree directory (what `farmem run` gives) both stay in the
+//! environment, so every program the process execs is under farmem too; without one the
+//! variable is removed and `LD_PRELOAD` restored to what it was before `farmem run`.
 
 use std::ffi::OsString;
 
 pub use farmem_runtime::run_settings::{RunSettings, RunSettingsError, RUN_SETTINGS_VAR};
 
-/// Reads the settings from the environment and removes them, and this library, from what the
-/// program (and anything it execs) sees. `Ok(None)`: the library was preloaded without
-/// `farmem run`.
+/// Reads the settings from the environment; without a tree directory, removes them and this
+/// library from what the program (and anything it execs) sees. `Ok(None)`: the library was
+/// preloaded without `farmem run`.
 pub fn take_from_env() -> Result<Option<RunSettings>, RunSettingsError> {
     let Some(value) = std::env::var_os(RUN_SETTINGS_VAR) else {
         return Ok(None);
     };
-    std::env::remove_var(RUN_SETTINGS_VAR);
     let settings = decode(value)?;
+    if settings.tree_dir.is_some() {
+        // The whole process tree is under farmem: what this process execs inherits both.
+        return Ok(Some(settings));
+    }
+    std::env::remove_var(RUN_SETTINGS_VAR);
     match settings.orig_ld_preload.as_deref() {
         None | Some("") => std::env::remove_var("LD_PRELOAD"),
         Some(orig) => std::env::set_var("LD_PRELOAD", orig),
@@ -56,6 +60,7 @@ mod tests {
             backup_file: None,
             heal_rate_bytes: None,
             stats_file: None,
+            tree_dir: None,
             record_trace: None,
             mmap_threshold_bytes: 1 << 20,
             heap_reserve_bytes: 256 << 30,

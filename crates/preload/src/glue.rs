@@ -6,19 +6,38 @@
 
 use std::ffi::c_int;
 use std::io::Write;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use farmem_runtime::{Runtime, RuntimeConfig, StatsFile, StatsSummary};
 
 use crate::config::RunSettings;
 
-static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
-/// Set in a forked child: it never writes the parent's stats file.
+/// This process's runtime: set at start-up and again in a forked child that starts its own.
+/// An atomic pointer to a leaked `Arc`, not a lock: a forked child must be able to read and
+/// replace it whatever another thread of the parent was doing at the fork.
+static RUNTIME: AtomicPtr<Arc<Runtime>> = AtomicPtr::new(std::ptr::null_mut());
+/// Set in a forked child that has no runtime of its own: it never writes the stats file and
+/// its memory is plain memory.
 static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
 static REGISTER_WARNINGS: AtomicU64 = AtomicU64::new(0);
+
+/// The runtime serving this process now, if any.
+fn runtime() -> Option<&'static Arc<Runtime>> {
+    let p = RUNTIME.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer comes from `Box::into_raw` in `set_runtime` and is never freed
+    // (runtimes live as long as the process), so it is valid for 'static.
+    unsafe { p.as_ref() }
+}
+
+fn set_runtime(rt: Arc<Runtime>) -> &'static Arc<Runtime> {
+    let p = Box::into_raw(Box::new(rt));
+    RUNTIME.store(p, Ordering::Release);
+    // SAFETY: just leaked; never freed.
+    unsafe { &*p }
+}
 
 /// Starts the runtime described by `cfg` (nothing in allocator-only mode). Runs in the
 /// constructor, as farmem code.
@@ -26,6 +45,17 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
     if cfg.allocator_only {
         return Ok(());
     }
+    let rt = Runtime::start(runtime_config(cfg)?)
+        .map_err(|e| error_chain("starting the farmem runtime", &e))?;
+    let rt = set_runtime(rt);
+    if let Some(dir) = &cfg.tree_dir {
+        crate::tree::join(rt, dir)?;
+    }
+    Ok(())
+}
+
+/// The runtime's configuration from the settings.
+fn runtime_config(cfg: &RunSettings) -> Result<RuntimeConfig, String> {
     let token = match &cfg.token_file {
         Some(f) => Some(
             std::fs::read(f).map_err(|e| format!("reading the token file {}: {e}", f.display()))?,
@@ -33,7 +63,7 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
         None => None,
     };
     // --local-mem covers the region pages and the write-back pool together.
-    let (budget_bytes, pool_bytes) = farmem_runtime::split_local_memory(cfg.budget_bytes)
+    let (budget_bytes, mut pool_bytes) = farmem_runtime::split_local_memory(cfg.budget_bytes)
         .ok_or_else(|| {
             format!(
                 "--local-mem of {} bytes is below the minimum of {} bytes",
@@ -41,6 +71,11 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
                 farmem_runtime::MIN_LOCAL_BYTES
             )
         })?;
+    if cfg.tree_dir.is_some() {
+        // Every process of a tree has a pool of its own, and its share of the budget can be
+        // small: a pool of a fifth of the whole budget each would overcommit it.
+        pool_bytes = pool_bytes.min(crate::tree::POOL_BYTES);
+    }
     let mut rc = RuntimeConfig {
         budget_bytes,
         pool_bytes: Some(pool_bytes),
@@ -69,9 +104,7 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
             .parse()
             .map_err(|e| error_chain("--prefetch-install", &e))?;
     }
-    let rt = Runtime::start(rc).map_err(|e| error_chain("starting the farmem runtime", &e))?;
-    let _ = RUNTIME.set(rt);
-    Ok(())
+    Ok(rc)
 }
 
 fn error_chain(what: &str, e: &dyn std::error::Error) -> String {
@@ -86,7 +119,7 @@ fn error_chain(what: &str, e: &dyn std::error::Error) -> String {
 
 /// Makes `[addr, addr + len)` a region. Returns 0 or an errno.
 pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
-    let Some(rt) = RUNTIME.get() else {
+    let Some(rt) = runtime() else {
         return 0; // allocator-only mode: plain memory
     };
     if IN_FORK_CHILD.load(Ordering::Relaxed) {
@@ -113,24 +146,64 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
 }
 
 extern "C" fn fork_prepare() {
-    if let Some(rt) = RUNTIME.get() {
+    if let Some(rt) = runtime() {
         crate::internal(|| rt.before_fork());
     }
 }
 
 extern "C" fn fork_parent() {
-    if let Some(rt) = RUNTIME.get() {
+    if let Some(rt) = runtime() {
         crate::internal(|| rt.after_fork_parent());
     }
 }
 
+/// In a forked child: the parent's runtime is unusable here (its threads did not survive the
+/// fork and its userfaultfd acts on the parent). In a process tree the child starts a runtime
+/// of its own and registers the ranges the parent had — every page is local after
+/// `before_fork`, so nothing is lost — and takes its own share of the budget; otherwise its
+/// memory is plain memory.
 extern "C" fn fork_child() {
-    IN_FORK_CHILD.store(true, Ordering::SeqCst);
-    // SAFETY: a plain store in the shim; the child's mappings are ordinary memory.
-    unsafe { crate::shim::fmp_set_regions_active(0) };
-    if let Some(rt) = RUNTIME.get() {
-        crate::internal(|| rt.after_fork_child());
+    let Some(old) = runtime() else {
+        return;
+    };
+    crate::internal(|| {
+        old.after_fork_child();
+        let restarted = match crate::active_config() {
+            Some(cfg) if cfg.tree_dir.is_some() => match restart_in_child(cfg, old) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!(
+                        "farmem: warning: process {} (forked) runs without farmem: {e}",
+                        std::process::id()
+                    );
+                    false
+                }
+            },
+            _ => false,
+        };
+        if !restarted {
+            IN_FORK_CHILD.store(true, Ordering::SeqCst);
+            // SAFETY: a plain store in the shim; the child's mappings are ordinary memory.
+            unsafe { crate::shim::fmp_set_regions_active(0) };
+        }
+    });
+}
+
+/// Starts the forked child's own runtime over the parent's ranges (see [`fork_child`]).
+fn restart_in_child(cfg: &RunSettings, old: &Arc<Runtime>) -> Result<(), String> {
+    let ranges = old.regions();
+    let rt = Runtime::start(runtime_config(cfg)?)
+        .map_err(|e| error_chain("starting its farmem runtime", &e))?;
+    for &(addr, len) in &ranges {
+        rt.register(addr as *mut u8, len)
+            .map_err(|e| error_chain(&format!("registering {addr:#x} (+{len} bytes)"), &e))?;
     }
+    let rt = set_runtime(rt);
+    if let Some(dir) = &cfg.tree_dir {
+        crate::tree::join(rt, dir)?;
+    }
+    start_stats_writer(cfg);
+    Ok(())
 }
 
 extern "C" fn at_exit() {
@@ -140,22 +213,32 @@ extern "C" fn at_exit() {
     crate::internal(|| {
         // The runtime is never dropped in the program: finish the trace here so its record
         // count is written and farmem-sim accepts the file.
-        if let Some(rt) = RUNTIME.get() {
+        if let Some(rt) = runtime() {
             if let Err(e) = rt.finish_trace() {
                 eprintln!("farmem: the page-access trace could not be finished: {e}");
             }
         }
-        if let Some(cfg) = crate::active_config() {
-            if let Some(path) = &cfg.stats_file {
-                let _ = write_stats(path, true);
-            }
+        if let Some(path) = crate::active_config().and_then(stats_path) {
+            let _ = write_stats(&path, true);
         }
     });
 }
 
+/// Where this process writes its stats: its own file in the tree directory, or the file of
+/// `--stats` (no tree).
+fn stats_path(cfg: &RunSettings) -> Option<PathBuf> {
+    match &cfg.tree_dir {
+        Some(dir) => Some(
+            dir.join(farmem_runtime::TREE_STATS_DIR)
+                .join(format!("{}.json", std::process::id())),
+        ),
+        None => cfg.stats_file.clone(),
+    }
+}
+
 /// The stats file's content now (see [`StatsFile`]).
 fn stats_file(is_final: bool) -> StatsFile {
-    let runtime = RUNTIME.get().map(|rt| rt.stats());
+    let runtime = runtime().map(|rt| rt.stats());
     StatsFile {
         pid: std::process::id(),
         is_final,
@@ -163,14 +246,14 @@ fn stats_file(is_final: bool) -> StatsFile {
         preload: crate::shim_counters().into(),
         runtime,
     }
+    tree: None,
 }
 
 /// Writes the stats file atomically (temporary file + rename).
 fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
     // The periodic writer and the exit hook share one temporary path: one writer at a time,
     // or their bytes interleave into a corrupt file.
-    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_writer = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let _one_writer = WriterLock::take();
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -178,6 +261,39 @@ fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
         f.write_all(b"\n")?;
     }
     std::fs::rename(&tmp, path)
+}
+
+/// The stats writers' lock: the pid of the process whose thread holds it. Not a mutex: a
+/// forked child inherits a lock its parent's writer thread held at the fork, and that thread
+/// does not exist in the child, so a holder that is another process is taken over.
+static WRITER: AtomicU32 = AtomicU32::new(0);
+
+struct WriterLock;
+
+impl WriterLock {
+    fn take() -> WriterLock {
+        let me = std::process::id();
+        loop {
+            match WRITER.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return WriterLock,
+                Err(holder) if holder != me => {
+                    if WRITER
+                        .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        return WriterLock;
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+}
+
+impl Drop for WriterLock {
+    fn drop(&mut self) {
+        WRITER.store(0, Ordering::Release);
+    }
 }
 
 /// Called once the heap is ready: fork handlers, the stats writer, the exit hook.
@@ -189,26 +305,32 @@ pub(crate) fn after_heap_ready(cfg: &RunSettings) {
     if r != 0 {
         crate::fatal("pthread_atfork failed: cannot keep a forked child's memory correct");
     }
-    if let Some(path) = cfg.stats_file.clone() {
-        let _ = write_stats(&path, false);
-        let spawned = std::thread::Builder::new()
-            .name("farmem-stats".into())
-            .spawn(move || {
-                crate::mark_runtime_thread();
-                loop {
-                    std::thread::sleep(Duration::from_secs(1));
-                    if IN_FORK_CHILD.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let _ = write_stats(&path, false);
+    start_stats_writer(cfg);
+    // SAFETY: registers a static function of this never-unloaded library.
+    if unsafe { libc::atexit(at_exit) } != 0 {
+        crate::fatal("atexit failed: the final statistics could not be written");
+    }
+}
+
+/// Writes this process's stats file now and then every second, from a thread of its own.
+fn start_stats_writer(cfg: &RunSettings) {
+    let Some(path) = stats_path(cfg) else {
+        return;
+    };
+    let _ = write_stats(&path, false);
+    let spawned = std::thread::Builder::new()
+        .name("farmem-stats".into())
+        .spawn(move || {
+            crate::mark_runtime_thread();
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                if IN_FORK_CHILD.load(Ordering::SeqCst) {
+                    return;
                 }
-            });
-        if let Err(e) = spawned {
-            crate::fatal(&format!("starting the stats writer thread: {e}"));
-        }
-        // SAFETY: registers a static function of this never-unloaded library.
-        if unsafe { libc::atexit(at_exit) } != 0 {
-            crate::fatal("atexit failed: the final statistics could not be written");
-        }
+                let _ = write_stats(&path, false);
+            }
+        });
+    if let Err(e) = spawned {
+        crate::fatal(&format!("starting the stats writer thread: {e}"));
     }
 }

@@ -28,7 +28,12 @@ use serde::{Deserialize, Serialize};
 pub const RUN_SETTINGS_VAR: &str = "FARMEM_RUN_SETTINGS";
 
 /// Version of the settings' layout; bumped on every change of [`RunSettings`].
-pub const RUN_SETTINGS_VERSION: u32 = 3;
+pub const RUN_SETTINGS_VERSION: u32 = 4;
+
+/// In a tree directory ([`RunSettings::tree_dir`]): the folder of the processes' stats files
+/// (`PID.json`, each a [`crate::StatsFile`]) and the budget coordinator's socket.
+pub const TREE_STATS_DIR: &str = "stats";
+pub const TREE_BUDGET_SOCKET: &str = "budget.sock";
 
 /// The smallest heap reservation the library accepts.
 pub const MIN_HEAP_RESERVE_BYTES: u64 = 64 << 20;
@@ -61,8 +66,13 @@ pub struct RunSettings {
     pub backup_file: Option<PathBuf>,
     /// Most bytes a second re-replication copies (the runtime's default when absent).
     pub heal_rate_bytes: Option<u64>,
-    /// JSON stats file, rewritten every second and at exit.
+    /// JSON stats file, rewritten every second and at exit (without `tree_dir`).
     pub stats_file: Option<PathBuf>,
+    /// The process tree's directory (`farmem run` makes it, private): every process of the
+    /// tree writes its stats to `stats/PID.json` there and takes its share of the budget from
+    /// the coordinator on `budget.sock`. With it, the library leaves itself and these settings
+    /// in the environment, so programs the process execs are under farmem too.
+    pub tree_dir: Option<PathBuf>,
     /// Trace file the runtime records accesses into.
     pub record_trace: Option<PathBuf>,
     /// Private anonymous mappings of at least this many bytes become regions.
@@ -164,6 +174,7 @@ mod tests {
             backup_file: Some("/var/tmp/backup".into()),
             heal_rate_bytes: None,
             stats_file: Some("/tmp/stats.json".into()),
+            tree_dir: None,
             record_trace: None,
             mmap_threshold_bytes: 4096,
             heap_reserve_bytes: 256 << 30,

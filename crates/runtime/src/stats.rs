@@ -223,6 +223,10 @@ pub struct StatsFile {
     pub preload: PreloadCounters,
     /// The runtime's counters (None without a runtime: allocator-only mode).
     pub runtime: Option<Stats>,
+    /// Under `farmem run`: the whole process tree (then `summary` is the tree's total and
+    /// `runtime` the first process's own counters). Absent in a process's own file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeStats>,
 }
 
 /// The figures of `farmem run`'s summary line, under stable names, in bytes where the runtime
@@ -316,6 +320,89 @@ impl From<&Stats> for StatsSummary {
             backup_pages_read: s.backup_pages_read,
         }
     }
+}
+
+impl StatsSummary {
+    /// Adds another process's figures (a process tree's total): counts and bytes add up,
+    /// prefetch ratios are weighted by pages prefetched, peaks and budgets add up (an upper
+    /// bound; the tree's own peak is [`TreeStats::peak_local_bytes`]), the last error is the
+    /// newest one seen.
+    pub fn add(&mut self, o: &StatsSummary) {
+        let weighted = |a: Option<f64>, wa: u64, b: Option<f64>, wb: u64| match (a, b) {
+            (None, x) | (x, None) => x,
+            (Some(a), Some(b)) if wa + wb > 0 => {
+                Some((a * wa as f64 + b * wb as f64) / (wa + wb) as f64)
+            }
+            (Some(a), Some(_)) => Some(a),
+        };
+        self.prefetch_accuracy = weighted(
+            self.prefetch_accuracy,
+            self.prefetched_pages,
+            o.prefetch_accuracy,
+            o.prefetched_pages,
+        );
+        self.prefetch_coverage = weighted(
+            self.prefetch_coverage,
+            self.prefetched_pages,
+            o.prefetch_coverage,
+            o.prefetched_pages,
+        );
+        self.faults += o.faults;
+        self.faults_remote += o.faults_remote;
+        self.faults_write_protect += o.faults_write_protect;
+        self.remote_bytes_in += o.remote_bytes_in;
+        self.remote_bytes_out += o.remote_bytes_out;
+        self.faults_tier += o.faults_tier;
+        self.tier_bytes_in += o.tier_bytes_in;
+        self.tier_bytes_out += o.tier_bytes_out;
+        self.prefetched_pages += o.prefetched_pages;
+        self.prefetch_hits += o.prefetch_hits;
+        self.peak_resident_bytes += o.peak_resident_bytes;
+        self.budget_bytes += o.budget_bytes;
+        self.pool_bytes += o.pool_bytes;
+        self.fetch_errors += o.fetch_errors;
+        self.send_errors += o.send_errors;
+        if o.last_error.is_some() {
+            self.last_error.clone_from(&o.last_error);
+        }
+        self.failovers += o.failovers;
+        for d in &o.dead_donors {
+            if !self.dead_donors.contains(d) {
+                self.dead_donors.push(d.clone());
+            }
+        }
+        self.slabs_degraded += o.slabs_degraded;
+        self.slabs_healed += o.slabs_healed;
+        self.last_heal_s = match (self.last_heal_s, o.last_heal_s) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.backup_pages_read += o.backup_pages_read;
+    }
+}
+
+/// A process tree's account, in the stats file `farmem run --stats` writes: every process of
+/// the program's tree that ran a farmem runtime, and the budget they shared.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TreeStats {
+    /// Each process's own figures (from its file in the tree directory).
+    pub processes: Vec<TreeProcess>,
+    /// Most local memory (resident region pages and pool pages in use) the processes held
+    /// together at once, as their reports to the budget coordinator showed it.
+    pub peak_local_bytes: u64,
+    /// Local memory granted beyond `--local-mem` because more processes ran than it could
+    /// give their least share to.
+    pub overcommitted_bytes: u64,
+}
+
+/// One process of a tree.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TreeProcess {
+    pub pid: u32,
+    /// Its file was written at its exit (not a snapshot of a process killed or still running).
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    pub summary: Option<StatsSummary>,
 }
 
 /// The preload library's counters (its interposition of the program's heap and mappings).

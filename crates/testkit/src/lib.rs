@@ -28,3 +28,4 @@ pub mod run;
 pub mod runtime;
 pub mod scenario;
 pub mod sigpipe;
+pub mod tree_rss;

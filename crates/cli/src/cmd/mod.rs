@@ -3,6 +3,7 @@ pub mod doctor;
 pub mod donor;
 pub mod node;
 pub mod run;
+pub mod run_tree;
 pub mod sim;
 pub mod stats;
 pub mod tenants;

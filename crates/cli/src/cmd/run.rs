@@ -25,7 +25,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,10 +35,15 @@ use farmem_donor::{ChildDonor, ChildDonorCommand, ChildDonorError};
 use farmem_runtime::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
 use farmem_runtime::{SealMode, StatsFile, TierMode};
 
+use crate::cmd::run_tree::{self, TreeDir};
 use crate::cmd::units::parse_size;
+use farmem_tree::Coordinator;
 
 /// Exit status of a program whose start-up failed inside the preload library (it printed why).
 const PRELOAD_FAILED_STATUS: i32 = 125;
+
+/// Bytes in a page (the budget coordinator counts pages).
+pub const PAGE_BYTES: u64 = 4096;
 
 /// File name of the preload library.
 pub const PRELOAD_LIB: &str = "libfarmem_preload.so";
@@ -285,25 +290,19 @@ fn check_preloadable(path: &Path) -> anyhow::Result<()> {
                 let name = interpreter
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned());
-                if name.as_deref() == Some("env") {
-                    bail!(
-                        "{} is a script started through `{} {}`: `env` would run under farmem \
-                         instead of the program it starts (farmem leaves exec'd programs \
-                         behind); run the real program through farmem directly, by its path \
-                         (farmem run ... -- /path/to/{} ...)",
-                        path.display(),
-                        interpreter.display(),
-                        arg.as_deref().unwrap_or(""),
-                        arg.as_deref().unwrap_or("program"),
-                    );
-                }
-                tracing::warn!(
-                    "{} is a script: its interpreter {} runs under farmem, programs it starts do \
-                     not (run those through `farmem run`)",
-                    path.display(),
-                    interpreter.display()
-                );
-                cur = interpreter;
+                // Every process of the tree is under farmem, so a script's interpreter and
+                // what it starts are too; `#!/usr/bin/env NAME` is followed to NAME on PATH
+                // (when it cannot be found there, env itself reports it).
+                cur = match (name.as_deref(), arg.as_deref()) {
+                    (Some("env"), Some(prog)) if !prog.starts_with('-') => {
+                        match resolve_command(OsStr::new(prog), std::env::var_os("PATH").as_deref())
+                        {
+                            Ok(p) => p,
+                            Err(_) => return Ok(()),
+                        }
+                    }
+                    _ => interpreter,
+                };
             }
         }
     }
@@ -405,7 +404,29 @@ pub fn summary_line(stats: &StatsFile) -> String {
         fmt_bytes(v.peak_resident_bytes),
         fmt_bytes(v.budget_bytes),
         fmt_bytes(v.pool_bytes)
-    ) + &failure_part(&v)
+    ) + &tree_part(stats)
+        + &failure_part(&v)
+}
+
+/// The summary's account of a tree of several processes, empty for one.
+fn tree_part(stats: &StatsFile) -> String {
+    match &stats.tree {
+        Some(t) if t.processes.len() > 1 => {
+            let mut s = format!(
+                "; {} processes paged, together at most {} local",
+                t.processes.len(),
+                fmt_bytes(t.peak_local_bytes)
+            );
+            if t.overcommitted_bytes > 0 {
+                s += &format!(
+                    " ({} granted beyond --local-mem: too many processes for their least share)",
+                    fmt_bytes(t.overcommitted_bytes)
+                );
+            }
+            s
+        }
+        _ => String::new(),
+    }
 }
 
 /// The summary's account of donor failures, empty when none happened.
@@ -517,16 +538,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--heal-rate 0 would never heal: give a rate such as 256MiB");
     }
 
-    // The stats file: the user's, or a private one for the summary line.
-    let tmp_stats;
-    let stats_path = match &args.stats {
-        Some(p) => p.clone(),
-        None => {
-            tmp_stats = TempFile::new("stats.json")?;
-            tmp_stats.0.clone()
-        }
-    };
-    let _ = std::fs::remove_file(&stats_path);
+    // The process tree: every process's stats file and the coordinator of the shared budget.
+    let tree = TreeDir::create()?;
+    let coordinator = Coordinator::start(&tree.socket(), args.local_mem / PAGE_BYTES)
+        .with_context(|| {
+            format!(
+                "starting the budget coordinator on {}",
+                tree.socket().display()
+            )
+        })?;
+    if let Some(p) = &args.stats {
+        let _ = std::fs::remove_file(p);
+    }
 
     let orig_preload = std::env::var("LD_PRELOAD").ok();
     let preload = match orig_preload.as_deref() {
@@ -546,7 +569,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         replicas: args.replicas.map(usize::from),
         backup_file: backup_file.clone(),
         heal_rate_bytes: args.heal_rate,
-        stats_file: Some(stats_path.clone()),
+        stats_file: None,
+        tree_dir: Some(tree.path().to_path_buf()),
         record_trace: args.record_trace.clone(),
         mmap_threshold_bytes: args.mmap_threshold,
         heap_reserve_bytes: args.heap_reserve,
@@ -585,9 +609,41 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
         }
     });
-    let status = child.wait().context("waiting for the program")?;
+    // The tree's account, in the --stats file every second.
+    let writing = Arc::new(AtomicBool::new(true));
+    let writer = args.stats.clone().map(|path| {
+        let writing = writing.clone();
+        let (tree, coordinator) = (&tree, &coordinator);
+        let local_mem = args.local_mem;
+        move || {
+            while writing.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(250));
+                if let Some(acc) = run_tree::account(&tree.processes(pid), Some(coordinator), local_mem)
+                {
+                    let _ = run_tree::write(&path, &acc);
+                }
+            }
+        }
+    });
+    let status = std::thread::scope(|s| {
+        let w = writer.map(|w| s.spawn(w));
+        let status = child.wait();
+        writing.store(false, Ordering::Relaxed);
+        if let Some(w) = w {
+            let _ = w.join();
+        }
+        status
+    })
+    .context("waiting for the program")?;
     forward_handle.close();
     let _ = forwarder.join();
+    let account = run_tree::account(&tree.processes(pid), Some(&coordinator), args.local_mem);
+    if let (Some(p), Some(acc)) = (&args.stats, &account) {
+        if let Err(e) = run_tree::write(p, acc) {
+            eprintln!("farmem: warning: writing {}: {e}", p.display());
+        }
+    }
+    drop(coordinator);
     drop(local_donor);
     drop(private_node);
     // The runtime lives until the process ends and never drops its backup file: it holds the
@@ -609,7 +665,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         _ => 1,
     };
     if !args.quiet {
-        match read_stats(&stats_path) {
+        match &account {
             Some(v) => eprintln!("{}", summary_line(&v)),
             // the library already said why it stopped the program
             None if code as i32 == PRELOAD_FAILED_STATUS => {}
@@ -620,39 +676,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(code))
-}
-
-fn read_stats(path: &Path) -> Option<StatsFile> {
-    let mut s = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .read_to_string(&mut s)
-        .ok()?;
-    serde_json::from_str(&s).ok()
-}
-
-/// A file path in the temporary directory, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(suffix: &str) -> anyhow::Result<TempFile> {
-        let dir = std::env::temp_dir();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let p = dir.join(format!(
-            "farmem-run-{}-{nanos}-{suffix}",
-            std::process::id()
-        ));
-        Ok(TempFile(p))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Checks made before the program starts, each with a message saying what to do.

@@ -1,0 +1,195 @@
+//! The process tree of `farmem run`: its private directory (every process's stats file and the
+//! budget coordinator's socket) and the tree's account, the stats file `--stats` names.
+//!
+//! Every process of the program's tree that runs a farmem runtime writes `stats/PID.json` in
+//! the tree directory (a [`StatsFile`] of its own, about once a second and at its exit) and
+//! takes its share of `--local-mem` from the coordinator (crate farmem-tree) that `farmem run`
+//! hosts on `budget.sock`. This module adds them up: the summary line and `--stats` give the
+//! tree's totals, with each process's own figures and the coordinator's peak beside them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use farmem_runtime::{StatsFile, TreeProcess, TreeStats, TREE_BUDGET_SOCKET, TREE_STATS_DIR};
+use farmem_tree::Coordinator;
+
+use crate::cmd::run::PAGE_BYTES;
+
+/// The tree's private directory, removed with everything in it when dropped.
+pub struct TreeDir {
+    path: PathBuf,
+}
+
+impl TreeDir {
+    /// Makes a fresh directory (mode 700) in the temporary directory.
+    pub fn create() -> anyhow::Result<TreeDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "farmem-run-{}-{nanos:08x}",
+            std::process::id()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("creating the process tree's directory {}", path.display()))?;
+        let dir = TreeDir { path };
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir.stats_dir())
+            .with_context(|| format!("creating {}", dir.stats_dir().display()))?;
+        Ok(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.path.join(TREE_BUDGET_SOCKET)
+    }
+
+    fn stats_dir(&self) -> PathBuf {
+        self.path.join(TREE_STATS_DIR)
+    }
+
+    /// Every process's last stats file, the tree's root (`root_pid`, the program `farmem run`
+    /// started) first, then by pid. Files being rewritten are skipped (they are replaced by
+    /// rename, so a file read is always whole).
+    pub fn processes(&self, root_pid: u32) -> Vec<StatsFile> {
+        let mut files: Vec<StatsFile> = std::fs::read_dir(self.stats_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|s| serde_json::from_str::<StatsFile>(&s).ok())
+            .collect();
+        files.sort_by_key(|f| (f.pid != root_pid, f.pid));
+        files
+    }
+}
+
+impl Drop for TreeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The tree's account: the root's file with the summary replaced by the tree's total, and the
+/// tree section. `None` when no process wrote a file.
+pub fn account(
+    files: &[StatsFile],
+    coordinator: Option<&Coordinator>,
+    local_mem: u64,
+) -> Option<StatsFile> {
+    let root = files.first()?;
+    let mut total: Option<farmem_runtime::StatsSummary> = None;
+    for f in files {
+        if let Some(s) = &f.summary {
+            match &mut total {
+                Some(t) => t.add(s),
+                None => total = Some(s.clone()),
+            }
+        }
+    }
+    let (peak_local_bytes, overcommitted_bytes) = match coordinator {
+        Some(c) => {
+            let s = c.snapshot();
+            (
+                s.peak_total_used_pages * PAGE_BYTES,
+                s.overcommitted_pages * PAGE_BYTES,
+            )
+        }
+        None => (0, 0),
+    };
+    if let Some(t) = &mut total {
+        if files.len() > 1 {
+            // Peaks of different processes need not coincide: the coordinator saw the tree's.
+            t.peak_resident_bytes = peak_local_bytes;
+            let (budget, pool) =
+                farmem_runtime::split_local_memory(local_mem).unwrap_or((local_mem, 0));
+            t.budget_bytes = budget;
+            t.pool_bytes = pool;
+        }
+    }
+    Some(StatsFile {
+        pid: root.pid,
+        is_final: files.iter().all(|f| f.is_final),
+        summary: total,
+        preload: root.preload.clone(),
+        runtime: root.runtime.clone(),
+        tree: Some(TreeStats {
+            processes: files
+                .iter()
+                .map(|f| TreeProcess {
+                    pid: f.pid,
+                    is_final: f.is_final,
+                    summary: f.summary.clone(),
+                })
+                .collect(),
+            peak_local_bytes,
+            overcommitted_bytes,
+        }),
+    })
+}
+
+/// Writes `file` to `path` atomically (temporary file + rename).
+pub fn write(path: &Path, file: &StatsFile) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        serde_json::to_writer(&mut f, file)?;
+        f.write_all(b"\n")?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farmem_runtime::StatsSummary;
+
+    fn file(pid: u32, faults: u64, is_final: bool) -> StatsFile {
+        StatsFile {
+            pid,
+            is_final,
+            summary: Some(StatsSummary {
+                faults,
+                remote_bytes_in: faults * 4096,
+                peak_resident_bytes: 1 << 20,
+                budget_bytes: 8 << 20,
+                ..StatsSummary::default()
+            }),
+            ..StatsFile::default()
+        }
+    }
+
+    #[test]
+    fn the_account_adds_every_process_and_starts_with_the_root() {
+        let dir = TreeDir::create().unwrap();
+        for f in [file(30, 5, true), file(7, 2, false), file(12, 3, true)] {
+            write(&dir.stats_dir().join(format!("{}.json", f.pid)), &f).unwrap();
+        }
+        std::fs::write(dir.stats_dir().join("99.json"), "{ torn").unwrap();
+        let files = dir.processes(12);
+        assert_eq!(
+            files.iter().map(|f| f.pid).collect::<Vec<_>>(),
+            vec![12, 7, 30]
+        );
+        let acc = account(&files, None, 64 << 20).unwrap();
+        assert_eq!(acc.pid, 12);
+        assert!(!acc.is_final, "one process has not finished");
+        let s = acc.summary.unwrap();
+        assert_eq!((s.faults, s.remote_bytes_in), (10, 10 * 4096));
+        assert_eq!(acc.tree.unwrap().processes.len(), 3);
+        assert!(account(&[], None, 64 << 20).is_none());
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists(), "the directory goes with the run");
+    }
+}
