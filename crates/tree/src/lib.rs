@@ -7,7 +7,7 @@
 //! applies the grant the coordinator gives it. Budget moves to the processes that fault; a
 //! process that exits gives its share back at once.
 //!
-//! ```ignore
+//! ```no_run
 //! use farmem_tree::{Coordinator, Report, TreeClient};
 //! let coordinator = Coordinator::start("/tmp/farmem-tree.sock".as_ref(), 262_144)?;
 //! let (mut client, grant_pages) =
@@ -28,8 +28,12 @@
 //! a process that ignores it (it only stops giving it more).
 #![forbid(unsafe_code)]
 
+pub mod client;
+pub mod coordinator;
 pub mod policy;
 pub mod wire;
 
+pub use client::TreeClient;
+pub use coordinator::{Coordinator, TreeSnapshot};
 pub use policy::{Budget, ProcessShare};
 pub use wire::{Report, ToCoordinator, ToProcess, MAX_LINE_BYTES, TREE_PROTOCOL_VERSION};

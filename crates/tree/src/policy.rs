@@ -23,12 +23,14 @@
 //!   highest-demand wanter got nothing, one process with lower demand gives up one step (not
 //!   below its min) — never two at once, never one with more demand (no thrash), and never
 //!   while some process still holds more than its grant (an earlier give-back in progress).
-//! - A process alone in the tree is granted everything (a single-process program behaves as
-//!   without a tree).
+//! - A process alone in the tree is never trimmed (there is nobody to give its pages to), so
+//!   a single-process program keeps the whole budget, as without a tree.
 //!
 //! # Limitations
 //! Demand is counted in pages fetched from far memory: a process filling fresh memory (first
-//! touches) is not seen as wanting more until it starts fetching back what it evicted.
+//! touches) is not seen as wanting more until it starts fetching back what it evicted. The
+//! pages of a process that left stay free until a process under pressure with demand, or a
+//! new one, takes them.
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -309,16 +311,11 @@ impl Budget {
     /// Moves budget toward the processes that fault (the rules in the module docs); returns
     /// the grants that changed since they were last returned (by `join` or `rebalance`).
     pub fn rebalance(&mut self) -> Vec<(u64, u64)> {
-        if self.processes.len() == 1 {
-            let total = self.total_pages;
-            for p in self.processes.values_mut() {
-                p.grant = total.max(p.min_pages);
-            }
-        } else {
+        if self.processes.len() > 1 {
             self.trim_idle();
-            if let Some(starved) = self.give_free() {
-                self.take_for(starved);
-            }
+        }
+        if let Some(starved) = self.give_free() {
+            self.take_for(starved);
         }
         let mut changed = Vec::new();
         for (&id, p) in self.processes.iter_mut() {
@@ -464,12 +461,17 @@ mod tests {
     }
 
     #[test]
-    fn a_process_left_alone_gets_everything_back() {
+    fn a_process_left_alone_is_not_trimmed_and_grows_when_it_faults() {
         let mut b = Budget::new(TOTAL);
         b.join(1, 100, 1024);
         b.join(2, 101, 1024);
         b.leave(1);
-        assert_eq!(b.rebalance(), vec![(2, TOTAL)]);
+        for _ in 0..HISTORY {
+            b.report(2, report(10, 0, 0));
+        }
+        assert!(b.rebalance().is_empty());
+        b.report(2, report(1024, 10, 5));
+        assert_eq!(b.rebalance(), vec![(2, 1024 + b.step_pages())]);
     }
 
     #[test]
