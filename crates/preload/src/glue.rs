@@ -245,8 +245,8 @@ fn stats_file(is_final: bool) -> StatsFile {
         summary: runtime.as_ref().map(StatsSummary::from),
         preload: crate::shim_counters().into(),
         runtime,
+        tree: None,
     }
-    tree: None,
 }
 
 /// Writes the stats file atomically (temporary file + rename).

@@ -234,3 +234,11 @@ impl TreeClient {
         Ok(())
     }
 }
+
+/// The connection's descriptor: a forked child closes its inherited copy, so the parent's
+/// share comes back when the parent exits even while the child lives.
+impl std::os::fd::AsRawFd for TreeClient {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+}

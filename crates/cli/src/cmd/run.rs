@@ -20,7 +20,6 @@
 //! - A program killed by a signal leaves the stats of its last one-second snapshot.
 
 use std::ffi::{OsStr, OsString};
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
