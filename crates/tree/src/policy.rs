@@ -30,7 +30,9 @@
 //! Demand is counted in pages fetched from far memory: a process filling fresh memory (first
 //! touches) is not seen as wanting more until it starts fetching back what it evicted. The
 //! pages of a process that left stay free until a process under pressure with demand, or a
-//! new one, takes them.
+//! new one, takes them. A process that keeps more pages than its grant (ignores it) holds up
+//! rule 3 for the whole tree. Each rebalance is O(n²) at worst in the processes present, run after
+//! every report: meant for trees of up to a few hundred processes.
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
