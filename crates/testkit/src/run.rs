@@ -181,6 +181,23 @@ pub fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Waits for a spawned child with piped output, up to `timeout` (killed and a test failure
+/// otherwise).
+pub fn wait_output(child: Child, timeout: Duration) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(o) => o.expect("waiting for the child"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            panic!("pid {pid} did not finish within {timeout:?}");
+        }
+    }
+}
+
 /// Text of an output, for messages.
 pub fn text(o: &Output) -> String {
     format!(

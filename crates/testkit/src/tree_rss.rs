@@ -1,8 +1,9 @@
 //! The resident memory of a whole process tree, measured from outside: a thread sums the
-//! anonymous resident memory (`RssAnon`) of a process and all its descendants every few
-//! milliseconds and keeps the peak, so a test can check a budget the way a memory cgroup
-//! would see it (anonymous memory; the page cache of the files the programs read is not
-//! theirs to bound).
+//! anonymous memory of a process and all its descendants every few milliseconds and keeps the
+//! peak, so a test can check a budget the way a memory cgroup would see it: anonymous memory
+//! only (the page cache of the files the programs read is not theirs to bound), and a page a
+//! forked child shares copy-on-write with its parent counted once (`Pss_Anon` of
+//! /proc/PID/smaps_rollup, the proportional share; `RssAnon` would count it in each).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,14 +36,14 @@ impl TreeRssSampler {
             while !s.load(Ordering::Relaxed) {
                 let mut total = 0;
                 for pid in descendants(root) {
-                    if let Some((name, anon)) = rss_anon(pid) {
+                    if let Some((name, anon)) = pss_anon(pid) {
                         total += anon;
                         seen.processes.insert(pid, name);
                     }
                 }
                 seen.peak_anon_bytes = seen.peak_anon_bytes.max(total);
                 seen.samples += 1;
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(10));
             }
             seen
         });
@@ -96,19 +97,16 @@ pub fn descendants(root: u32) -> Vec<u32> {
     }
 }
 
-/// A process's command name and anonymous resident bytes (None once it is gone).
-fn rss_anon(pid: u32) -> Option<(String, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let mut name = String::new();
-    let mut anon = None;
-    for line in status.lines() {
-        if let Some(v) = line.strip_prefix("Name:") {
-            name = v.trim().to_string();
-        } else if let Some(v) = line.strip_prefix("RssAnon:") {
-            anon = v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
-        }
-    }
-    Some((name, anon? * 1024))
+/// A process's command name and its proportional share of anonymous memory, in bytes (None
+/// once it is gone).
+fn pss_anon(pid: u32) -> Option<(String, u64)> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kb = rollup.lines().find_map(|l| {
+        l.strip_prefix("Pss_Anon:")
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    })?;
+    Some((comm.trim().to_string(), kb * 1024))
 }
 
 #[cfg(test)]

@@ -412,7 +412,8 @@ fn tree_part(stats: &StatsFile) -> String {
     match &stats.tree {
         Some(t) if t.processes.len() > 1 => {
             let mut s = format!(
-                "; {} processes paged, together at most {} local",
+                "; {} processes paged, sharing the budget: together at most {} resident and \
+                 pooled",
                 t.processes.len(),
                 fmt_bytes(t.peak_local_bytes)
             );

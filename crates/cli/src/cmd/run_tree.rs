@@ -109,7 +109,8 @@ pub fn account(
     };
     if let Some(t) = &mut total {
         if files.len() > 1 {
-            // Peaks of different processes need not coincide: the coordinator saw the tree's.
+            // Peaks of different processes need not coincide: the coordinator saw the tree's
+            // (resident and pooled pages together).
             t.peak_resident_bytes = peak_local_bytes;
             let (budget, pool) =
                 farmem_runtime::split_local_memory(local_mem).unwrap_or((local_mem, 0));

@@ -1,0 +1,233 @@
+//! Every process a program starts is under farmem, within one budget: a `#!/usr/bin/env`
+//! launcher, `bash -c`, a shell script running Pythons in sequence and in parallel, Python
+//! multiprocessing, a forking server whose children exit early, and `make` running the C
+//! compiler. Each run is checked for correct output, for remote or host-tier faults in every
+//! process whose data exceeded its share, and for the tree's peak anonymous memory, sampled
+//! from outside, within `--local-mem` plus the unmanaged memory the processes reported.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use farmem_testkit::bins::{farmem, require_preload_lib};
+use farmem_testkit::run::{read_stats, require_program, text, Scratch};
+use farmem_testkit::tree_rss::TreeRssSampler;
+
+const MIB: u64 = 1 << 20;
+/// Debian's interpreter (a PATH python3 may be a version-manager shim).
+const PYTHON: &str = "/usr/bin/python3";
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/tree")
+        .join(name)
+}
+
+/// A finished run: its output, its stats file, the tree's sampled peak.
+struct TreeRun {
+    out: Output,
+    stats: serde_json::Value,
+    peak_anon: u64,
+    local_mem: u64,
+}
+
+/// `farmem run --local-mem LOCAL --stats … -- command`, with the tree's memory sampled.
+fn run_tree(local_mib: u64, command: &[&str], cwd: Option<&Path>) -> TreeRun {
+    require_preload_lib();
+    let scratch = Scratch::new("tree");
+    let stats = scratch.path("stats.json");
+    let mut cmd = Command::new(farmem());
+    cmd.args(["run", "--local-mem", &format!("{local_mib}MiB"), "--stats"])
+        .arg(&stats)
+        .arg("--")
+        .args(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    let child = cmd.spawn().expect("starting farmem run");
+    let sampler = TreeRssSampler::start(child.id());
+    let out = farmem_testkit::run::wait_output(child, Duration::from_secs(240));
+    let seen = sampler.stop();
+    assert!(out.status.success(), "{}", text(&out));
+    TreeRun {
+        stats: read_stats(&stats),
+        out,
+        peak_anon: seen.peak_anon_bytes,
+        local_mem: local_mib * MIB,
+    }
+}
+
+impl TreeRun {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+
+    fn processes(&self) -> &Vec<serde_json::Value> {
+        self.stats["tree"]["processes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tree section: {}", self.stats))
+    }
+
+    /// Processes whose pages went far and came back (remote or host-tier faults).
+    fn paged(&self) -> usize {
+        self.processes()
+            .iter()
+            .filter(|p| {
+                p["summary"]["faults_tier"].as_u64().unwrap_or(0)
+                    + p["summary"]["faults_remote"].as_u64().unwrap_or(0)
+                    > 0
+            })
+            .count()
+    }
+
+    /// The tree's peak within --local-mem plus what its processes reported unmanaged (their
+    /// stacks, interpreters' own memory, farmem's bookkeeping), plus the farmem run process and
+    /// its private node, which are not the program's.
+    fn check_budget(&self) {
+        let unmanaged: u64 = self
+            .processes()
+            .iter()
+            .map(|p| p["unmanaged_anon_peak_bytes"].as_u64().unwrap_or(0))
+            .sum();
+        let farmem_own = 16 * MIB;
+        assert!(
+            self.peak_anon <= self.local_mem + unmanaged + farmem_own,
+            "the tree's peak anonymous memory {} MiB exceeds --local-mem {} MiB + {} MiB \
+             reported unmanaged + {} MiB of farmem's own processes\n{}",
+            self.peak_anon / MIB,
+            self.local_mem / MIB,
+            unmanaged / MIB,
+            farmem_own / MIB,
+            text(&self.out)
+        );
+    }
+}
+
+/// One `ok <checksum>` line per job, all equal to a run without farmem.
+fn expect_ok_lines(run: &TreeRun, n: usize) {
+    let out = run.stdout();
+    let oks: Vec<&str> = out.lines().filter(|l| l.starts_with("ok ")).collect();
+    assert_eq!(oks.len(), n, "{}", text(&run.out));
+    assert!(!out.contains("MISMATCH"), "{}", text(&run.out));
+    assert!(
+        oks.windows(2).all(|w| w[0] == w[1]),
+        "the checksums differ: {out}"
+    );
+}
+
+#[test]
+fn an_env_launcher_shim_is_followed_and_its_python_paged() {
+    let dir = Scratch::new("shim");
+    let shim = dir.path("python3");
+    // A version-manager shim, as pyenv, nvm, rbenv and asdf install: written by a short-lived
+    // sh, so no write descriptor of this multi-threaded test process can leak into a fork.
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "printf '#!/usr/bin/env bash\\nexec {PYTHON} \"$@\"\\n' > {0} && chmod 755 {0}",
+            shim.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let run = run_tree(
+        48,
+        &[shim.to_str().unwrap(), script("job.py").to_str().unwrap(), "128"],
+        None,
+    );
+    expect_ok_lines(&run, 1);
+    assert!(run.paged() >= 1, "python was not paged: {}", run.stats);
+    run.check_budget();
+}
+
+#[test]
+fn bash_c_runs_python_under_farmem() {
+    let job = format!("{PYTHON} {} 128", script("job.py").display());
+    let run = run_tree(48, &["bash", "-c", &format!("{job}; true")], None);
+    expect_ok_lines(&run, 1);
+    assert!(run.processes().len() >= 2, "bash and python: {}", run.stats);
+    assert!(run.paged() >= 1, "python was not paged: {}", run.stats);
+    run.check_budget();
+}
+
+#[test]
+fn a_script_runs_pythons_in_sequence_and_in_parallel_within_one_budget() {
+    let job = format!("{PYTHON} {} 96", script("job.py").display());
+    let sh = format!("{job}; {job}; {job} & {job} & wait");
+    let run = run_tree(64, &["sh", "-c", &sh], None);
+    expect_ok_lines(&run, 4);
+    assert!(run.paged() >= 4, "every python over its share pages: {}", run.stats);
+    run.check_budget();
+}
+
+#[test]
+fn multiprocessing_workers_share_the_budget() {
+    let run = run_tree(
+        64,
+        &[PYTHON, script("workers.py").to_str().unwrap(), "48"],
+        None,
+    );
+    let out = run.stdout();
+    assert_eq!(out.lines().count(), 4, "{}", text(&run.out));
+    // Same checksums as without farmem.
+    let plain = Command::new(PYTHON)
+        .arg(script("workers.py"))
+        .arg("48")
+        .output()
+        .unwrap();
+    assert_eq!(out, String::from_utf8_lossy(&plain.stdout), "{}", text(&run.out));
+    assert!(run.processes().len() >= 5, "the parent and 4 workers: {}", run.stats);
+    assert!(run.paged() >= 4, "every worker over its share pages: {}", run.stats);
+    run.check_budget();
+}
+
+#[test]
+fn a_forking_server_s_children_read_the_parent_s_state() {
+    let run = run_tree(
+        48,
+        &[PYTHON, script("forking_server.py").to_str().unwrap(), "96"],
+        None,
+    );
+    expect_ok_lines(&run, 6);
+    assert!(run.processes().len() >= 7, "the server and 6 children: {}", run.stats);
+    assert!(run.paged() >= 1, "the server was not paged: {}", run.stats);
+    run.check_budget();
+}
+
+#[test]
+fn make_runs_the_compiler_under_farmem() {
+    require_program("make", "make");
+    require_program("cc", "build-essential");
+    let dir = Scratch::new("make");
+    let mut rules = String::from("all:");
+    for i in 0..6 {
+        rules += &format!(" p{i}");
+    }
+    rules += "\n";
+    for i in 0..6 {
+        // A big generated function keeps the compiler's optimiser busy.
+        let mut body = format!("int f{i}(int x) {{\n int a[64] = {{0}};\n");
+        for k in 0..400 {
+            body += &format!(" a[{}] += x * {k} + a[{}];\n", k % 64, (k * 7) % 64);
+        }
+        body += " int s = 0; for (int k = 0; k < 64; k++) s += a[k];\n return s;\n}\n";
+        body += &format!("int main(void) {{ return f{i}(3) == 0; }}\n");
+        std::fs::write(dir.path(&format!("p{i}.c")), body).unwrap();
+        rules += &format!("p{i}: p{i}.c\n\tcc -O2 -o $@ $<\n");
+    }
+    std::fs::write(dir.path("Makefile"), rules).unwrap();
+    let run = run_tree(32, &["make", "-j2"], Some(&dir.0));
+    for i in 0..6 {
+        assert!(dir.path(&format!("p{i}")).is_file(), "p{i} not built: {}", text(&run.out));
+    }
+    // make, a shell or two per rule, cc, cc1, as, collect2, ld.
+    assert!(
+        run.processes().len() >= 12,
+        "every process of the build ran a runtime: {}",
+        run.stats
+    );
+    run.check_budget();
+}
