@@ -162,6 +162,7 @@ fn stats_file(is_final: bool) -> StatsFile {
         summary: runtime.as_ref().map(StatsSummary::from),
         preload: crate::shim_counters().into(),
         runtime,
+        unmanaged: None,
     }
 }
 

@@ -98,7 +98,8 @@ pub use prefetch::PrefetchInstall;
 pub use seal::SealError;
 pub use stats::{
     clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, FaultLatency, LatencySummary,
-    PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu,
+    PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu, UnmanagedMapping,
+    UnmanagedReport,
 };
 
 use shared::Shared;
@@ -403,6 +404,35 @@ impl Runtime {
         drop(st);
         // Unregister first so munmap raises no UNMAP event.
         let _ = sh.uffd.unregister(addr, len);
+    }
+
+    /// Every region now: (start address, length in bytes), in address order. Regions change
+    /// as the program maps, unmaps and remaps memory, so this is a snapshot. Empty in a forked
+    /// child (its copies of the regions are plain memory there).
+    pub fn regions(&self) -> Vec<(usize, usize)> {
+        if self.sh.in_child.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let st = self.sh.state.lock();
+        st.pages
+            .ranges()
+            .into_iter()
+            .map(|(start, end)| (start, end - start))
+            .collect()
+    }
+
+    /// The runtime's own local page memory now: the write-back pool's mapping, then every
+    /// memory slab (host tier slabs mapped from the node, local slabs): (start address, length
+    /// in bytes). Not program memory, but farmem's: what is resident there is accounted by the
+    /// runtime (the pool within `--local-mem`; the slabs in [`Stats::tier_slabs`] and
+    /// [`Stats::local_slabs`]). Only the pool in a forked child.
+    pub fn own_memory(&self) -> Vec<(usize, usize)> {
+        let pool = self.sh.pool.mapping();
+        let mut v = vec![(pool.addr(), pool.len())];
+        if !self.sh.in_child.load(Ordering::Relaxed) {
+            v.extend(self.sh.state.lock().mem.ranges());
+        }
+        v
     }
 
     /// A snapshot of the counters.
