@@ -37,6 +37,7 @@
 pub mod config;
 mod exports;
 mod glue;
+pub mod unmanaged;
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;

@@ -240,10 +240,13 @@ pub struct UnmanagedReport {
     pub rss_bytes: u64,
     /// Most resident memory of the process at once (VmHWM), since it started.
     pub peak_rss_bytes: u64,
-    /// Resident memory now in the regions and in farmem's own local memory (the write-back
-    /// pool, memory slabs).
+    /// Resident memory now in the regions (the program's memory farmem pages).
     pub managed_rss_bytes: u64,
-    /// Resident memory now outside them: `rss_bytes - managed_rss_bytes`.
+    /// Resident memory now in farmem's own memory: the write-back pool (within
+    /// `--local-mem`) and memory slabs (host tier slabs are the node's memory, shared into the
+    /// process; local slabs are counted in `Stats::local_slabs`).
+    pub farmem_rss_bytes: u64,
+    /// Resident memory now outside both: `rss_bytes - managed_rss_bytes - farmem_rss_bytes`.
     pub unmanaged_bytes: u64,
     /// The anonymous part of `unmanaged_bytes` (stacks, small mappings, a runtime's own heap);
     /// the rest is file-backed or shared.
@@ -641,7 +644,8 @@ mod tests {
             unmanaged: Some(UnmanagedReport {
                 rss_bytes: 90 << 20,
                 peak_rss_bytes: 100 << 20,
-                managed_rss_bytes: 20 << 20,
+                managed_rss_bytes: 16 << 20,
+                farmem_rss_bytes: 4 << 20,
                 unmanaged_bytes: 70 << 20,
                 anon_unmanaged_bytes: 64 << 20,
                 peak_unmanaged_bytes: 80 << 20,
