@@ -441,7 +441,7 @@ pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
         .map(|m| format!("{} {}", m.name, fmt_bytes(m.rss_bytes)))
         .collect();
     Some(format!(
-        "farmem: warning: {} of the program's memory was outside farmem's regions (largest: \
+        "farmem: warning: {} of the process's memory was outside farmem's regions (largest: \
          {}); it is not paged, so not bounded by --local-mem {}: only the heap and private \
          anonymous mappings of at least --mmap-threshold are (thread stacks, smaller or shared \
          mappings, files and a managed runtime's own heap are not)",
@@ -999,7 +999,7 @@ mod tests {
     fn unmanaged_memory_over_a_tenth_of_local_mem_is_warned_about() {
         let w = unmanaged_warning(&unmanaged(70 << 20), 32 << 20).unwrap();
         assert!(
-            w.starts_with("farmem: warning: 70.0 MiB of the program's memory"),
+            w.starts_with("farmem: warning: 70.0 MiB of the process's memory"),
             "{w}"
         );
         assert!(
