@@ -90,7 +90,7 @@ impl TreeRun {
         let unmanaged: u64 = self
             .processes()
             .iter()
-            .map(|p| p["unmanaged_anon_peak_bytes"].as_u64().unwrap_or(0))
+            .map(|p| p["unmanaged"]["peak_unmanaged_bytes"].as_u64().unwrap_or(0))
             .sum();
         let farmem_own = 16 * MIB;
         assert!(

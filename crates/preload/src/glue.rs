@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use farmem_runtime::{Runtime, RuntimeConfig, StatsFile, StatsSummary};
+use farmem_runtime::{Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport};
 
 use crate::config::RunSettings;
+use crate::unmanaged;
 
 /// This process's runtime: set at start-up and again in a forked child that starts its own.
 /// An atomic pointer to a leaked `Arc`, not a lock: a forked child must be able to read and
@@ -246,6 +247,31 @@ fn stats_file(is_final: bool) -> StatsFile {
         preload: crate::shim_counters().into(),
         runtime,
         tree: None,
+        unmanaged: measure_unmanaged(),
+    }
+}
+
+/// Measures the process's memory outside the managed ranges (regions, and the runtime's own
+/// memory) from /proc/self/smaps, and keeps the peaks. Costs milliseconds in a big process:
+/// called only when the stats file is written (the stats thread, start-up and exit).
+fn measure_unmanaged() -> Option<UnmanagedReport> {
+    static TRACKER: std::sync::Mutex<unmanaged::Tracker> =
+        std::sync::Mutex::new(unmanaged::Tracker::new());
+    let (regions, own) = runtime()
+        .map(|rt| (rt.regions(), rt.own_memory()))
+        .unwrap_or_default();
+    let mut t = TRACKER.lock().unwrap_or_else(|p| p.into_inner());
+    match unmanaged::measure(&regions, &own) {
+        Ok((m, peak_rss)) => Some(t.update(m, peak_rss)),
+        Err(e) => {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "farmem: warning: the memory outside farmem's regions is not reported: {e}"
+                );
+            }
+            t.last()
+        }
     }
 }
 

@@ -38,6 +38,7 @@ pub mod config;
 mod exports;
 mod glue;
 mod tree;
+pub mod unmanaged;
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;

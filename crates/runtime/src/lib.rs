@@ -102,6 +102,7 @@ pub use seal::SealError;
 pub use stats::{
     clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, FaultLatency, LatencySummary,
     PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu, TreeProcess, TreeStats,
+    UnmanagedMapping, UnmanagedReport,
 };
 
 use shared::Shared;
@@ -408,6 +409,20 @@ impl Runtime {
         let _ = sh.uffd.unregister(addr, len);
     }
 
+    /// The runtime's own local page memory now: the write-back pool's mapping, then every
+    /// memory slab (host tier slabs mapped from the node, local slabs): (start address, length
+    /// in bytes). Not program memory, but farmem's: what is resident there is accounted by the
+    /// runtime (the pool within `--local-mem`; the slabs in [`Stats::tier_slabs`] and
+    /// [`Stats::local_slabs`]). Only the pool in a forked child.
+    pub fn own_memory(&self) -> Vec<(usize, usize)> {
+        let pool = self.sh.pool.mapping();
+        let mut v = vec![(pool.addr(), pool.len())];
+        if !self.sh.in_child.load(Ordering::Relaxed) {
+            v.extend(self.sh.state.lock().mem.ranges());
+        }
+        v
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let sh = &self.sh;
@@ -537,8 +552,10 @@ impl Runtime {
         u64::from(self.sh.pool.slots())
     }
 
-    /// The registered ranges `(start, length in bytes)` as they are now (munmap and mremap
-    /// split and move them). In a forked child, the ranges the parent had at fork.
+    /// Every region now: (start address, length in bytes), in address order (munmap and
+    /// mremap split and move them, so this is a snapshot). In a forked child, the ranges the
+    /// parent had at fork (the child's copies are plain memory there until it registers them
+    /// with a runtime of its own).
     pub fn regions(&self) -> Vec<(usize, usize)> {
         let st = self.sh.state.lock();
         st.pages

@@ -204,6 +204,15 @@ impl MemSlabs {
         tier.into_iter().take(n).map(|(_, i)| i).collect()
     }
 
+    /// The mapping of every memory slab: (start address, length in bytes).
+    pub(crate) fn ranges(&self) -> Vec<(usize, usize)> {
+        self.slabs
+            .iter()
+            .flatten()
+            .map(|s| (s.mapping.addr(), s.mapping.len()))
+            .collect()
+    }
+
     /// (tier slabs, local slabs) held now.
     pub(crate) fn counts(&self) -> (u64, u64) {
         self.slabs

@@ -227,6 +227,54 @@ pub struct StatsFile {
     /// `runtime` the first process's own counters). Absent in a process's own file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<TreeStats>,
+    /// The process's memory beside the regions: what `--local-mem` does not bound (None when
+    /// /proc/self/smaps could not be read; missing in files of older libraries).
+    #[serde(default)]
+    pub unmanaged: Option<UnmanagedReport>,
+}
+
+/// The process's resident memory and the part of it farmem does not manage, measured from
+/// /proc/self/smaps by the preload library when it writes the stats file. Only region pages
+/// (the heap and large private anonymous mappings) are paged; thread stacks, small mappings,
+/// file-backed memory and a managed runtime's own heap are not, so they are not bounded by
+/// `--local-mem`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UnmanagedReport {
+    /// Resident memory of the whole process now (the sum of every mapping's Rss).
+    pub rss_bytes: u64,
+    /// Most resident memory of the process at once (VmHWM), since it started.
+    pub peak_rss_bytes: u64,
+    /// Resident memory now in the regions (the program's memory farmem pages).
+    pub managed_rss_bytes: u64,
+    /// Resident memory now in farmem's own memory: the write-back pool (within
+    /// `--local-mem`) and memory slabs (host tier slabs are the node's memory, shared into the
+    /// process; local slabs are counted in `Stats::local_slabs`).
+    pub farmem_rss_bytes: u64,
+    /// Resident memory now outside both: `rss_bytes - managed_rss_bytes - farmem_rss_bytes`.
+    pub unmanaged_bytes: u64,
+    /// The anonymous part of `unmanaged_bytes` (stacks, small mappings, a runtime's own heap);
+    /// the rest is file-backed or shared.
+    pub anon_unmanaged_bytes: u64,
+    /// The most `unmanaged_bytes` seen in any measurement (about once a second, and at exit).
+    pub peak_unmanaged_bytes: u64,
+    /// The mappings with the most unmanaged resident memory now, largest first (at most 5).
+    pub biggest: Vec<UnmanagedMapping>,
+    /// The same when `peak_unmanaged_bytes` was measured.
+    pub biggest_at_peak: Vec<UnmanagedMapping>,
+}
+
+/// One mapping outside farmem's regions, as /proc/self/smaps lists it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UnmanagedMapping {
+    /// Start address.
+    pub start: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Resident bytes.
+    pub rss_bytes: u64,
+    /// Its pathname column: a file, `[stack]`, `[heap]`, `[anon:NAME]`…, or `[anon]` for an
+    /// anonymous mapping without a name.
+    pub name: String,
 }
 
 /// The figures of `farmem run`'s summary line, under stable names, in bytes where the runtime
@@ -403,6 +451,9 @@ pub struct TreeProcess {
     #[serde(rename = "final")]
     pub is_final: bool,
     pub summary: Option<StatsSummary>,
+    /// Its memory outside the regions.
+    #[serde(default)]
+    pub unmanaged: Option<UnmanagedReport>,
 }
 
 /// The preload library's counters (its interposition of the program's heap and mappings).
@@ -680,6 +731,22 @@ mod tests {
                 ..PreloadCounters::default()
             },
             runtime: Some(rt),
+            unmanaged: Some(UnmanagedReport {
+                rss_bytes: 90 << 20,
+                peak_rss_bytes: 100 << 20,
+                managed_rss_bytes: 16 << 20,
+                farmem_rss_bytes: 4 << 20,
+                unmanaged_bytes: 70 << 20,
+                anon_unmanaged_bytes: 64 << 20,
+                peak_unmanaged_bytes: 80 << 20,
+                biggest: vec![UnmanagedMapping {
+                    start: 0x7f00_0000_0000,
+                    len: 64 << 20,
+                    rss_bytes: 64 << 20,
+                    name: "[anon]".into(),
+                }],
+                biggest_at_peak: vec![],
+            }),
         };
         let json = serde_json::to_string(&file).unwrap();
         assert!(
@@ -691,6 +758,14 @@ mod tests {
         let summary = file.summary.unwrap();
         assert_eq!((summary.faults, summary.faults_remote), (1, 1));
         assert_eq!(summary.prefetch_accuracy, Some(0.5));
+    }
+
+    #[test]
+    fn a_stats_file_without_the_unmanaged_report_still_reads() {
+        let mut v = serde_json::to_value(StatsFile::default()).unwrap();
+        v.as_object_mut().unwrap().remove("unmanaged");
+        let file: StatsFile = serde_json::from_value(v).unwrap();
+        assert_eq!(file.unmanaged, None);
     }
 
     #[test]

@@ -410,3 +410,31 @@ fn assert_evicted_within_budget(s: &farmem_runtime::Stats) {
         s.budget_pages
     );
 }
+
+#[test]
+fn regions_lists_every_region_and_own_memory_the_pool() {
+    let donor = in_process(64 << 20, 1 << 20);
+    let rt = runtime(MIB, vec![donor.local_addr().to_string()], "fifo");
+    assert!(rt.regions().is_empty(), "{:?}", rt.regions());
+    let a = rt.map(2 * MIB).unwrap();
+    let b = rt.map(3 * MIB + 1).unwrap();
+    let mut want = vec![
+        (a.as_ptr() as usize, 2 * MIB),
+        (b.as_ptr() as usize, 3 * MIB + PAGE),
+    ];
+    want.sort_unstable();
+    assert_eq!(rt.regions(), want);
+    let own = rt.own_memory();
+    let pool = rt.stats().pool_capacity_pages as usize * PAGE;
+    assert!(!own.is_empty() && own[0].1 >= pool, "{own:?}, pool {pool}");
+    for (start, len) in &own {
+        for (r, rl) in &want {
+            assert!(
+                start + len <= *r || r + rl <= *start,
+                "pool overlaps a region"
+            );
+        }
+    }
+    drop(a);
+    assert_eq!(rt.regions(), vec![(b.as_ptr() as usize, 3 * MIB + PAGE)]);
+}

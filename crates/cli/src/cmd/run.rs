@@ -131,7 +131,7 @@ pub struct RunArgs {
     /// Diagnostics: place the heap and mappings as usual but start no paging runtime.
     #[arg(long, hide = true)]
     pub allocator_only: bool,
-    /// Print no summary line at exit.
+    /// Print no summary line at exit (nor the warning about memory outside farmem's regions).
     #[arg(long)]
     pub quiet: bool,
     /// The program and its arguments (after `--`).
@@ -403,7 +403,8 @@ pub fn summary_line(stats: &StatsFile) -> String {
         fmt_bytes(v.peak_resident_bytes),
         fmt_bytes(v.budget_bytes),
         fmt_bytes(v.pool_bytes)
-    ) + &tree_part(stats)
+    ) + &rss_part(stats)
+        + &tree_part(stats)
         + &failure_part(&v)
 }
 
@@ -427,6 +428,48 @@ fn tree_part(stats: &StatsFile) -> String {
         }
         _ => String::new(),
     }
+}
+
+/// The summary's process RSS beside the managed resident pages, empty when the library did
+/// not measure it.
+fn rss_part(stats: &StatsFile) -> String {
+    let Some(u) = &stats.unmanaged else {
+        return String::new();
+    };
+    format!(
+        ", process peak RSS {} ({} at most outside farmem's regions)",
+        fmt_bytes(u.peak_rss_bytes),
+        fmt_bytes(u.peak_unmanaged_bytes)
+    )
+}
+
+/// The warning printed after the summary when the program's memory outside the regions
+/// (stacks, small mappings, file-backed memory, a managed runtime's own heap) reached a tenth
+/// of `--local-mem` (`local_mem`): it is not paged, so not bounded by it. Names the biggest
+/// such mappings at that peak.
+pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
+    let u = stats.unmanaged.as_ref()?;
+    if u.peak_unmanaged_bytes <= local_mem / 10 {
+        return None;
+    }
+    let biggest = if u.biggest_at_peak.is_empty() {
+        &u.biggest
+    } else {
+        &u.biggest_at_peak
+    };
+    let names: Vec<String> = biggest
+        .iter()
+        .map(|m| format!("{} {}", m.name, fmt_bytes(m.rss_bytes)))
+        .collect();
+    Some(format!(
+        "farmem: warning: {} of the process's memory was outside farmem's regions (largest: \
+         {}); it is not paged, so not bounded by --local-mem {}: only the heap and private \
+         anonymous mappings of at least --mmap-threshold are (thread stacks, smaller or shared \
+         mappings, files and a managed runtime's own heap are not)",
+        fmt_bytes(u.peak_unmanaged_bytes),
+        names.join(", "),
+        fmt_bytes(local_mem)
+    ))
 }
 
 /// The summary's account of donor failures, empty when none happened.
@@ -666,7 +709,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     if !args.quiet {
         match &account {
-            Some(v) => eprintln!("{}", summary_line(&v)),
+            Some(v) => {
+                eprintln!("{}", summary_line(&v));
+                if let Some(w) = unmanaged_warning(&v, args.local_mem) {
+                    eprintln!("{w}");
+                }
+            }
             // the library already said why it stopped the program
             None if code as i32 == PRELOAD_FAILED_STATUS => {}
             None => eprintln!(
@@ -858,7 +906,7 @@ mod preflight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use farmem_runtime::StatsSummary;
+    use farmem_runtime::{StatsSummary, UnmanagedMapping, UnmanagedReport};
 
     #[test]
     fn classifies_scripts_and_elf() {
@@ -935,5 +983,56 @@ mod tests {
             ..StatsFile::default()
         });
         assert!(none.contains("accuracy n/a"), "{none}");
+        assert!(!none.contains("RSS"), "not measured, not shown: {none}");
+    }
+
+    fn unmanaged(peak_unmanaged_bytes: u64) -> StatsFile {
+        let m = |name: &str, mib: u64| UnmanagedMapping {
+            start: 0x7f00_0000_0000,
+            len: mib << 20,
+            rss_bytes: mib << 20,
+            name: name.into(),
+        };
+        StatsFile {
+            summary: Some(StatsSummary::default()),
+            unmanaged: Some(UnmanagedReport {
+                peak_rss_bytes: 100 << 20,
+                peak_unmanaged_bytes,
+                biggest: vec![m("[stack]", 1)],
+                biggest_at_peak: vec![m("[anon]", 64), m("/usr/bin/python3.11", 2)],
+                ..UnmanagedReport::default()
+            }),
+            ..StatsFile::default()
+        }
+    }
+
+    #[test]
+    fn the_summary_gives_the_peak_rss_and_what_was_unmanaged() {
+        let s = summary_line(&unmanaged(70 << 20));
+        assert!(
+            s.ends_with(
+                "write-back pool), process peak RSS 100.0 MiB (70.0 MiB at most outside \
+                 farmem's regions)"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn unmanaged_memory_over_a_tenth_of_local_mem_is_warned_about() {
+        let w = unmanaged_warning(&unmanaged(70 << 20), 32 << 20).unwrap();
+        assert!(
+            w.starts_with("farmem: warning: 70.0 MiB of the process's memory"),
+            "{w}"
+        );
+        assert!(
+            w.contains("(largest: [anon] 64.0 MiB, /usr/bin/python3.11 2.0 MiB)"),
+            "the mappings at the peak: {w}"
+        );
+        assert!(w.contains("not bounded by --local-mem 32.0 MiB"), "{w}");
+        // A tenth of the budget or less: no warning; not measured: none either.
+        assert_eq!(unmanaged_warning(&unmanaged(3 << 20), 32 << 20), None);
+        assert_eq!(unmanaged_warning(&unmanaged(70 << 20), 1 << 30), None);
+        assert_eq!(unmanaged_warning(&StatsFile::default(), 1 << 20), None);
     }
 }

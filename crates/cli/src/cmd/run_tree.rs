@@ -11,7 +11,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use farmem_runtime::{StatsFile, TreeProcess, TreeStats, TREE_BUDGET_SOCKET, TREE_STATS_DIR};
+use farmem_runtime::{
+    StatsFile, TreeProcess, TreeStats, UnmanagedReport, TREE_BUDGET_SOCKET, TREE_STATS_DIR,
+};
 use farmem_tree::Coordinator;
 
 use crate::cmd::run::PAGE_BYTES;
@@ -124,6 +126,7 @@ pub fn account(
         summary: total,
         preload: root.preload.clone(),
         runtime: root.runtime.clone(),
+        unmanaged: unmanaged_total(files),
         tree: Some(TreeStats {
             processes: files
                 .iter()
@@ -131,12 +134,38 @@ pub fn account(
                     pid: f.pid,
                     is_final: f.is_final,
                     summary: f.summary.clone(),
+                    unmanaged: f.unmanaged.clone(),
                 })
                 .collect(),
             peak_local_bytes,
             overcommitted_bytes,
         }),
     })
+}
+
+/// The processes' memory outside their regions, added up (peaks too: an upper bound of the
+/// tree's), with the biggest mappings of all of them.
+fn unmanaged_total(files: &[StatsFile]) -> Option<UnmanagedReport> {
+    let mut total: Option<UnmanagedReport> = None;
+    for u in files.iter().filter_map(|f| f.unmanaged.as_ref()) {
+        let t = total.get_or_insert_with(UnmanagedReport::default);
+        t.rss_bytes += u.rss_bytes;
+        t.peak_rss_bytes += u.peak_rss_bytes;
+        t.managed_rss_bytes += u.managed_rss_bytes;
+        t.farmem_rss_bytes += u.farmem_rss_bytes;
+        t.unmanaged_bytes += u.unmanaged_bytes;
+        t.anon_unmanaged_bytes += u.anon_unmanaged_bytes;
+        t.peak_unmanaged_bytes += u.peak_unmanaged_bytes;
+        t.biggest.extend(u.biggest.iter().cloned());
+        t.biggest_at_peak.extend(u.biggest_at_peak.iter().cloned());
+    }
+    if let Some(t) = &mut total {
+        for list in [&mut t.biggest, &mut t.biggest_at_peak] {
+            list.sort_by_key(|m| std::cmp::Reverse(m.rss_bytes));
+            list.truncate(5);
+        }
+    }
+    total
 }
 
 /// Writes `file` to `path` atomically (temporary file + rename).
