@@ -169,6 +169,7 @@ extern "C" fn fork_child() {
     };
     crate::internal(|| {
         old.after_fork_child();
+        new_tracker();
         let restarted = match crate::active_config() {
             Some(cfg) if cfg.tree_dir.is_some() => match restart_in_child(cfg, old) {
                 Ok(()) => true,
@@ -203,7 +204,8 @@ fn restart_in_child(cfg: &RunSettings, old: &Arc<Runtime>) -> Result<(), String>
     if let Some(dir) = &cfg.tree_dir {
         crate::tree::join(rt, dir)?;
     }
-    start_stats_writer(cfg);
+    // The first write from the writer thread, not here: this runs inside fork().
+    start_stats_writer(cfg, false);
     Ok(())
 }
 
@@ -254,13 +256,12 @@ fn stats_file(is_final: bool) -> StatsFile {
 /// Measures the process's memory outside the managed ranges (regions, and the runtime's own
 /// memory) from /proc/self/smaps, and keeps the peaks. Costs milliseconds in a big process:
 /// called only when the stats file is written (the stats thread, start-up and exit).
+/// Called only with the stats writers' lock held ([`WriterLock`]).
 fn measure_unmanaged() -> Option<UnmanagedReport> {
-    static TRACKER: std::sync::Mutex<unmanaged::Tracker> =
-        std::sync::Mutex::new(unmanaged::Tracker::new());
     let (regions, own) = runtime()
         .map(|rt| (rt.regions(), rt.own_memory()))
         .unwrap_or_default();
-    let mut t = TRACKER.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = tracker().lock().unwrap_or_else(|p| p.into_inner());
     match unmanaged::measure(&regions, &own) {
         Ok((m, peak_rss)) => Some(t.update(m, peak_rss)),
         Err(e) => {
@@ -322,6 +323,27 @@ impl Drop for WriterLock {
     }
 }
 
+/// The unmanaged-memory peaks of this process. Behind an atomic pointer so a forked child can
+/// start a fresh one: the parent's stats thread may have held its lock at the fork.
+static TRACKER: AtomicPtr<std::sync::Mutex<unmanaged::Tracker>> =
+    AtomicPtr::new(std::ptr::null_mut());
+
+fn tracker() -> &'static std::sync::Mutex<unmanaged::Tracker> {
+    let p = TRACKER.load(Ordering::Acquire);
+    if p.is_null() {
+        new_tracker()
+    } else {
+        // SAFETY: non-null pointers come from `Box::leak` in `new_tracker`, never freed.
+        unsafe { &*p }
+    }
+}
+
+fn new_tracker() -> &'static std::sync::Mutex<unmanaged::Tracker> {
+    let t: &'static _ = Box::leak(Box::new(std::sync::Mutex::new(unmanaged::Tracker::new())));
+    TRACKER.store((t as *const std::sync::Mutex<_>).cast_mut(), Ordering::Release);
+    t
+}
+
 /// Called once the heap is ready: fork handlers, the stats writer, the exit hook.
 pub(crate) fn after_heap_ready(cfg: &RunSettings) {
     // SAFETY: registers three handlers that stay valid for the life of the process (static
@@ -331,23 +353,29 @@ pub(crate) fn after_heap_ready(cfg: &RunSettings) {
     if r != 0 {
         crate::fatal("pthread_atfork failed: cannot keep a forked child's memory correct");
     }
-    start_stats_writer(cfg);
+    start_stats_writer(cfg, true);
     // SAFETY: registers a static function of this never-unloaded library.
     if unsafe { libc::atexit(at_exit) } != 0 {
         crate::fatal("atexit failed: the final statistics could not be written");
     }
 }
 
-/// Writes this process's stats file now and then every second, from a thread of its own.
-fn start_stats_writer(cfg: &RunSettings) {
+/// Writes this process's stats file (now, with `first_now`, else from the thread at once)
+/// and then every second, from a thread of its own.
+fn start_stats_writer(cfg: &RunSettings, first_now: bool) {
     let Some(path) = stats_path(cfg) else {
         return;
     };
-    let _ = write_stats(&path, false);
+    if first_now {
+        let _ = write_stats(&path, false);
+    }
     let spawned = std::thread::Builder::new()
         .name("farmem-stats".into())
         .spawn(move || {
             crate::mark_runtime_thread();
+            if !first_now {
+                let _ = write_stats(&path, false);
+            }
             loop {
                 std::thread::sleep(Duration::from_secs(1));
                 if IN_FORK_CHILD.load(Ordering::SeqCst) {

@@ -347,6 +347,9 @@ impl Shared {
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // A process that exits with a grant unread resets the connection: that is
+                // its departure, not a fault.
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(()),
                 Err(e) => return Err(Dropped::Read(e)),
             };
             lines.push(&chunk[..n]);
