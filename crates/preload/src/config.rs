@@ -57,7 +57,7 @@ mod tests {
             heal_rate_bytes: None,
             stats_file: None,
             record_trace: None,
-            mmap_threshold_bytes: 1 << 20,
+            mmap_threshold_bytes: 256 << 10,
             heap_reserve_bytes: 256 << 30,
             allocator_only: false,
             farmem_bin: None,
