@@ -221,3 +221,37 @@ fn a_java_heap_three_times_the_budget_is_paged_within_it() {
     );
     check("java", &want, &run, &s);
 }
+
+#[test]
+fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
+    // The runtimes' patterns in miniature, every byte checked, with a C program: reservations
+    // committed by mprotect and by mmap(MAP_FIXED) (4 KiB at a time and in big pieces), made
+    // PROT_NONE or read-only and back while their pages are far, decommitted and recommitted.
+    let dir = Scratch::new("managed-reserve");
+    let prog = dir.path("reserve_commit");
+    compile_c(&c_source("reserve_commit.c"), &prog, &[]);
+    let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
+    assert!(plain.status.success(), "without farmem: {}", text(&plain));
+    let want = String::from_utf8(plain.stdout).unwrap();
+    let stats = dir.path("stats.json");
+    let o = farmem_run(
+        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
+        &[prog.to_str().unwrap(), "96"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
+    let s = read_stats(&stats);
+    assert!(
+        s["preload"]["reservations"].as_u64().unwrap() >= 2,
+        "both reservations were registered: {s}"
+    );
+    assert!(
+        s["preload"]["fixed_reregistered"].as_u64().unwrap() >= 1024,
+        "each 4 KiB mmap(MAP_FIXED) commit inside a reservation was registered: {s}"
+    );
+    assert!(far_bytes_out(&s) > 64 << 20, "{s}");
+    assert!(
+        counter(&s, "faults_tier") + counter(&s, "faults_remote") > 0,
+        "{s}"
+    );
+}
