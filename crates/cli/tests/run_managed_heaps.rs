@@ -9,7 +9,12 @@
 //! that the heap was registered and went far and came back, and samples the program's RssAnon
 //! every 20 ms: its peak must stay within the budget plus an allowance for the runtime's memory
 //! that no region holds (measured: 27 MiB for node, 25 MiB for java, with a 96 MiB budget; the
-//! allowance is 64 MiB, while an escaped heap is 380–480 MiB).
+//! allowance is 64 MiB, while node's escaped heap peaked at 501 MiB).
+//!
+//! Before reservations were registered, the node test failed on its RssAnon peak (501 MiB). The
+//! java test did not: G1 commits its heap with writable `mmap(MAP_FIXED)` pieces of at least
+//! 1 MiB, which the old rule (writable, ≥ 1 MiB) already made regions; what it adds is G1's
+//! 4 KiB commits inside its reservations (`fixed_reregistered`), and it guards the budget.
 
 use std::path::Path;
 use std::process::Command;
@@ -103,7 +108,16 @@ fn check(what: &str, want: &str, run: &Sampled, stats: &serde_json::Value) {
         .find(|l| l.contains("checksum"))
         .unwrap_or_else(|| panic!("{what} printed no checksum: {}", run.log));
     assert_eq!(got.trim(), want.trim(), "{what}'s result: {}", run.log);
-    let reservations = stats["preload"]["reservations"].as_u64().unwrap();
+    let limit_kib = (BUDGET_MIB + UNMANAGED_ALLOWANCE_MIB) << 10;
+    assert!(
+        run.peak_rss_anon_kib <= limit_kib,
+        "{what}'s RssAnon peaked at {} MiB ({} samples) for a {BUDGET_MIB} MiB budget: more \
+         than the budget plus {UNMANAGED_ALLOWANCE_MIB} MiB of unmanaged memory, so its heap \
+         escaped the regions; stats: {stats}",
+        run.peak_rss_anon_kib >> 10,
+        run.samples
+    );
+    let reservations = stats["preload"]["reservations"].as_u64().unwrap_or(0);
     assert!(
         reservations > 0,
         "{what}'s PROT_NONE heap reservations were registered: {stats}"
@@ -115,15 +129,6 @@ fn check(what: &str, want: &str, run: &Sampled, stats: &serde_json::Value) {
     assert!(
         counter(stats, "faults_tier") + counter(stats, "faults_remote") > 0,
         "{what}'s heap came back from far memory: {stats}"
-    );
-    let limit_kib = (BUDGET_MIB + UNMANAGED_ALLOWANCE_MIB) << 10;
-    assert!(
-        run.peak_rss_anon_kib <= limit_kib,
-        "{what}'s RssAnon peaked at {} MiB ({} samples) for a {BUDGET_MIB} MiB budget: more \
-         than the budget plus {UNMANAGED_ALLOWANCE_MIB} MiB of unmanaged memory, so its heap \
-         escaped the regions; stats: {stats}",
-        run.peak_rss_anon_kib >> 10,
-        run.samples
     );
 }
 
@@ -215,11 +220,11 @@ fn a_java_heap_three_times_the_budget_is_paged_within_it() {
         "java",
     );
     let s = read_stats(&stats);
+    check("java", &want, &run, &s);
     assert!(
-        s["preload"]["fixed_reregistered"].as_u64().unwrap() > 0,
+        s["preload"]["fixed_reregistered"].as_u64().unwrap_or(0) > 0,
         "HotSpot's mmap(MAP_FIXED) commits inside its reserved heap were registered: {s}"
     );
-    check("java", &want, &run, &s);
 }
 
 #[test]
@@ -242,11 +247,11 @@ fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
     let s = read_stats(&stats);
     assert!(
-        s["preload"]["reservations"].as_u64().unwrap() >= 2,
+        s["preload"]["reservations"].as_u64().unwrap_or(0) >= 2,
         "both reservations were registered: {s}"
     );
     assert!(
-        s["preload"]["fixed_reregistered"].as_u64().unwrap() >= 1024,
+        s["preload"]["fixed_reregistered"].as_u64().unwrap_or(0) >= 1024,
         "each 4 KiB mmap(MAP_FIXED) commit inside a reservation was registered: {s}"
     );
     assert!(far_bytes_out(&s) > 64 << 20, "{s}");
