@@ -62,7 +62,7 @@ mod tests {
             stats_file: None,
             tree_dir: None,
             record_trace: None,
-            mmap_threshold_bytes: 1 << 20,
+            mmap_threshold_bytes: 256 << 10,
             heap_reserve_bytes: 256 << 30,
             allocator_only: false,
             farmem_bin: None,

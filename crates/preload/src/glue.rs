@@ -126,7 +126,8 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
     if IN_FORK_CHILD.load(Ordering::Relaxed) {
         return 0; // a forked child has no runtime: its memory is plain memory
     }
-    match rt.register(addr, len) {
+    // Heap chunks were reserved and mappings just mapped by the shim: nothing is present yet.
+    match rt.register_new(addr, len) {
         Ok(()) => 0,
         Err(e) => {
             if REGISTER_WARNINGS.fetch_add(1, Ordering::Relaxed) < 5 {
@@ -144,6 +145,15 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
             libc::ENOMEM
         }
     }
+}
+
+/// Whether `[addr, addr + len)` overlaps a region (false without a runtime, or in a forked
+/// child).
+pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
+    let Some(rt) = RUNTIME.get() else {
+        return false;
+    };
+    !IN_FORK_CHILD.load(Ordering::Relaxed) && rt.overlaps_region(addr, len)
 }
 
 extern "C" fn fork_prepare() {

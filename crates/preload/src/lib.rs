@@ -64,6 +64,10 @@ pub struct ShimCounters {
     pub register_failures: u64,
     /// `MADV_FREE` calls turned into `MADV_DONTNEED`.
     pub madv_free_converted: u64,
+    /// Of the mapping regions, reservations (`PROT_NONE` when mapped).
+    pub reservations: u64,
+    /// Of the mapping regions, `mmap(MAP_FIXED)` replacing part of a region, registered again.
+    pub fixed_reregistered: u64,
 }
 
 impl From<ShimCounters> for farmem_runtime::PreloadCounters {
@@ -74,6 +78,8 @@ impl From<ShimCounters> for farmem_runtime::PreloadCounters {
             mmap_region_bytes: c.mmap_region_bytes,
             register_failures: c.register_failures,
             madv_free_converted: c.madv_free_converted,
+            reservations: c.reservations,
+            fixed_reregistered: c.fixed_reregistered,
         }
     }
 }
@@ -217,6 +223,13 @@ extern "C" fn farmem_preload_register_region(
     is_heap: c_int,
 ) -> c_int {
     glue::register(addr.cast(), len, is_heap != 0)
+}
+
+/// Called by the shim, with the internal depth raised, before a `mmap(MAP_FIXED)` of private
+/// anonymous memory: 1 if the range overlaps a region, else 0.
+#[no_mangle]
+extern "C" fn farmem_preload_overlaps_region(addr: *mut c_void, len: usize) -> c_int {
+    c_int::from(glue::overlaps_region(addr.cast(), len))
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@ extern void *__libc_memalign(size_t align, size_t size);
 /* Implemented in Rust (lib.rs): makes [addr, addr+len) a far-memory region. Called with the
  * internal depth raised, so whatever it allocates comes from glibc. Returns 0 or an errno. */
 extern int farmem_preload_register_region(void *addr, size_t len, int is_heap);
+/* Implemented in Rust (lib.rs): 1 if [addr, addr+len) overlaps a region, else 0. */
+extern int farmem_preload_overlaps_region(void *addr, size_t len);
 
 #define FM_HIDDEN __attribute__((visibility("hidden")))
 #define FM_TLS __thread __attribute__((tls_model("initial-exec")))
@@ -74,6 +76,8 @@ static _Atomic uint64_t ctr_mmap_regions;
 static _Atomic uint64_t ctr_mmap_region_bytes;
 static _Atomic uint64_t ctr_register_failures;
 static _Atomic uint64_t ctr_madv_free_converted;
+static _Atomic uint64_t ctr_reservations;
+static _Atomic uint64_t ctr_fixed_reregistered;
 
 /* ---- lazily resolved glibc symbols ---- */
 typedef size_t (*usable_fn)(void *);
@@ -211,6 +215,8 @@ struct fmp_counters {
     uint64_t mmap_region_bytes;
     uint64_t register_failures;
     uint64_t madv_free_converted;
+    uint64_t reservations;
+    uint64_t fixed_reregistered;
 };
 
 FM_HIDDEN void fmp_counters(struct fmp_counters *out) {
@@ -219,6 +225,8 @@ FM_HIDDEN void fmp_counters(struct fmp_counters *out) {
     out->mmap_region_bytes = atomic_load(&ctr_mmap_region_bytes);
     out->register_failures = atomic_load(&ctr_register_failures);
     out->madv_free_converted = atomic_load(&ctr_madv_free_converted);
+    out->reservations = atomic_load(&ctr_reservations);
+    out->fixed_reregistered = atomic_load(&ctr_fixed_reregistered);
 }
 
 /* ------------------------------------------------------------------------------------- */
@@ -361,29 +369,48 @@ FM_HIDDEN size_t fmp_malloc_usable_size(void *ptr) {
 /* ------------------------------------------------------------------------------------- */
 /* mappings                                                                               */
 
-static int wants_region(void *got, size_t len, int prot, int flags, int fd) {
+/* A private anonymous mapping the runtime could manage: not a stack, not huge pages, and either
+ * writable or a reservation (PROT_NONE, committed later by mprotect: V8's heap pages, HotSpot's
+ * heap, allocators that reserve first). A read-only or executable-only anonymous mapping holds
+ * nothing but zeros until it is made writable, which programs do by mprotect on a reservation. */
+static int is_candidate(int prot, int flags, int fd) {
     if (!atomic_load_explicit(&regions_active, memory_order_acquire)) return 0;
     if (fmp_internal_depth || fmp_runtime_thread) return 0;
-    if (len < atomic_load_explicit(&mmap_threshold, memory_order_relaxed)) return 0;
     if ((flags & MAP_TYPE) != MAP_PRIVATE || !(flags & MAP_ANONYMOUS) || fd != -1) return 0;
     if (flags & (MAP_STACK | MAP_GROWSDOWN | MAP_HUGETLB)) return 0;
-    if (!(prot & PROT_WRITE)) return 0;
-    uintptr_t a = (uintptr_t)got;
-    if (a < heap_lo + heap_span && a + len > heap_lo) return 0; /* never re-register the heap */
-    return 1;
+    return (prot & PROT_WRITE) || prot == PROT_NONE;
 }
 
+static int in_heap_span(uintptr_t a, size_t len) { return a < heap_lo + heap_span && a + len > heap_lo; }
+
 FM_HIDDEN void *fmp_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    int candidate = is_candidate(prot, flags, fd);
+    /* mmap(MAP_FIXED) over a region replaces its pages: the kernel unmaps them (the runtime hears
+     * an UNMAP event) and the new mapping is not registered. Such a mapping is a commit or a
+     * decommit inside memory farmem managed (HotSpot commits its heap, and G1 its bitmaps page by
+     * page, this way), so it is registered again whatever its size. Asked before the call: the
+     * UNMAP event makes the runtime forget the old range. */
+    int replaces_region = 0;
+    if (candidate && (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) &&
+        !in_heap_span((uintptr_t)addr, len)) {
+        fmp_internal_depth++;
+        replaces_region = farmem_preload_overlaps_region(addr, len);
+        fmp_internal_depth--;
+    }
     void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-    if (p == MAP_FAILED || !wants_region(p, len, prot, flags, fd)) return p;
+    if (p == MAP_FAILED || !candidate || in_heap_span((uintptr_t)p, len)) return p;
+    if (!replaces_region && len < atomic_load_explicit(&mmap_threshold, memory_order_relaxed))
+        return p;
     int saved = errno;
-    syscall(SYS_madvise, p, len, MADV_NOHUGEPAGE);
+    syscall(SYS_madvise, p, round_up(len, FM_PAGE), MADV_NOHUGEPAGE);
     fmp_internal_depth++;
-    int err = farmem_preload_register_region(p, len, 0);
+    int err = farmem_preload_register_region(p, round_up(len, FM_PAGE), 0);
     fmp_internal_depth--;
     if (err == 0) {
         atomic_fetch_add(&ctr_mmap_regions, 1);
         atomic_fetch_add(&ctr_mmap_region_bytes, len);
+        if (prot == PROT_NONE) atomic_fetch_add(&ctr_reservations, 1);
+        if (replaces_region) atomic_fetch_add(&ctr_fixed_reregistered, 1);
     } else {
         /* the mapping stays ordinary memory; counted and reported in the stats */
         atomic_fetch_add(&ctr_register_failures, 1);

@@ -217,7 +217,8 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
         }
         match r {
             Err(err) => {
-                // Not moved (page shared after fork: EBUSY; gone: ENOENT): stays resident.
+                // Not moved (page shared after fork: EBUSY; gone: ENOENT; its range made
+                // read-only or PROT_NONE by mprotect: EINVAL): stays resident.
                 st.slots.release_empty(v.slot);
                 c.refused += 1;
                 // Shared copy-on-write with a forked child (MOVE takes exclusive pages only,
@@ -314,8 +315,10 @@ fn after_round(sh: &Shared, ev: &mut Evictor, round: usize, stalled: bool) {
             ev.last_stall_log = Some(Instant::now());
             tracing::warn!(
                 "the evictor cannot move any of {round} victims (pages shared with a forked \
-                 child that cannot be unshared?): resident memory exceeds the budget until \
-                 they can be evicted; retrying"
+                 child that cannot be unshared, or in a range the program made read-only or \
+                 inaccessible with mprotect: UFFDIO_MOVE takes pages of writable ranges \
+                 only): resident memory exceeds the budget until they can be evicted; \
+                 retrying"
             );
         }
         let mut st = sh.state.lock();

@@ -388,22 +388,32 @@ fn serve_from_pool(
     // WP|DONTWAKE (EINVAL), which left every pool hit dirty. Other faults take the page back
     // with MOVE (no copy).
     let protect = !msg.write && (e.state == PageState::PoolUnsent || e.far != NO_FAR);
-    let r = if protect {
+    let copy = |wp: bool| {
         crate::mm::with_page_bytes(sh.pool.mapping(), e.slot, |data| {
-            sh.uffd
-                .copy(msg.addr, data, false, true)
-                .map(|()| PAGE_SIZE)
+            sh.uffd.copy(msg.addr, data, false, wp).map(|()| PAGE_SIZE)
         })
+    };
+    let mut copied = protect;
+    let r = if protect {
+        copy(true)
     } else {
-        crate::mm::move_from_pool(&sh.uffd, msg.addr, sh.slot_addr(e.slot), true)
+        match crate::mm::move_from_pool(&sh.uffd, msg.addr, sh.slot_addr(e.slot), true) {
+            // MOVE needs both ranges writable: the program made this page's range read-only
+            // (mprotect) after it was evicted. COPY installs into any registered range.
+            Err(err) if err.errno() == Some(libc::EINVAL) => {
+                copied = true;
+                copy(false)
+            }
+            r => r,
+        }
     };
     match r {
         Ok(_) => {
-            if !protect {
+            if !copied {
                 // MOVE was issued with DONTWAKE; COPY woke the waiters itself.
                 let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
             }
-            if protect {
+            if copied {
                 st.slots.release_stale(e.slot); // COPY left the page in the slot
             } else {
                 st.slots.release_empty(e.slot); // MOVE emptied it

@@ -141,9 +141,21 @@ fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
             std::thread::sleep(Duration::from_micros(200));
             continue;
         }
+        let mut copied = false;
         let r = match e.state {
             PageState::PoolSent | PageState::PoolUnsent => {
-                crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false).map(|_| ())
+                match crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false) {
+                    // MOVE needs both ranges writable: the program made this page's range
+                    // read-only or PROT_NONE (mprotect) since it was evicted. COPY installs
+                    // into any registered range.
+                    Err(err) if err.errno() == Some(libc::EINVAL) => {
+                        copied = true;
+                        crate::mm::with_page_bytes(sh.pool.mapping(), e.slot, |data| {
+                            sh.uffd.copy(addr, data, false, false)
+                        })
+                    }
+                    r => r.map(|_| ()),
+                }
             }
             PageState::Remote => match sh.far.home(e.far) {
                 // In the host tier: one copy from its memory slab.
@@ -168,7 +180,11 @@ fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
         match r {
             Ok(()) | Err(UffdError::Exists { .. }) => {
                 if let Some(slot) = st.pages.install_for_fork(addr) {
-                    st.slots.release_empty(slot);
+                    if copied {
+                        st.slots.release_stale(slot); // COPY left the page in the slot
+                    } else {
+                        st.slots.release_empty(slot);
+                    }
                 }
                 return Ok(());
             }

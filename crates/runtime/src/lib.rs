@@ -331,6 +331,15 @@ impl Runtime {
     /// place (they are moved out and back in by the runtime, transparently for plain loads and
     /// stores).
     pub fn register(&self, addr: *mut u8, len_bytes: usize) -> Result<(), RuntimeError> {
+        self.register_inner(addr, len_bytes, true)
+    }
+
+    fn register_inner(
+        &self,
+        addr: *mut u8,
+        len_bytes: usize,
+        scan_present: bool,
+    ) -> Result<(), RuntimeError> {
         if self.sh.in_child.load(Ordering::Relaxed) {
             return Err(RuntimeError::InChild);
         }
@@ -343,7 +352,30 @@ impl Runtime {
             });
         }
         mm::no_huge_pages(a, len_bytes);
-        self.adopt(a, len_bytes, true)
+        self.adopt(a, len_bytes, scan_present)
+    }
+
+    /// Like [`Runtime::register`], for a mapping the caller has just created (by `mmap`): no
+    /// page of it can be present yet, so the range is not scanned with `mincore` (whose
+    /// per-page vector would be large for a big reservation: a 2 GiB Java heap, a wasm guard
+    /// region).
+    pub fn register_new(&self, addr: *mut u8, len_bytes: usize) -> Result<(), RuntimeError> {
+        self.register_inner(addr, len_bytes, false)
+    }
+
+    /// Whether any page of `addr..addr+len_bytes` lies in a region. The preload library asks
+    /// before a `mmap(MAP_FIXED)` replaces part of a mapping: a commit or decommit inside a
+    /// region (a managed runtime's heap reservation) is registered again, whatever its size.
+    pub fn overlaps_region(&self, addr: *mut u8, len_bytes: usize) -> bool {
+        let a = addr as usize;
+        if len_bytes == 0 || self.sh.in_child.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.sh
+            .state
+            .lock()
+            .pages
+            .overlaps(a, a.saturating_add(len_bytes))
     }
 
     fn adopt(&self, addr: usize, len: usize, scan_present: bool) -> Result<(), RuntimeError> {

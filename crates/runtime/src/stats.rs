@@ -469,6 +469,12 @@ pub struct PreloadCounters {
     pub register_failures: u64,
     /// `MADV_FREE` calls turned into `MADV_DONTNEED`.
     pub madv_free_converted: u64,
+    /// Of the mapping regions, reservations (`PROT_NONE` when mapped, committed later by
+    /// `mprotect`, as V8 and HotSpot do).
+    pub reservations: u64,
+    /// Of the mapping regions, `mmap(MAP_FIXED)` replacing part of a region (a commit or
+    /// decommit inside a reservation), registered whatever their size.
+    pub fixed_reregistered: u64,
 }
 
 /// The fields of one `/proc/<pid>/stat` (or `/proc/<pid>/task/<tid>/stat`) line that farmem

@@ -107,8 +107,9 @@ pub struct RunArgs {
     /// Record the program's page accesses into a trace file (for `farmem sim`).
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<PathBuf>,
-    /// Private anonymous mappings of at least this size become far-memory regions.
-    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
+    /// Private anonymous mappings (writable, or PROT_NONE reservations) of at least this size
+    /// become far-memory regions.
+    #[arg(long, value_name = "SIZE", default_value = "256KiB", value_parser = parse_size)]
     pub mmap_threshold: u64,
     /// Address space reserved for the program's heap (virtual; costs nothing until used).
     #[arg(long, value_name = "SIZE", default_value = "256GiB", value_parser = parse_size)]
