@@ -135,7 +135,11 @@ fn an_env_launcher_shim_is_followed_and_its_python_paged() {
     assert!(st.success());
     let run = run_tree(
         48,
-        &[shim.to_str().unwrap(), script("job.py").to_str().unwrap(), "128"],
+        &[
+            shim.to_str().unwrap(),
+            script("job.py").to_str().unwrap(),
+            "128",
+        ],
         None,
     );
     expect_ok_lines(&run, 1);
@@ -159,7 +163,11 @@ fn a_script_runs_pythons_in_sequence_and_in_parallel_within_one_budget() {
     let sh = format!("{job}; {job}; {job} & {job} & wait");
     let run = run_tree(64, &["sh", "-c", &sh], None);
     expect_ok_lines(&run, 4);
-    assert!(run.paged() >= 4, "every python over its share pages: {}", run.stats);
+    assert!(
+        run.paged() >= 4,
+        "every python over its share pages: {}",
+        run.stats
+    );
     run.check_budget();
 }
 
@@ -178,9 +186,22 @@ fn multiprocessing_workers_share_the_budget() {
         .arg("48")
         .output()
         .unwrap();
-    assert_eq!(out, String::from_utf8_lossy(&plain.stdout), "{}", text(&run.out));
-    assert!(run.processes().len() >= 5, "the parent and 4 workers: {}", run.stats);
-    assert!(run.paged() >= 4, "every worker over its share pages: {}", run.stats);
+    assert_eq!(
+        out,
+        String::from_utf8_lossy(&plain.stdout),
+        "{}",
+        text(&run.out)
+    );
+    assert!(
+        run.processes().len() >= 5,
+        "the parent and 4 workers: {}",
+        run.stats
+    );
+    assert!(
+        run.paged() >= 4,
+        "every worker over its share pages: {}",
+        run.stats
+    );
     run.check_budget();
 }
 
@@ -192,7 +213,11 @@ fn a_forking_server_s_children_read_the_parent_s_state() {
         None,
     );
     expect_ok_lines(&run, 6);
-    assert!(run.processes().len() >= 7, "the server and 6 children: {}", run.stats);
+    assert!(
+        run.processes().len() >= 7,
+        "the server and 6 children: {}",
+        run.stats
+    );
     assert!(run.paged() >= 1, "the server was not paged: {}", run.stats);
     run.check_budget();
 }
@@ -221,7 +246,11 @@ fn make_runs_the_compiler_under_farmem() {
     std::fs::write(dir.path("Makefile"), rules).unwrap();
     let run = run_tree(32, &["make", "-j2"], Some(&dir.0));
     for i in 0..6 {
-        assert!(dir.path(&format!("p{i}")).is_file(), "p{i} not built: {}", text(&run.out));
+        assert!(
+            dir.path(&format!("p{i}")).is_file(),
+            "p{i} not built: {}",
+            text(&run.out)
+        );
     }
     // make, a shell or two per rule, cc, cc1, as, collect2, ld.
     assert!(

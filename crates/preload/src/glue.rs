@@ -150,7 +150,7 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
 /// Whether `[addr, addr + len)` overlaps a region (false without a runtime, or in a forked
 /// child).
 pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
-    let Some(rt) = RUNTIME.get() else {
+    let Some(rt) = runtime() else {
         return false;
     };
     !IN_FORK_CHILD.load(Ordering::Relaxed) && rt.overlaps_region(addr, len)
@@ -350,7 +350,10 @@ fn tracker() -> &'static std::sync::Mutex<unmanaged::Tracker> {
 
 fn new_tracker() -> &'static std::sync::Mutex<unmanaged::Tracker> {
     let t: &'static _ = Box::leak(Box::new(std::sync::Mutex::new(unmanaged::Tracker::new())));
-    TRACKER.store((t as *const std::sync::Mutex<_>).cast_mut(), Ordering::Release);
+    TRACKER.store(
+        (t as *const std::sync::Mutex<_>).cast_mut(),
+        Ordering::Release,
+    );
     t
 }
 

@@ -36,8 +36,8 @@ pub(crate) fn join(rt: &'static Arc<Runtime>, dir: &Path) -> Result<(), String> 
     }
     let socket = dir.join(TREE_BUDGET_SOCKET);
     let min_pages = rt.pool_pages() + MIN_SHARE_PAGES;
-    let (mut client, grant) = TreeClient::connect(&socket, std::process::id(), min_pages)
-        .map_err(|e| {
+    let (mut client, grant) =
+        TreeClient::connect(&socket, std::process::id(), min_pages).map_err(|e| {
             format!(
                 "joining the process tree's budget at {}: {e}",
                 socket.display()

@@ -92,12 +92,12 @@ use farmem_uffd::UffdError;
 use parking_lot::Mutex;
 
 pub use budget::Usage;
-pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use config::{
     split_local_memory, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
 pub use embedded::PrivateNode;
 pub use prefetch::PrefetchInstall;
+pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use seal::SealError;
 pub use stats::{
     clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, FaultLatency, LatencySummary,

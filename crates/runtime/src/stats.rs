@@ -737,6 +737,7 @@ mod tests {
                 ..PreloadCounters::default()
             },
             runtime: Some(rt),
+            tree: None,
             unmanaged: Some(UnmanagedReport {
                 rss_bytes: 90 << 20,
                 peak_rss_bytes: 100 << 20,

@@ -192,7 +192,9 @@ pub fn wait_output(child: Child, timeout: Duration) -> Output {
     match rx.recv_timeout(timeout) {
         Ok(o) => o.expect("waiting for the child"),
         Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
             panic!("pid {pid} did not finish within {timeout:?}");
         }
     }

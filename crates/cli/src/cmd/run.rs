@@ -662,7 +662,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         move || {
             while writing.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(250));
-                if let Some(acc) = run_tree::account(&tree.processes(pid), Some(coordinator), local_mem)
+                if let Some(acc) =
+                    run_tree::account(&tree.processes(pid), Some(coordinator), local_mem)
                 {
                     let _ = run_tree::write(&path, &acc);
                 }
@@ -711,8 +712,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.quiet {
         match &account {
             Some(v) => {
-                eprintln!("{}", summary_line(&v));
-                if let Some(w) = unmanaged_warning(&v, args.local_mem) {
+                eprintln!("{}", summary_line(v));
+                if let Some(w) = unmanaged_warning(v, args.local_mem) {
                     eprintln!("{w}");
                 }
             }

@@ -31,10 +31,8 @@ impl TreeDir {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let path = std::env::temp_dir().join(format!(
-            "farmem-run-{}-{nanos:08x}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("farmem-run-{}-{nanos:08x}", std::process::id()));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
