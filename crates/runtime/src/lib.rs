@@ -102,7 +102,7 @@ pub use seal::SealError;
 pub use stats::{
     clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, FaultLatency, LatencySummary,
     PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu, TreeProcess, TreeStats,
-    UnmanagedMapping, UnmanagedReport,
+    UnmanagedMapping, UnmanagedReport, UnpagedProcess,
 };
 
 use shared::Shared;

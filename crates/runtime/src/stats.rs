@@ -441,6 +441,26 @@ pub struct TreeStats {
     /// Local memory granted beyond `--local-mem` because more processes ran than it could
     /// give their least share to.
     pub overcommitted_bytes: u64,
+    /// The tree's largest RSS, and anonymous RSS, sampled from outside by `farmem run` every
+    /// 50 ms (pages shared between processes count in each).
+    #[serde(default)]
+    pub sampled_peak_rss_bytes: u64,
+    #[serde(default)]
+    pub sampled_peak_anon_bytes: u64,
+    /// Processes of the tree that ran without farmem (statically linked, setuid, or with a
+    /// cleared environment), largest first.
+    #[serde(default)]
+    pub unpaged: Vec<UnpagedProcess>,
+}
+
+/// A process of a tree that farmem did not reach: its memory was not paged at all.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UnpagedProcess {
+    pub pid: u32,
+    /// Its command name.
+    pub name: String,
+    /// Its largest RSS seen.
+    pub peak_rss_bytes: u64,
 }
 
 /// One process of a tree.

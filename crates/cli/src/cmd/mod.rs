@@ -7,7 +7,5 @@ pub mod run_tree;
 pub mod sim;
 pub mod stats;
 pub mod tenants;
-// Not used by `farmem run` yet: its process-tree accounting (being written) will start it.
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod treemem;
 pub mod units;

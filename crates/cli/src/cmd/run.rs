@@ -8,15 +8,19 @@
 //! donors answer and accept the token), starts the embedded local donor when no `--donor` is
 //! given (a `farmem donor` child on 127.0.0.1, so the program itself never spawns processes),
 //! then starts the program with `libfarmem_preload.so` in `LD_PRELOAD` and its settings in one
-//! environment variable (`farmem_runtime::run_settings`, JSON). The library (crates/preload) starts the runtime inside the program
+//! environment variable (`farmem_runtime::run_settings`, JSON), which every process of the
+//! program's tree inherits; the processes share `--local-mem` through the budget coordinator
+//! this command hosts (crate farmem-tree). The library (crates/preload) starts the runtime inside the program
 //! and rewrites the stats file every second and at exit; this command reads that file after the
 //! program ends to print the summary line. The exit status is the program's (128 + n for a
 //! program killed by signal n).
 //!
 //! # Limitations
 //!
-//! - Programs the child execs are not under farmem (the library removes itself from their
-//!   environment); a script's interpreter is, the programs it starts are not.
+//! - Every process of the tree is under farmem (see `run_tree` and docs/architecture.md, "The
+//!   process tree"), except programs that clear their environment or are statically linked or
+//!   setuid: the loader ignores `LD_PRELOAD` there.
+//! - A fork brings the parent's evicted pages back for the length of the fork.
 //! - A program killed by a signal leaves the stats of its last one-second snapshot.
 
 use std::ffi::{OsStr, OsString};
@@ -35,6 +39,7 @@ use farmem_runtime::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_V
 use farmem_runtime::{SealMode, StatsFile, TierMode};
 
 use crate::cmd::run_tree::{self, TreeDir};
+use crate::cmd::treemem::TreeRss;
 use crate::cmd::units::parse_size;
 use farmem_tree::Coordinator;
 
@@ -409,6 +414,28 @@ pub fn summary_line(stats: &StatsFile) -> String {
         + &failure_part(&v)
 }
 
+/// The warning naming the processes of the tree that ran without farmem, if any did.
+pub fn unpaged_warning(stats: &StatsFile) -> Option<String> {
+    let t = stats.tree.as_ref()?;
+    if t.unpaged.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = t
+        .unpaged
+        .iter()
+        .take(5)
+        .map(|p| format!("{} (pid {}, peak RSS {})", p.name, p.pid, fmt_bytes(p.peak_rss_bytes)))
+        .collect();
+    Some(format!(
+        "farmem: warning: {} process(es) of the program ran without farmem, their memory not \
+         paged nor bounded by --local-mem: {}{} (statically linked or setuid programs, and \
+         programs started with a cleared environment, cannot load farmem's library)",
+        t.unpaged.len(),
+        names.join(", "),
+        if t.unpaged.len() > 5 { ", …" } else { "" }
+    ))
+}
+
 /// The summary's account of a tree of several processes, empty for one.
 fn tree_part(stats: &StatsFile) -> String {
     match &stats.tree {
@@ -663,13 +690,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             while writing.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(250));
                 if let Some(acc) =
-                    run_tree::account(&tree.processes(pid), Some(coordinator), local_mem)
+                    run_tree::account(&tree.processes(pid), Some(coordinator), None, local_mem)
                 {
                     let _ = run_tree::write(&path, &acc);
                 }
             }
         }
     });
+    // The tree's memory from outside, and the processes farmem does not reach.
+    let sampler = TreeRss::start(pid).context("starting the tree's memory sampler")?;
     let status = std::thread::scope(|s| {
         let w = writer.map(|w| s.spawn(w));
         let status = child.wait();
@@ -682,7 +711,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     .context("waiting for the program")?;
     forward_handle.close();
     let _ = forwarder.join();
-    let account = run_tree::account(&tree.processes(pid), Some(&coordinator), args.local_mem);
+    let sampled = sampler.stop();
+    let account = run_tree::account(
+        &tree.processes(pid),
+        Some(&coordinator),
+        Some(&sampled),
+        args.local_mem,
+    );
     if let (Some(p), Some(acc)) = (&args.stats, &account) {
         if let Err(e) = run_tree::write(p, acc) {
             eprintln!("farmem: warning: writing {}: {e}", p.display());
@@ -714,6 +749,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Some(v) => {
                 eprintln!("{}", summary_line(v));
                 if let Some(w) = unmanaged_warning(v, args.local_mem) {
+                    eprintln!("{w}");
+                }
+                if let Some(w) = unpaged_warning(v) {
                     eprintln!("{w}");
                 }
             }

@@ -17,6 +17,7 @@ use farmem_runtime::{
 use farmem_tree::Coordinator;
 
 use crate::cmd::run::PAGE_BYTES;
+use crate::cmd::treemem::TreeRssReport;
 
 /// The tree's private directory, removed with everything in it when dropped.
 pub struct TreeDir {
@@ -85,6 +86,7 @@ impl Drop for TreeDir {
 pub fn account(
     files: &[StatsFile],
     coordinator: Option<&Coordinator>,
+    sampled: Option<&TreeRssReport>,
     local_mem: u64,
 ) -> Option<StatsFile> {
     let root = files.first()?;
@@ -137,6 +139,9 @@ pub fn account(
                 .collect(),
             peak_local_bytes,
             overcommitted_bytes,
+            sampled_peak_rss_bytes: sampled.map_or(0, |s| s.peak_bytes),
+            sampled_peak_anon_bytes: sampled.map_or(0, |s| s.peak_anon_bytes),
+            unpaged: sampled.map(|s| s.unpaged.clone()).unwrap_or_default(),
         }),
     })
 }
@@ -209,13 +214,13 @@ mod tests {
             files.iter().map(|f| f.pid).collect::<Vec<_>>(),
             vec![12, 7, 30]
         );
-        let acc = account(&files, None, 64 << 20).unwrap();
+        let acc = account(&files, None, None, 64 << 20).unwrap();
         assert_eq!(acc.pid, 12);
         assert!(!acc.is_final, "one process has not finished");
         let s = acc.summary.unwrap();
         assert_eq!((s.faults, s.remote_bytes_in), (10, 10 * 4096));
         assert_eq!(acc.tree.unwrap().processes.len(), 3);
-        assert!(account(&[], None, 64 << 20).is_none());
+        assert!(account(&[], None, None, 64 << 20).is_none());
         let path = dir.path().to_path_buf();
         drop(dir);
         assert!(!path.exists(), "the directory goes with the run");

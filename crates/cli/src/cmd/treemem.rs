@@ -21,14 +21,18 @@
 //! - Peaks shorter than the sampling period can be missed; processes living less than it may
 //!   not be seen at all.
 //! - A process reparented to init (its parent died first, a daemon) leaves the tree.
+//! - A process that maps the preload library counts as paged; one that does not (statically
+//!   linked, setuid, a cleared environment) is listed in [`TreeRssReport::unpaged`] (its name
+//!   read at the end, so a process gone by then has none).
 //! - Pages shared between processes (shared memory, a forked child's copy-on-write pages) are
 //!   counted once per process, as RSS always is.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use farmem_runtime::UnpagedProcess;
 use serde::Serialize;
 
 /// How often [`TreeRss`] samples.
@@ -45,7 +49,23 @@ pub struct TreeRssReport {
     pub processes_seen: u64,
     /// Samples taken.
     pub samples: u64,
+    /// Processes of the tree seen running without the preload library (statically linked,
+    /// setuid, or started with a cleared environment): their memory is not paged at all.
+    pub unpaged: Vec<UnpagedProcess>,
 }
+
+
+/// What the sampler knows of one process.
+#[derive(Default)]
+struct Seen {
+    /// Whether its mappings include the preload library (None: not looked yet).
+    paged: Option<bool>,
+    samples: u32,
+    peak_rss: u64,
+}
+
+/// The preload library's file name, as /proc/PID/maps lists it.
+const LIBRARY: &str = crate::cmd::run::PRELOAD_LIB;
 
 /// Samples the RSS of a process tree in a thread until stopped.
 pub struct TreeRss {
@@ -61,19 +81,41 @@ impl TreeRss {
             .name("farmem-treemem".into())
             .spawn(move || {
                 let mut report = TreeRssReport::default();
-                let mut seen = HashSet::new();
+                let mut seen: HashMap<u32, Seen> = HashMap::new();
                 loop {
                     let s = sample(root);
                     report.samples += 1;
                     report.peak_bytes = report.peak_bytes.max(s.rss_bytes);
                     report.peak_anon_bytes = report.peak_anon_bytes.max(s.anon_bytes);
-                    seen.extend(s.pids);
+                    for (pid, rss) in s.pids {
+                        let p = seen.entry(pid).or_default();
+                        p.samples += 1;
+                        p.peak_rss = p.peak_rss.max(rss);
+                        // Looked at from its second sample: a process seen in the middle of
+                        // an exec may not have mapped its libraries yet.
+                        if p.paged.is_none() && p.samples >= 2 {
+                            p.paged = has_library(pid);
+                        }
+                    }
                     report.processes_seen = seen.len() as u64;
                     match stopped.recv_timeout(SAMPLE_EVERY) {
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        _ => return report,
+                        _ => break,
                     }
                 }
+                report.unpaged = seen
+                    .into_iter()
+                    .filter(|(_, p)| p.paged == Some(false))
+                    .map(|(pid, p)| UnpagedProcess {
+                        pid,
+                        name: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                            .map(|n| n.trim().to_string())
+                            .unwrap_or_default(),
+                        peak_rss_bytes: p.peak_rss,
+                    })
+                    .collect();
+                report.unpaged.sort_by_key(|p| std::cmp::Reverse(p.peak_rss_bytes));
+                report
             })?;
         Ok(TreeRss { stop, thread })
     }
@@ -90,7 +132,14 @@ impl TreeRss {
 struct Sample {
     rss_bytes: u64,
     anon_bytes: u64,
-    pids: Vec<u32>,
+    /// Each process with its RSS.
+    pids: Vec<(u32, u64)>,
+}
+
+/// Whether the process maps the preload library (None once it is gone).
+fn has_library(pid: u32) -> Option<bool> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    Some(maps.contains(LIBRARY))
 }
 
 /// The processes of the tree rooted at `root` now (the root first), from /proc's parent
@@ -148,7 +197,7 @@ fn sample(root: u32) -> Sample {
         let (rss, anon) = rss_of_status(&text);
         s.rss_bytes += rss;
         s.anon_bytes += anon;
-        s.pids.push(pid);
+        s.pids.push((pid, rss));
     }
     s
 }
@@ -187,6 +236,11 @@ mod tests {
         assert!(r.peak_anon_bytes >= 45 << 20, "{r:?}");
         assert!(r.processes_seen >= 3, "sh, sleep and python3: {r:?}");
         assert!(r.samples >= 10, "{r:?}");
+        // None of them loaded farmem's library.
+        assert!(
+            r.unpaged.iter().any(|p| p.name == "python3" && p.peak_rss_bytes >= 45 << 20),
+            "{r:?}"
+        );
         // The tree is gone: a sample finds nothing.
         assert!(tree(child.id()).is_empty());
     }
