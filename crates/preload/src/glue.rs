@@ -113,6 +113,15 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
     }
 }
 
+/// The program marked `[addr, addr + len)` `MADV_DONTFORK` (`dont_fork`) or `MADV_DOFORK`.
+pub(crate) fn set_dont_fork(addr: *mut u8, len: usize, dont_fork: bool) {
+    if let Some(rt) = RUNTIME.get() {
+        if !IN_FORK_CHILD.load(Ordering::Relaxed) {
+            rt.set_dont_fork(addr, len, dont_fork);
+        }
+    }
+}
+
 /// Whether `[addr, addr + len)` overlaps a region (false without a runtime, or in a forked
 /// child).
 pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
