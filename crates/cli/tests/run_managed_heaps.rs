@@ -260,3 +260,32 @@ fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
         "{s}"
     );
 }
+
+#[test]
+fn a_fork_leaves_a_dontfork_heap_far() {
+    // V8 marks each heap page MADV_DONTFORK, and node forks for child_process: the child has no
+    // copy of such a range, so its evicted pages must not all come back before the fork (they
+    // did: a 96 MiB heap at a 32 MiB budget peaked at 104 MiB resident).
+    let dir = Scratch::new("managed-dontfork");
+    let prog = dir.path("dontfork");
+    compile_c(&c_source("dontfork.c"), &prog, &[]);
+    let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
+    assert!(plain.status.success(), "without farmem: {}", text(&plain));
+    let want = String::from_utf8(plain.stdout).unwrap();
+    let stats = dir.path("stats.json");
+    let o = farmem_run(
+        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
+        &[prog.to_str().unwrap(), "96"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
+    let s = read_stats(&stats);
+    // The budget (28 MiB of the 32) plus the 8 MiB ordinary buffer the child gets, brought back.
+    let peak = counter(&s, "peak_resident_bytes");
+    assert!(
+        peak <= 48 << 20,
+        "peak resident {} MiB: the DONTFORK heap (96 MiB) was brought back for the fork: {s}",
+        peak >> 20
+    );
+    assert!(far_bytes_out(&s) > 64 << 20, "{s}");
+}

@@ -147,6 +147,15 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
     }
 }
 
+/// The program marked `[addr, addr + len)` `MADV_DONTFORK` (`dont_fork`) or `MADV_DOFORK`.
+pub(crate) fn set_dont_fork(addr: *mut u8, len: usize, dont_fork: bool) {
+    if let Some(rt) = runtime() {
+        if !IN_FORK_CHILD.load(Ordering::Relaxed) {
+            rt.set_dont_fork(addr, len, dont_fork);
+        }
+    }
+}
+
 /// Whether `[addr, addr + len)` overlaps a region (false without a runtime, or in a forked
 /// child).
 pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
@@ -206,16 +215,53 @@ fn restart_in_child(cfg: &RunSettings, old: &Arc<Runtime>) -> Result<(), String>
     let ranges = old.regions();
     let rt = Runtime::start(runtime_config(cfg)?)
         .map_err(|e| error_chain("starting its farmem runtime", &e))?;
-    for &(addr, len) in &ranges {
-        rt.register(addr as *mut u8, len)
-            .map_err(|e| error_chain(&format!("registering {addr:#x} (+{len} bytes)"), &e))?;
-    }
+    register_mapped(&rt, &ranges)?;
     let rt = set_runtime(rt);
     if let Some(dir) = &cfg.tree_dir {
         crate::tree::join(rt, dir)?;
     }
     // The first write from the writer thread, not here: this runs inside fork().
     start_stats_writer(cfg, false);
+    Ok(())
+}
+
+/// Registers the parts of the parent's ranges the child has: a range the parent marked
+/// `MADV_DONTFORK` (V8 marks its heap pages) is not mapped here at all.
+fn register_mapped(rt: &Runtime, ranges: &[(usize, usize)]) -> Result<(), String> {
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| format!("reading /proc/self/maps: {e}"))?;
+    // Mapped ranges in address order, adjacent ones joined.
+    let mut mapped: Vec<(usize, usize)> = Vec::new();
+    for line in maps.lines() {
+        let Some((s, e)) = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(s, e)| {
+                Some((
+                    usize::from_str_radix(s, 16).ok()?,
+                    usize::from_str_radix(e, 16).ok()?,
+                ))
+            })
+        else {
+            continue;
+        };
+        match mapped.last_mut() {
+            Some(last) if last.1 == s => last.1 = e,
+            _ => mapped.push((s, e)),
+        }
+    }
+    for &(addr, len) in ranges {
+        let end = addr + len;
+        for &(s, e) in &mapped {
+            let (lo, hi) = (s.max(addr), e.min(end));
+            if lo < hi {
+                rt.register(lo as *mut u8, hi - lo).map_err(|e| {
+                    error_chain(&format!("registering {lo:#x} (+{} bytes)", hi - lo), &e)
+                })?;
+            }
+        }
+    }
     Ok(())
 }
 

@@ -225,6 +225,13 @@ extern "C" fn farmem_preload_register_region(
     glue::register(addr.cast(), len, is_heap != 0)
 }
 
+/// Called by the shim, with the internal depth raised, after a successful `MADV_DONTFORK`
+/// (`dont_fork` 1) or `MADV_DOFORK` (0).
+#[no_mangle]
+extern "C" fn farmem_preload_fork_advice(addr: *mut c_void, len: usize, dont_fork: c_int) {
+    glue::set_dont_fork(addr.cast(), len, dont_fork != 0);
+}
+
 /// Called by the shim, with the internal depth raised, before a `mmap(MAP_FIXED)` of private
 /// anonymous memory: 1 if the range overlaps a region, else 0.
 #[no_mangle]

@@ -43,6 +43,9 @@ extern void *__libc_memalign(size_t align, size_t size);
 extern int farmem_preload_register_region(void *addr, size_t len, int is_heap);
 /* Implemented in Rust (lib.rs): 1 if [addr, addr+len) overlaps a region, else 0. */
 extern int farmem_preload_overlaps_region(void *addr, size_t len);
+/* Implemented in Rust (lib.rs): the program marked [addr, addr+len) MADV_DONTFORK (1) or
+ * MADV_DOFORK (0). */
+extern void farmem_preload_fork_advice(void *addr, size_t len, int dont_fork);
 
 #define FM_HIDDEN __attribute__((visibility("hidden")))
 #define FM_TLS __thread __attribute__((tls_model("initial-exec")))
@@ -438,7 +441,19 @@ FM_HIDDEN int fmp_madvise(void *addr, size_t len, int advice) {
      * the contents) is accepted and not passed on while regions are active. */
     if (advice == MADV_HUGEPAGE && atomic_load_explicit(&regions_active, memory_order_relaxed))
         return 0;
-    return (int)syscall(SYS_madvise, addr, len, advice);
+    int r = (int)syscall(SYS_madvise, addr, len, advice);
+    /* A child gets no copy of a MADV_DONTFORK range (V8 marks each heap page so): the runtime
+     * leaves its evicted pages where they are when the program forks. */
+    if (r == 0 && (advice == MADV_DONTFORK || advice == MADV_DOFORK) &&
+        atomic_load_explicit(&regions_active, memory_order_relaxed) && !fmp_internal_depth &&
+        !fmp_runtime_thread) {
+        int saved = errno;
+        fmp_internal_depth++;
+        farmem_preload_fork_advice(addr, len, advice == MADV_DONTFORK);
+        fmp_internal_depth--;
+        errno = saved;
+    }
+    return r;
 }
 
 struct fmp_thread_start {

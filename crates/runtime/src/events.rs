@@ -9,6 +9,9 @@ use crate::shared::Shared;
 pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
     let st = sh.state.lock();
     let mut st = sh.settle_evictions(st);
+    if unmapped {
+        st.dontfork.remove(start, end);
+    }
     for (addr, r) in st.pages.release_range(start, end, unmapped) {
         st.settle_released(&sh.pf, addr, r);
     }
@@ -19,6 +22,9 @@ pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
 pub(crate) fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
     let st = sh.state.lock();
     let mut st = sh.settle_evictions(st);
+    // The marks do not follow (the moved pages are then brought back before a fork: safe).
+    st.dontfork.remove(from, from + len);
+    st.dontfork.remove(to, to + len);
     match st.pages.remap(from, to, len) {
         Ok(moved) => {
             for (addr, e) in moved {

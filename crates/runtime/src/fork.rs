@@ -2,7 +2,9 @@
 //! region is unregistered plain memory. Before fork every evicted page is brought back
 //! (eviction paused) and the state lock is held across `fork()` — by a guard kept in
 //! [`ForkGuard`], not a forgotten one — so the child gets all the data as ordinary memory and
-//! a consistent copy of the state; the parent resumes after fork.
+//! a consistent copy of the state; the parent resumes after fork. Pages of ranges marked
+//! `MADV_DONTFORK` ([`crate::dontfork`]; V8's heap) stay where they are: the child has no
+//! mapping there.
 //!
 //! # Limitations
 //!
@@ -77,7 +79,7 @@ fn check_all_back(st: &mut State) -> Option<String> {
         }
         for (a, en) in st.pages.entries_in(s, e) {
             let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
-            if en.state != PageState::Empty && !en.state.is_resident() {
+            if en.state != PageState::Empty && !en.state.is_resident() && !st.dontfork.contains(a) {
                 bad += 1;
                 first.get_or_insert((a, en.state, here));
             }
@@ -94,13 +96,15 @@ fn check_all_back(st: &mut State) -> Option<String> {
 /// Brings every evicted page of every region back (before fork): called from a program thread
 /// with eviction paused and no eviction half-done.
 fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
-    let mut st = sh.state.lock();
+    let mut guard = sh.state.lock();
+    let st = &mut *guard;
     let mut todo: Vec<usize> = Vec::new();
     for (s, e) in st.pages.ranges() {
         todo.extend(
             st.pages
                 .entries_in(s, e)
                 .into_iter()
+                .filter(|(a, _)| !st.dontfork.contains(*a))
                 .filter(|(_, e)| {
                     matches!(
                         e.state,
@@ -113,7 +117,7 @@ fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
                 .map(|(a, _)| a),
         );
     }
-    drop(st);
+    drop(guard);
     let mut first_err: Option<RuntimeError> = None;
     for addr in todo {
         if let Err(e) = bring_back(sh, addr) {

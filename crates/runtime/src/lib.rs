@@ -57,6 +57,7 @@
 mod backup;
 mod budget;
 mod config;
+mod dontfork;
 mod embedded;
 mod events;
 mod evict;
@@ -363,6 +364,28 @@ impl Runtime {
         self.register_inner(addr, len_bytes, false)
     }
 
+    /// The program marked `addr..addr+len_bytes` `MADV_DONTFORK` (`dont_fork`) or
+    /// `MADV_DOFORK`: a forked child gets no copy of a marked range, so before `fork` its
+    /// evicted pages stay where they are. Only the parts inside regions are kept.
+    pub fn set_dont_fork(&self, addr: *mut u8, len_bytes: usize, dont_fork: bool) {
+        let a = addr as usize;
+        // The kernel applies advice to whole pages.
+        let end = a.saturating_add(len_bytes).next_multiple_of(PAGE_SIZE);
+        if self.sh.in_child.load(Ordering::Relaxed) || a >= end {
+            return;
+        }
+        let mut st = self.sh.state.lock();
+        if !dont_fork {
+            st.dontfork.remove(a, end);
+            return;
+        }
+        for (s, e) in st.pages.ranges() {
+            if s < end && e > a {
+                st.dontfork.add(s.max(a), e.min(end));
+            }
+        }
+    }
+
     /// Whether any page of `addr..addr+len_bytes` lies in a region. The preload library asks
     /// before a `mmap(MAP_FIXED)` replaces part of a mapping: a commit or decommit inside a
     /// region (a managed runtime's heap reservation) is registered again, whatever its size.
@@ -416,6 +439,7 @@ impl Runtime {
             source,
         })?;
         st.pages.add_region(addr, addr + len);
+        st.dontfork.remove(addr, addr + len); // a new mapping carries no MADV_DONTFORK
         for (i, b) in present.iter().enumerate() {
             if b & 1 != 0 {
                 st.pages.adopt(addr + i * PAGE_SIZE);

@@ -48,6 +48,8 @@ pub(crate) struct State {
     /// Eviction is paused (fork in progress).
     pub(crate) paused: bool,
     pub(crate) staging: VecDeque<Staged>,
+    /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
+    pub(crate) dontfork: crate::dontfork::DontFork,
 }
 
 impl State {
@@ -191,6 +193,7 @@ impl Shared {
                 stage_gen: 0,
                 paused: false,
                 staging: VecDeque::new(),
+                dontfork: Default::default(),
             })),
             evict_cv: Condvar::new(),
             commit_cv: Condvar::new(),

@@ -424,7 +424,14 @@ pub fn unpaged_warning(stats: &StatsFile) -> Option<String> {
         .unpaged
         .iter()
         .take(5)
-        .map(|p| format!("{} (pid {}, peak RSS {})", p.name, p.pid, fmt_bytes(p.peak_rss_bytes)))
+        .map(|p| {
+            format!(
+                "{} (pid {}, peak RSS {})",
+                p.name,
+                p.pid,
+                fmt_bytes(p.peak_rss_bytes)
+            )
+        })
         .collect();
     Some(format!(
         "farmem: warning: {} process(es) of the program ran without farmem, their memory not \

@@ -54,7 +54,6 @@ pub struct TreeRssReport {
     pub unpaged: Vec<UnpagedProcess>,
 }
 
-
 /// What the sampler knows of one process.
 #[derive(Default)]
 struct Seen {
@@ -114,7 +113,9 @@ impl TreeRss {
                         peak_rss_bytes: p.peak_rss,
                     })
                     .collect();
-                report.unpaged.sort_by_key(|p| std::cmp::Reverse(p.peak_rss_bytes));
+                report
+                    .unpaged
+                    .sort_by_key(|p| std::cmp::Reverse(p.peak_rss_bytes));
                 report
             })?;
         Ok(TreeRss { stop, thread })
@@ -238,7 +239,9 @@ mod tests {
         assert!(r.samples >= 10, "{r:?}");
         // None of them loaded farmem's library.
         assert!(
-            r.unpaged.iter().any(|p| p.name == "python3" && p.peak_rss_bytes >= 45 << 20),
+            r.unpaged
+                .iter()
+                .any(|p| p.name == "python3" && p.peak_rss_bytes >= 45 << 20),
             "{r:?}"
         );
         // The tree is gone: a sample finds nothing.
