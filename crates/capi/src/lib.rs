@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use farmem_runtime::{Region, Runtime, RuntimeConfig};
 
@@ -20,7 +20,10 @@ struct Global {
     last_error: CString,
 }
 
-fn global() -> &'static Mutex<Global> {
+/// The library's state, locked. A std lock, not parking_lot's: parking_lot parks threads in a
+/// process-wide table that a fork can copy half-updated (see the runtime's `sync` module).
+/// A panic under the lock does not make the library unusable.
+fn global() -> MutexGuard<'static, Global> {
     static G: OnceLock<Mutex<Global>> = OnceLock::new();
     G.get_or_init(|| {
         Mutex::new(Global {
@@ -29,6 +32,8 @@ fn global() -> &'static Mutex<Global> {
             last_error: CString::default(),
         })
     })
+    .lock()
+    .unwrap_or_else(PoisonError::into_inner)
 }
 
 fn set_error(g: &mut Global, msg: String) {
@@ -56,7 +61,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// `donors` is NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn fm_init(budget_bytes: u64, donors: *const c_char) -> c_int {
-    let mut g = global().lock();
+    let mut g = global();
     if g.rt.is_some() {
         set_error(&mut g, "fm_init: the runtime is already started".into());
         return -1;
@@ -92,7 +97,7 @@ pub unsafe extern "C" fn fm_init(budget_bytes: u64, donors: *const c_char) -> c_
 /// Allocates a new region of at least `bytes` (page-aligned, zero-filled). NULL on error.
 #[no_mangle]
 pub extern "C" fn fm_alloc(bytes: usize) -> *mut c_void {
-    let mut g = global().lock();
+    let mut g = global();
     let Some(rt) = g.rt.clone() else {
         set_error(&mut g, "fm_alloc: call fm_init first".into());
         return std::ptr::null_mut();
@@ -113,7 +118,7 @@ pub extern "C" fn fm_alloc(bytes: usize) -> *mut c_void {
 /// Frees a region returned by `fm_alloc`. Returns 0, or -1 if `ptr` is not one.
 #[no_mangle]
 pub extern "C" fn fm_free(ptr: *mut c_void) -> c_int {
-    let mut g = global().lock();
+    let mut g = global();
     match g.regions.remove(&(ptr as usize)) {
         Some(r) => {
             drop(g);
@@ -138,7 +143,7 @@ pub extern "C" fn fm_free(ptr: *mut c_void) -> c_int {
 /// `buf` is NULL (with `len` 0) or points to `len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn fm_stats(buf: *mut c_char, len: usize) -> c_long {
-    let mut g = global().lock();
+    let mut g = global();
     let Some(rt) = g.rt.clone() else {
         set_error(&mut g, "fm_stats: call fm_init first".into());
         return -1;
@@ -147,7 +152,7 @@ pub unsafe extern "C" fn fm_stats(buf: *mut c_char, len: usize) -> c_long {
     let json = match serde_json::to_string(&rt.stats()) {
         Ok(j) => j,
         Err(e) => {
-            set_error(&mut global().lock(), format!("fm_stats: {e}"));
+            set_error(&mut global(), format!("fm_stats: {e}"));
             return -1;
         }
     };
@@ -165,5 +170,5 @@ pub unsafe extern "C" fn fm_stats(buf: *mut c_char, len: usize) -> c_long {
 /// The message of the last failed call (empty if none). Valid until the next failing call.
 #[no_mangle]
 pub extern "C" fn fm_last_error() -> *const c_char {
-    global().lock().last_error.as_ptr()
+    global().last_error.as_ptr()
 }

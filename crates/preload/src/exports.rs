@@ -157,6 +157,24 @@ pub unsafe extern "C" fn mmap64(
     unsafe { fmp_mmap(addr, len, prot, flags, fd, off) }
 }
 
+/// _exit(2): the process's final statistics first (`_exit` skips `atexit` handlers), then
+/// the process ends as `_exit` ends it (exit_group). glibc's own `exit` reaches the kernel
+/// through its internal `_exit`, not this one.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    crate::glue::before_exit();
+    // SAFETY: exit_group ends every thread of the process; it does not return.
+    unsafe { libc::syscall(libc::SYS_exit_group, libc::c_long::from(status)) };
+    unreachable!("exit_group returned")
+}
+
+/// _Exit(2): as [`_exit`] (glibc exports both names).
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    // SAFETY: as `_exit`.
+    unsafe { _exit(status) }
+}
+
 /// munmap(2), forwarded (the runtime learns of it through userfaultfd events).
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {

@@ -33,7 +33,13 @@ fn runtime() -> Option<&'static Arc<Runtime>> {
     unsafe { p.as_ref() }
 }
 
+/// The process the library's state is for (set at start-up, and in a forked child that
+/// starts its own runtime): a vfork child, which shares the parent's memory, runs no fork
+/// handler and must not write the parent's statistics, has another pid.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+
 fn set_runtime(rt: Arc<Runtime>) -> &'static Arc<Runtime> {
+    OWNER_PID.store(std::process::id(), Ordering::Release);
     let p = Box::into_raw(Box::new(rt));
     RUNTIME.store(p, Ordering::Release);
     // SAFETY: just leaked; never freed.
@@ -43,6 +49,7 @@ fn set_runtime(rt: Arc<Runtime>) -> &'static Arc<Runtime> {
 /// Starts the runtime described by `cfg` (nothing in allocator-only mode). Runs in the
 /// constructor, as farmem code.
 pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
+    OWNER_PID.store(std::process::id(), Ordering::Release);
     if cfg.allocator_only {
         return Ok(());
     }
@@ -165,15 +172,29 @@ pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
     !IN_FORK_CHILD.load(Ordering::Relaxed) && rt.overlaps_region(addr, len)
 }
 
+thread_local! {
+    /// The regions at the fork this thread is making ([`Runtime::before_fork`]): the child
+    /// (this thread, there) registers them without asking its copy of the parent's runtime.
+    /// Per thread, since threads may fork at once; the glibc heap serves it (internal).
+    static FORK_REGIONS: std::cell::RefCell<Vec<(usize, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 extern "C" fn fork_prepare() {
     if let Some(rt) = runtime() {
-        crate::internal(|| rt.before_fork());
+        crate::internal(|| {
+            let regions = rt.before_fork();
+            FORK_REGIONS.with(|r| *r.borrow_mut() = regions);
+        });
     }
 }
 
 extern "C" fn fork_parent() {
     if let Some(rt) = runtime() {
-        crate::internal(|| rt.after_fork_parent());
+        crate::internal(|| {
+            FORK_REGIONS.with(|r| r.borrow_mut().clear());
+            rt.after_fork_parent();
+        });
     }
 }
 
@@ -190,7 +211,7 @@ extern "C" fn fork_child() {
         old.after_fork_child();
         new_tracker();
         let restarted = match crate::active_config() {
-            Some(cfg) if cfg.tree_dir.is_some() => match restart_in_child(cfg, old) {
+            Some(cfg) if cfg.tree_dir.is_some() => match restart_in_child(cfg) {
                 Ok(()) => true,
                 Err(e) => {
                     eprintln!(
@@ -211,8 +232,8 @@ extern "C" fn fork_child() {
 }
 
 /// Starts the forked child's own runtime over the parent's ranges (see [`fork_child`]).
-fn restart_in_child(cfg: &RunSettings, old: &Arc<Runtime>) -> Result<(), String> {
-    let ranges = old.regions();
+fn restart_in_child(cfg: &RunSettings) -> Result<(), String> {
+    let ranges = FORK_REGIONS.with(|r| std::mem::take(&mut *r.borrow_mut()));
     let rt = Runtime::start(runtime_config(cfg)?)
         .map_err(|e| error_chain("starting its farmem runtime", &e))?;
     register_mapped(&rt, &ranges)?;
@@ -266,7 +287,27 @@ fn register_mapped(rt: &Runtime, ranges: &[(usize, usize)]) -> Result<(), String
 }
 
 extern "C" fn at_exit() {
-    if IN_FORK_CHILD.load(Ordering::SeqCst) {
+    finish(None);
+}
+
+/// Called by the `_exit` wrapper ([`crate::exports`]): a process that ends with `_exit` (dash
+/// does; so do many forked children) runs no `atexit` handler, and its statistics would stay
+/// unfinished. `_exit` may be called from a signal handler that interrupted this process's
+/// own stats write, so the writers' lock is waited for a bounded time only.
+pub(crate) fn before_exit() {
+    finish(Some(Duration::from_millis(500)));
+}
+
+/// The final statistics, once per process: written by the first of `atexit` and `_exit`.
+/// Not in a forked child without a runtime of its own, nor in a vfork child (see
+/// [`OWNER_PID`]).
+fn finish(wait_at_most: Option<Duration>) {
+    static DONE: AtomicU32 = AtomicU32::new(0);
+    let me = std::process::id();
+    if IN_FORK_CHILD.load(Ordering::SeqCst)
+        || OWNER_PID.load(Ordering::Acquire) != me
+        || DONE.swap(me, Ordering::SeqCst) == me
+    {
         return;
     }
     crate::internal(|| {
@@ -278,7 +319,9 @@ extern "C" fn at_exit() {
             }
         }
         if let Some(path) = crate::active_config().and_then(stats_path) {
-            let _ = write_stats(&path, true);
+            if let Some(lock) = WriterLock::take_within(wait_at_most) {
+                let _ = write_stats_locked(&lock, &path, true);
+            }
         }
     });
 }
@@ -336,7 +379,14 @@ fn measure_unmanaged() -> Option<UnmanagedReport> {
 fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
     // The periodic writer and the exit hook share one temporary path: one writer at a time,
     // or their bytes interleave into a corrupt file.
-    let _one_writer = WriterLock::take();
+    match WriterLock::take_within(None) {
+        Some(lock) => write_stats_locked(&lock, path, final_),
+        None => Ok(()),
+    }
+}
+
+/// [`write_stats`] with the writers' lock held.
+fn write_stats_locked(_held: &WriterLock, path: &Path, final_: bool) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -354,18 +404,23 @@ static WRITER: AtomicU32 = AtomicU32::new(0);
 struct WriterLock;
 
 impl WriterLock {
-    fn take() -> WriterLock {
+    /// Takes the lock, waiting at most `wait_at_most` (None: as long as it takes).
+    fn take_within(wait_at_most: Option<Duration>) -> Option<WriterLock> {
         let me = std::process::id();
+        let deadline = wait_at_most.map(|d| std::time::Instant::now() + d);
         loop {
             match WRITER.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return WriterLock,
+                Ok(_) => return Some(WriterLock),
                 Err(holder) if holder != me => {
                     if WRITER
                         .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
                         .is_ok()
                     {
-                        return WriterLock;
+                        return Some(WriterLock);
                     }
+                }
+                Err(_) if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
+                    return None;
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }

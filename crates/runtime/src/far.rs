@@ -31,8 +31,8 @@
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
+use crate::sync::{Condvar, Mutex, RwLock};
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
-use parking_lot::{Condvar, Mutex, RwLock};
 use rand::Rng;
 
 use crate::backup::Backup;

@@ -31,10 +31,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sync::MutexGuard;
 use farmem_policy::first_touch::{FirstTouch, FirstTouchConfig};
 use farmem_policy::Origin;
 use farmem_uffd::{Event, UffdError};
-use parking_lot::MutexGuard;
 
 use crate::failover::ReplicaRead;
 use crate::far::Home;
@@ -240,9 +240,12 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
                     sh.report(
                         format!(
                             "internal error: page {:#x} is taken for resident ({:?}) but is \
-                             not mapped; its contents are lost: the faulting thread gets \
-                             SIGBUS (please report this)",
-                            msg.addr, e.state
+                             not mapped; its contents are lost: the faulting thread (process \
+                             {}, thread {}) gets SIGBUS (please report this)",
+                            msg.addr,
+                            e.state,
+                            std::process::id(),
+                            msg.thread
                         ),
                         true,
                     );

@@ -1,10 +1,14 @@
 //! Fork handling: the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a child's copy of a
-//! region is unregistered plain memory. Before fork every evicted page is brought back
-//! (eviction paused) and the state lock is held across `fork()` — by a guard kept in
-//! [`ForkGuard`], not a forgotten one — so the child gets all the data as ordinary memory and
-//! a consistent copy of the state; the parent resumes after fork. Pages of ranges marked
-//! `MADV_DONTFORK` ([`crate::dontfork`]; V8's heap) stay where they are: the child has no
-//! mapping there.
+//! region is unregistered plain memory. Before fork every evicted page is brought back and
+//! eviction stays paused until the parent resumes after fork, so the child gets all the data
+//! as ordinary memory. Pages of ranges marked `MADV_DONTFORK` ([`crate::dontfork`]; V8's
+//! heap) stay where they are: the child has no mapping there.
+//!
+//! No lock is held across `fork()`: the child must not touch its copy of the parent's runtime
+//! at all (its threads are gone, and any lock one of them held at the fork instant stays held
+//! there), so [`before_fork`] hands the forking thread what the child needs — the regions —
+//! and [`crate::Runtime::after_fork_child`] only marks the runtime as the parent's. Forks
+//! from several threads at once are counted: eviction resumes when the last one is done.
 //!
 //! # Limitations
 //!
@@ -15,29 +19,18 @@
 use std::time::Duration;
 
 use farmem_uffd::UffdError;
-use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
 
 use crate::far::Home;
 use crate::pages::{Entry, PageState};
 use crate::shared::{Shared, State};
 use crate::{RuntimeError, PAGE_SIZE};
 
-/// The state lock, held from `before_fork` to `after_fork_*`.
-#[derive(Default)]
-pub(crate) struct ForkGuard(Mutex<Option<ArcMutexGuard<RawMutex, State>>>);
-
-impl ForkGuard {
-    /// Releases the state lock if a fork is in progress; true if it was.
-    pub(crate) fn release(&self) -> bool {
-        self.0.lock().take().is_some()
-    }
-}
-
-/// Before `fork()`: pauses eviction, brings every evicted page back and keeps the state
-/// locked in `guard` until [`ForkGuard::release`].
-pub(crate) fn before_fork(sh: &Shared, guard: &ForkGuard) {
+/// Before `fork()`: pauses eviction, brings every evicted page back and returns the regions
+/// (start, length in bytes) for a child that pages its own memory.
+pub(crate) fn before_fork(sh: &Shared) -> Vec<(usize, usize)> {
     {
         let mut st = sh.state.lock();
+        st.forks += 1;
         st.paused = true;
         while st.pages.evicting() > 0 {
             sh.commit_cv.wait_for(&mut st, Duration::from_millis(5));
@@ -52,15 +45,29 @@ pub(crate) fn before_fork(sh: &Shared, guard: &ForkGuard) {
             true,
         );
     }
-    // Hold the state lock across fork so the child's copy is consistent.
-    let mut st = sh.state.lock_arc();
+    let mut st = sh.state.lock();
     if let Some(what) = check_all_back(&mut st) {
         sh.report(
             format!("before fork: {what}; the child will read zeros there"),
             true,
         );
     }
-    *guard.0.lock() = Some(st);
+    st.pages
+        .ranges()
+        .into_iter()
+        .map(|(s, e)| (s, e - s))
+        .collect()
+}
+
+/// After `fork()` in the parent: eviction resumes once no other fork is being prepared.
+pub(crate) fn after_fork_parent(sh: &Shared) {
+    let mut st = sh.state.lock();
+    st.forks = st.forks.saturating_sub(1);
+    if st.forks == 0 && st.paused {
+        st.paused = false;
+        drop(st);
+        sh.evict_cv.notify_one();
+    }
 }
 
 /// Checks, with the state lock held right before `fork()`, that every page with contents is

@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 const LIVE: u8 = 0;
 const SUSPECT: u8 = 1;

@@ -81,6 +81,7 @@ mod send;
 mod shared;
 mod slots;
 mod stats;
+mod sync;
 mod tier;
 
 use std::sync::atomic::Ordering;
@@ -88,9 +89,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::sync::Mutex;
 use farmem_mm::Mapping;
 use farmem_uffd::UffdError;
-use parking_lot::Mutex;
 
 pub use budget::Usage;
 pub use config::{
@@ -219,8 +220,6 @@ pub enum RuntimeError {
 pub struct Runtime {
     sh: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// The state lock while a fork is in progress ([`Runtime::before_fork`]).
-    fork_guard: fork::ForkGuard,
 }
 
 /// A region created by [`Runtime::map`]: unmapped on drop.
@@ -288,7 +287,6 @@ impl Runtime {
         Ok(Arc::new(Runtime {
             sh,
             threads: Mutex::new(threads),
-            fork_guard: fork::ForkGuard::default(),
         }))
     }
 
@@ -609,10 +607,12 @@ impl Runtime {
     }
 
     /// Every region now: (start address, length in bytes), in address order (munmap and
-    /// mremap split and move them, so this is a snapshot). In a forked child, the ranges the
-    /// parent had at fork (the child's copies are plain memory there until it registers them
-    /// with a runtime of its own).
+    /// mremap split and move them, so this is a snapshot). Empty in a forked child:
+    /// [`Runtime::before_fork`] returned the regions at fork.
     pub fn regions(&self) -> Vec<(usize, usize)> {
+        if self.sh.in_child.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
         let st = self.sh.state.lock();
         st.pages
             .ranges()
@@ -621,33 +621,32 @@ impl Runtime {
             .collect()
     }
 
-    /// Before `fork()`: pauses eviction, brings every evicted page of every region back into
-    /// local memory (temporarily exceeding the budget), and holds the runtime's state until
-    /// [`Runtime::after_fork_parent`] / [`Runtime::after_fork_child`]. The child then gets all
-    /// region data as plain memory.
-    pub fn before_fork(&self) {
+    /// Before `fork()`: pauses eviction and brings every evicted page of every region back
+    /// into local memory (temporarily exceeding the budget) until
+    /// [`Runtime::after_fork_parent`], so the child gets all region data as plain memory.
+    /// Returns the regions (start address, length in bytes), for a child that starts a
+    /// runtime of its own: it must not ask its copy of this one (see
+    /// [`Runtime::after_fork_child`]). Empty in a forked child.
+    pub fn before_fork(&self) -> Vec<(usize, usize)> {
         if self.sh.in_child.load(Ordering::Relaxed) {
-            return;
+            return Vec::new();
         }
-        fork::before_fork(&self.sh, &self.fork_guard);
+        fork::before_fork(&self.sh)
     }
 
-    /// After `fork()` in the parent: releases the state and resumes eviction.
+    /// After `fork()` in the parent: resumes eviction (once every concurrent fork is done).
     pub fn after_fork_parent(&self) {
-        let sh = &self.sh;
-        if self.fork_guard.release() {
-            sh.state.lock().paused = false;
-            sh.evict_cv.notify_one();
+        if !self.sh.in_child.load(Ordering::Relaxed) {
+            fork::after_fork_parent(&self.sh);
         }
     }
 
     /// After `fork()` in the child: the regions are plain memory there (no userfaultfd
-    /// registration is inherited) and no runtime thread exists; the runtime refuses new work.
+    /// registration is inherited) and no runtime thread exists; the runtime refuses new work
+    /// from now on and takes none of its locks (one of the parent's threads may have held
+    /// any of them at the fork instant).
     pub fn after_fork_child(&self) {
         self.sh.in_child.store(true, Ordering::SeqCst);
-        // The child's copy of the state lock was taken by `before_fork` in the parent's
-        // forking thread, which is this thread in the child.
-        self.fork_guard.release();
     }
 }
 
@@ -656,9 +655,6 @@ impl Drop for Runtime {
         if self.sh.in_child.load(Ordering::Relaxed) {
             return;
         }
-        // A fork prepared but never finished (a caller bug or a panic in between): release
-        // the state so the runtime threads can stop.
-        self.fork_guard.release();
         self.sh.shutdown.store(true, Ordering::SeqCst);
         self.sh.evict_cv.notify_all();
         self.sh.stage_cv.notify_all();

@@ -73,12 +73,12 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::sync::{Condvar, Mutex};
 use farmem_policy::measures::{PrefetchStats, PrefetchSummary};
 use farmem_policy::prefetch::{Access, Prefetcher};
 use farmem_policy::Origin;
 use farmem_sim::trace::{AccessKind, Record, TraceWriter};
 use farmem_transport::{ClientConfig, DonorClient};
-use parking_lot::{Condvar, Mutex};
 
 use crate::far::Far;
 use crate::pages::{PageState, Pages, NO_FAR};

@@ -18,10 +18,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sync::MutexGuard;
 use farmem_policy::Origin;
 use farmem_transport::{Completion, PageAddr};
 use farmem_uffd::UffdError;
-use parking_lot::MutexGuard;
 
 use crate::pages::PageState;
 use crate::prefetch::{page_of, PrefetchInstall, Req, MAX_WINDOWS};

@@ -31,7 +31,7 @@
 //! - The key lives in the process: whoever can read the program's own memory can read its pages
 //!   anyway.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 
 use crate::PAGE_SIZE;

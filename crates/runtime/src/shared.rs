@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use farmem_mm::{Advice, Mapping};
 use farmem_uffd::{Features, Uffd};
-use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::budget::Budget;
 use crate::far::Far;
@@ -47,6 +47,8 @@ pub(crate) struct State {
     pub(crate) stage_gen: u32,
     /// Eviction is paused (fork in progress).
     pub(crate) paused: bool,
+    /// Forks being prepared now ([`crate::fork`]): eviction resumes when the last is done.
+    pub(crate) forks: u32,
     pub(crate) staging: VecDeque<Staged>,
     /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
     pub(crate) dontfork: crate::dontfork::DontFork,
@@ -192,6 +194,7 @@ impl Shared {
                 mem: MemSlabs::default(),
                 stage_gen: 0,
                 paused: false,
+                forks: 0,
                 staging: VecDeque::new(),
                 dontfork: Default::default(),
             })),
@@ -231,10 +234,6 @@ impl Shared {
         if let Some(h) = &self.thread_hook {
             h();
         }
-        // parking_lot's per-thread parker (the state mutex and every condition variable).
-        let m = Mutex::new(());
-        let cv = Condvar::new();
-        let _ = cv.wait_for(&mut m.lock(), Duration::from_micros(1));
         // crossbeam's per-thread context (the tier thread's reclaim channel).
         let (_tx, rx) = crossbeam_channel::unbounded::<()>();
         let _ = rx.recv_timeout(Duration::from_micros(50));

@@ -44,9 +44,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::sync::Mutex;
 use farmem_mm::{Advice, Mapping};
 use farmem_node::{NodeClient, NodeClientConfig, NodeError, TierSlab};
-use parking_lot::Mutex;
 
 use crate::far::Home;
 use crate::memslabs::MemKind;

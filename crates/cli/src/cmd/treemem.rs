@@ -61,6 +61,8 @@ struct Seen {
     paged: Option<bool>,
     samples: u32,
     peak_rss: u64,
+    /// Its command name, read when it is found unpaged (later it may be gone).
+    name: String,
 }
 
 /// The preload library's file name, as /proc/PID/maps lists it.
@@ -94,6 +96,9 @@ impl TreeRss {
                         // an exec may not have mapped its libraries yet.
                         if p.paged.is_none() && p.samples >= 2 {
                             p.paged = has_library(pid);
+                            if p.paged == Some(false) {
+                                p.name = command_name(pid);
+                            }
                         }
                     }
                     report.processes_seen = seen.len() as u64;
@@ -107,9 +112,7 @@ impl TreeRss {
                     .filter(|(_, p)| p.paged == Some(false))
                     .map(|(pid, p)| UnpagedProcess {
                         pid,
-                        name: std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                            .map(|n| n.trim().to_string())
-                            .unwrap_or_default(),
+                        name: p.name,
                         peak_rss_bytes: p.peak_rss,
                     })
                     .collect();
@@ -135,6 +138,13 @@ struct Sample {
     anon_bytes: u64,
     /// Each process with its RSS.
     pids: Vec<(u32, u64)>,
+}
+
+/// The process's command name (empty once it is gone).
+fn command_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|n| n.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Whether the process maps the preload library (None once it is gone).
