@@ -422,20 +422,26 @@ impl Runtime {
                 reason: "it overlaps a range already registered",
             });
         }
-        let mut present = vec![0u8; if scan_present { len / PAGE_SIZE } else { 0 }];
-        if scan_present && farmem_mm::mincore(addr, &mut present).is_err() {
-            return Err(RuntimeError::BadRange {
-                addr,
-                len_bytes: len,
-                reason: "it is not (entirely) mapped",
-            });
-        }
         // The range is private anonymous memory the program hands to the runtime (map:
         // created by the caller; register: the caller's promise).
         mm::register_region(&sh.uffd, addr, len).map_err(|source| RuntimeError::Uffd {
             step: "registering a region",
             source,
         })?;
+        // Present pages are found after registering, with the state lock held: a page another
+        // thread discards from now on raises a REMOVE event, served after this adoption, and
+        // one it first touches faults and waits for the lock. Scanned before registering, a
+        // page discarded in between (an allocator's purge) was adopted as resident with
+        // nothing mapped, and its next access got SIGBUS.
+        let mut present = vec![0u8; if scan_present { len / PAGE_SIZE } else { 0 }];
+        if scan_present && farmem_mm::mincore(addr, &mut present).is_err() {
+            let _ = sh.uffd.unregister(addr, len);
+            return Err(RuntimeError::BadRange {
+                addr,
+                len_bytes: len,
+                reason: "it is not (entirely) mapped",
+            });
+        }
         st.pages.add_region(addr, addr + len);
         st.dontfork.remove(addr, addr + len); // a new mapping carries no MADV_DONTFORK
         for (i, b) in present.iter().enumerate() {
