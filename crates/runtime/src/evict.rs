@@ -218,8 +218,18 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
         match r {
             Err(err) => {
                 // Not moved (page shared after fork: EBUSY; gone: ENOENT; its range made
-                // read-only or PROT_NONE by mprotect: EINVAL): stays resident.
-                st.slots.release_empty(v.slot);
+                // read-only or PROT_NONE by mprotect: EINVAL): stays resident. A slot that
+                // turned out to hold a page (EEXIST) is discarded before it is used again.
+                if matches!(err, UffdError::Exists { .. }) {
+                    tracing::warn!(
+                        "pool slot {} held a page when it was given to the evictor; it is \
+                         discarded",
+                        v.slot
+                    );
+                    st.slots.release_stale(v.slot);
+                } else {
+                    st.slots.release_empty(v.slot);
+                }
                 c.refused += 1;
                 // Shared copy-on-write with a forked child (MOVE takes exclusive pages only,
                 // and the page stays shared until the parent writes it, even after the child
@@ -353,31 +363,54 @@ fn move_victims(sh: &Shared, victims: &[Victim]) -> Vec<Result<(), UffdError>> {
         let r = crate::mm::move_to_pool(&sh.pool_uffd, dst, run[0].addr, run.len() * PAGE_SIZE);
         match r {
             Ok(n) if n == run.len() * PAGE_SIZE => out.extend(run.iter().map(|_| Ok(()))),
+            // Not all of the run moved: what the kernel reports moved is not to be trusted
+            // (kernel 6.18 was seen to move pages of a run it then reported as not moved, and
+            // a page reported as failing had gone: its entry was put back to resident with
+            // nothing mapped, and the next access got SIGBUS). Each page is looked at where
+            // it is instead, and tried alone if it is still in the region.
             Ok(_) | Err(_) if run.len() > 1 => {
-                let mut present = vec![0u8; run.len()];
-                let rc = sh
-                    .pool
-                    .mapping()
-                    .mincore(run[0].slot as usize, &mut present);
-                for (k, v) in run.iter().enumerate() {
-                    if rc.is_ok() && present[k] & 1 != 0 {
+                for v in run {
+                    if moved_anyway(sh, v) {
                         out.push(Ok(()));
                         continue;
                     }
-                    let one = crate::mm::move_to_pool(
-                        &sh.pool_uffd,
-                        sh.slot_addr(v.slot),
-                        v.addr,
-                        PAGE_SIZE,
-                    );
-                    out.push(one.map(|_| ()));
+                    out.push(move_one(sh, v));
                 }
             }
+            r if r.is_err() => out.push(match moved_anyway(sh, &run[0]) {
+                true => Ok(()),
+                false => r.map(|_| ()),
+            }),
             r => out.push(r.map(|_| ())),
         }
         i = j;
     }
     out
+}
+
+/// MOVEs one victim into its slot; an error is checked against where the page is (see
+/// [`moved_anyway`]).
+fn move_one(sh: &Shared, v: &Victim) -> Result<(), UffdError> {
+    match crate::mm::move_to_pool(&sh.pool_uffd, sh.slot_addr(v.slot), v.addr, PAGE_SIZE) {
+        Ok(_) => Ok(()),
+        Err(_) if moved_anyway(sh, v) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a victim's page is in its slot and gone from the region: moved, whatever the
+/// MOVE that moved it reported. A slot that held a page before (EEXIST) is told apart by the
+/// region page, which is then still there.
+fn moved_anyway(sh: &Shared, v: &Victim) -> bool {
+    let mut slot = [0u8; 1];
+    let mut region = [0u8; 1];
+    sh.pool
+        .mapping()
+        .mincore(v.slot as usize, &mut slot)
+        .is_ok()
+        && slot[0] & 1 != 0
+        && farmem_mm::mincore(v.addr, &mut region).is_ok()
+        && region[0] & 1 == 0
 }
 
 /// Makes pages that UFFDIO_MOVE refused because they are shared copy-on-write with a forked

@@ -190,9 +190,11 @@ fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
         };
         match r {
             Ok(()) | Err(UffdError::Exists { .. }) => {
+                // EEXIST: the region page is there already and the pool page was not moved.
+                let left_in_slot = copied || r.is_err();
                 if let Some(slot) = st.pages.install_for_fork(addr) {
-                    if copied {
-                        st.slots.release_stale(slot); // COPY left the page in the slot
+                    if left_in_slot {
+                        st.slots.release_stale(slot);
                     } else {
                         st.slots.release_empty(slot);
                     }

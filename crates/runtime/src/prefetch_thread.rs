@@ -311,7 +311,11 @@ fn keep(sh: &Shared, st: &mut State, r: &Req, page_data: &[u8]) {
         }
         Err(e) => {
             tracing::debug!("copying a prefetched page into the pool: {e}");
-            st.slots.release_empty(slot);
+            if matches!(e, UffdError::Exists { .. }) {
+                st.slots.release_stale(slot); // it held a page: discarded before reuse
+            } else {
+                st.slots.release_empty(slot);
+            }
             pf.inner.lock().dropped += 1;
         }
     }
