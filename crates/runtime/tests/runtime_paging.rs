@@ -451,19 +451,9 @@ fn a_page_discarded_while_its_mapping_is_registered_reads_as_data_or_zero() {
     let rt = runtime(32 * MIB, vec![donor.local_addr().to_string()], "fifo");
     let len = PAGES * PAGE;
     for round in 0..1000u64 {
-        // SAFETY: a fresh private anonymous mapping of the test's own.
-        let a = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(a, libc::MAP_FAILED);
-        let a = a as usize;
+        // Unmapped when dropped, at the end of the round (the runtime sees an UNMAP event).
+        let mapping = farmem_mm::Mapping::anonymous(len).expect("mmap");
+        let a = mapping.addr();
         let stop = AtomicBool::new(false);
         let flips = AtomicUsize::new(0);
         std::thread::scope(|s| {
@@ -493,7 +483,6 @@ fn a_page_discarded_while_its_mapping_is_registered_reads_as_data_or_zero() {
                 STAMP.check_page(a, p, round);
             }
         }
-        // SAFETY: done with the mapping; the runtime sees an UNMAP event.
-        unsafe { libc::munmap(a as *mut _, len) };
+        drop(mapping);
     }
 }
