@@ -76,7 +76,8 @@ pub use workloads::{parse_workload_list, Metric, Workload, WorkloadList};
     after_help = "Example: farmem-bench compare --workload seq,stride:10,redis --local 0.5,0.25 --plot out.svg"
 )]
 pub struct CompareArgs {
-    /// Workloads, comma-separated: seq, stride:K, random, redis, memcached, numpy, kmeans, or all.
+    /// Workloads, comma-separated: seq, stride:K, random, redis, memcached, numpy, kmeans, mp, or
+    /// all.
     #[arg(long, short = 'w', value_parser = workloads::parse_workload_list)]
     pub workload: WorkloadList,
 
@@ -97,7 +98,8 @@ pub struct CompareArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_wss)]
     pub wss: u64,
 
-    /// Passes over the working set of the microbenchmarks (after the pass that fills it).
+    /// Passes over the working set of the microbenchmarks and of each mp worker (after the pass
+    /// that fills it).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub passes: u32,
 
@@ -137,6 +139,14 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub kmeans_iterations: u64,
 
+    /// mp: working set of each worker process (e.g. 256MiB); peak ≈ workers × this + ~26 MiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_wss)]
+    pub mp_worker_bytes: u64,
+
+    /// mp: worker processes the parent forks (multiprocessing, 'fork' start method).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub mp_workers: u32,
+
     /// A run that takes longer than this (seconds) is killed and reported as failed.
     #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
@@ -145,7 +155,7 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
 
-    /// Python interpreter for numpy/kmeans (Debian's, which sees python3-numpy/python3-sklearn).
+    /// Python interpreter for numpy/kmeans/mp (Debian's, which sees python3-numpy/python3-sklearn).
     #[arg(long, default_value = "/usr/bin/python3")]
     pub python: PathBuf,
 
@@ -622,6 +632,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         kmeans_features: args.kmeans_features,
         kmeans_clusters: args.kmeans_clusters,
         kmeans_iterations: args.kmeans_iterations,
+        mp_worker_bytes: args.mp_worker_bytes,
+        mp_workers: args.mp_workers,
         timeout: Duration::from_secs(args.timeout),
         seed: args.seed,
     };
@@ -812,6 +824,19 @@ mod tests {
         .unwrap();
         assert_eq!(a.farmem_args, ["--prefetch=none", "--evict=clock"]);
         assert_eq!(a.systems.0, SystemKind::ALL.to_vec());
+        let a = parse(&["-w", "mp"]).unwrap();
+        assert_eq!(a.workload.0, vec![Workload::Mp]);
+        assert_eq!((a.mp_worker_bytes, a.mp_workers), (256 << 20, 4));
+        let a = parse(&[
+            "-w",
+            "mp",
+            "--mp-worker-bytes",
+            "64MiB",
+            "--mp-workers",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!((a.mp_worker_bytes, a.mp_workers), (64 << 20, 2));
     }
 
     #[test]
@@ -828,6 +853,10 @@ mod tests {
         assert!(e.contains("unknown unit `furlong`"), "{e}");
         let e = parse(&["-w", "seq", "--passes", "0"]).unwrap_err();
         assert!(e.contains("--passes"), "{e}");
+        let e = parse(&["-w", "mp", "--mp-worker-bytes", "100"]).unwrap_err();
+        assert!(e.contains("below one page"), "{e}");
+        let e = parse(&["-w", "mp", "--mp-workers", "0"]).unwrap_err();
+        assert!(e.contains("--mp-workers"), "{e}");
     }
 
     #[test]

@@ -197,7 +197,7 @@ fn servers_and_python_workloads_report_their_figures() {
     let _m = MACHINE.lock().unwrap_or_else(|p| p.into_inner());
     let o = run(&[
         "-w",
-        "redis,memcached,numpy,kmeans",
+        "redis,memcached,numpy,kmeans,mp",
         "--keys",
         "2000",
         "--ops",
@@ -208,6 +208,8 @@ fn servers_and_python_workloads_report_their_figures() {
         "5000",
         "--kmeans-features",
         "8",
+        "--mp-worker-bytes",
+        "4MiB",
         "--systems",
         "local",
         "--json",
@@ -223,7 +225,7 @@ fn servers_and_python_workloads_report_their_figures() {
         );
         assert!(r["avg_access_us"].is_null());
     }
-    for w in ["numpy", "kmeans"] {
+    for w in ["numpy", "kmeans", "mp"] {
         let r = row(&rows, "local", w);
         check_keys(r);
         assert!(r["wall_s"].as_f64().unwrap() > 0.0, "{r:?}");

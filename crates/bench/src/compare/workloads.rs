@@ -7,6 +7,9 @@
 //!   runs in the harness, outside the limit.
 //! * `numpy`, `kmeans`: bench/workloads/numpy_matmul.py and kmeans.py, run with Debian's
 //!   python3 (`--python`, default /usr/bin/python3, which sees python3-numpy/python3-sklearn).
+//! * `mp`: bench/workloads/mp.py, same python: a parent forks `--mp-workers` multiprocessing
+//!   workers, each paging its own `--mp-worker-bytes` array, so one limit covers a process
+//!   tree (the cgroup wrapper's children inherit its cgroup; `farmem run` follows forks).
 //!
 //! Every workload checks its own data (micro: a checksum of the bytes read; the python scripts:
 //! a result check; the servers: every GET must hit a value of the right size), so a paging
@@ -29,6 +32,7 @@ use super::systems::{Cleanup, Token};
 const MICRO_C: &str = include_str!("../../workloads/micro.c");
 const NUMPY_PY: &str = include_str!("../../workloads/numpy_matmul.py");
 const KMEANS_PY: &str = include_str!("../../workloads/kmeans.py");
+const MP_PY: &str = include_str!("../../workloads/mp.py");
 
 /// One workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +44,7 @@ pub enum Workload {
     Memcached,
     Numpy,
     Kmeans,
+    Mp,
 }
 
 /// The figure a workload is judged by (and that the ratios compare).
@@ -65,7 +70,7 @@ impl Metric {
 
 impl Workload {
     /// What `all` means: every workload, stride 10 as in Leap.
-    pub const ALL: [Workload; 7] = [
+    pub const ALL: [Workload; 8] = [
         Workload::Seq,
         Workload::Stride(10),
         Workload::Random,
@@ -73,13 +78,14 @@ impl Workload {
         Workload::Memcached,
         Workload::Numpy,
         Workload::Kmeans,
+        Workload::Mp,
     ];
 
     pub fn metric(self) -> Metric {
         match self {
             Workload::Seq | Workload::Stride(_) | Workload::Random => Metric::AccessTime,
             Workload::Redis | Workload::Memcached => Metric::Throughput,
-            Workload::Numpy | Workload::Kmeans => Metric::Completion,
+            Workload::Numpy | Workload::Kmeans | Workload::Mp => Metric::Completion,
         }
     }
 
@@ -98,12 +104,13 @@ impl fmt::Display for Workload {
             Workload::Memcached => f.write_str("memcached"),
             Workload::Numpy => f.write_str("numpy"),
             Workload::Kmeans => f.write_str("kmeans"),
+            Workload::Mp => f.write_str("mp"),
         }
     }
 }
 
 const WORKLOAD_HELP: &str =
-    "expected seq, stride:K (K >= 2), random, redis, memcached, numpy, kmeans, or all";
+    "expected seq, stride:K (K >= 2), random, redis, memcached, numpy, kmeans, mp, or all";
 
 /// Parses one workload name.
 pub fn parse_workload(text: &str) -> Result<Workload, String> {
@@ -115,6 +122,7 @@ pub fn parse_workload(text: &str) -> Result<Workload, String> {
         "memcached" => Workload::Memcached,
         "numpy" => Workload::Numpy,
         "kmeans" => Workload::Kmeans,
+        "mp" => Workload::Mp,
         _ => {
             if let Some(k) = text.strip_prefix("stride:") {
                 let k: u64 = k
@@ -172,6 +180,8 @@ pub struct Sizes {
     pub kmeans_features: u64,
     pub kmeans_clusters: u64,
     pub kmeans_iterations: u64,
+    pub mp_worker_bytes: u64,
+    pub mp_workers: u32,
     pub timeout: Duration,
     pub seed: u64,
 }
@@ -262,6 +272,7 @@ pub struct Toolbox {
     micro: Option<PathBuf>,
     numpy_py: PathBuf,
     kmeans_py: PathBuf,
+    mp_py: PathBuf,
     python: PathBuf,
     runs: std::cell::Cell<u32>,
 }
@@ -285,7 +296,9 @@ impl Toolbox {
         let numpy_py = dir.path().join("numpy_matmul.py");
         let kmeans_py = dir.path().join("kmeans.py");
         fs::write(&numpy_py, NUMPY_PY)?;
+        let mp_py = dir.path().join("mp.py");
         fs::write(&kmeans_py, KMEANS_PY)?;
+        fs::write(&mp_py, MP_PY)?;
         let mut micro = None;
         if workloads.iter().any(|w| w.is_micro()) {
             let src = dir.path().join("micro.c");
@@ -316,11 +329,11 @@ impl Toolbox {
                 Workload::Memcached if which("memcached").is_none() => {
                     bail!("memcached is not installed: apt-get install memcached")
                 }
-                Workload::Numpy | Workload::Kmeans => {
-                    let module = if *w == Workload::Numpy {
-                        "numpy"
-                    } else {
+                Workload::Numpy | Workload::Kmeans | Workload::Mp => {
+                    let module = if *w == Workload::Kmeans {
                         "sklearn"
+                    } else {
+                        "numpy"
                     };
                     let ok = Command::new(python)
                         .args(["-c", &format!("import {module}")])
@@ -345,6 +358,7 @@ impl Toolbox {
             micro,
             numpy_py,
             kmeans_py,
+            mp_py,
             python: python.to_path_buf(),
             runs: 0.into(),
         })
@@ -529,30 +543,46 @@ pub fn run(
                 tree: Some(tree),
             })
         }
-        Workload::Numpy | Workload::Kmeans => {
+        Workload::Numpy | Workload::Kmeans | Workload::Mp => {
             let mut argv: Vec<OsString> = vec![tb.python.clone().into()];
-            if workload == Workload::Numpy {
-                argv.push(tb.numpy_py.clone().into());
-                argv.push(sizes.matrix_n.to_string().into());
-            } else {
-                argv.push(tb.kmeans_py.clone().into());
-                for v in [
-                    sizes.kmeans_samples,
-                    sizes.kmeans_features,
-                    sizes.kmeans_clusters,
-                    sizes.kmeans_iterations,
-                ] {
-                    argv.push(v.to_string().into());
+            match workload {
+                Workload::Numpy => {
+                    argv.push(tb.numpy_py.clone().into());
+                    argv.push(sizes.matrix_n.to_string().into());
+                    argv.push(sizes.seed.to_string().into());
+                }
+                Workload::Kmeans => {
+                    argv.push(tb.kmeans_py.clone().into());
+                    for v in [
+                        sizes.kmeans_samples,
+                        sizes.kmeans_features,
+                        sizes.kmeans_clusters,
+                        sizes.kmeans_iterations,
+                        sizes.seed,
+                    ] {
+                        argv.push(v.to_string().into());
+                    }
+                }
+                _ => {
+                    argv.push(tb.mp_py.clone().into());
+                    for (flag, v) in [
+                        ("--worker-bytes", sizes.mp_worker_bytes),
+                        ("--workers", sizes.mp_workers.into()),
+                        ("--passes", sizes.passes.into()),
+                        ("--seed", sizes.seed),
+                    ] {
+                        argv.push(flag.into());
+                        argv.push(v.to_string().into());
+                    }
                 }
             }
-            argv.push(sizes.seed.to_string().into());
             let (running, out) = spawn(wrap, &argv, tb, cleanup, &name)?;
             let (wall, tree) = running.wait(sizes.timeout, cleanup, &name)?;
             let v = json_line(&out)?;
-            let phase = if workload == Workload::Numpy {
-                "matmul_s"
-            } else {
-                "fit_s"
+            let phase = match workload {
+                Workload::Numpy => "matmul_s",
+                Workload::Kmeans => "fit_s",
+                _ => "passes_s",
             };
             Ok(Measured {
                 wall_s: Some(wall),
@@ -739,6 +769,52 @@ mod tests {
         assert_eq!(l, Workload::ALL.to_vec());
         let l = parse_workload_list("redis, stride:4").unwrap().0;
         assert_eq!(l, vec![Workload::Redis, Workload::Stride(4)]);
+        let l = parse_workload_list("kmeans,mp").unwrap().0;
+        assert_eq!(l, vec![Workload::Kmeans, Workload::Mp]);
+        assert!(Workload::ALL.contains(&Workload::Mp));
+        assert_eq!(Workload::Mp.metric(), Metric::Completion);
+    }
+
+    /// mp.py at tiny sizes, straight from python (no harness): it forks its workers, their
+    /// checks pass, and it prints the JSON line the harness reads. Skipped without numpy.
+    #[test]
+    fn mp_script_runs_and_prints_its_times() {
+        let python = "/usr/bin/python3";
+        let has_numpy = Command::new(python)
+            .args(["-c", "import numpy"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !has_numpy {
+            eprintln!("skipped: {python} cannot import numpy");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("mp.py");
+        fs::write(&script, MP_PY).unwrap();
+        let out = Command::new(python)
+            .arg(&script)
+            .args(["--worker-bytes", "4MiB", "--workers", "3", "--passes", "2"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let p = dir.path().join("out");
+        fs::write(&p, &out.stdout).unwrap();
+        let v = json_line(&p).unwrap();
+        assert_eq!(v["checksum_ok"], true);
+        assert_eq!(num(&v, "workers"), Some(3.0));
+        assert_eq!(num(&v, "data_bytes"), Some((12 << 20) as f64));
+        for key in ["generate_s", "passes_s", "elapsed_s"] {
+            assert!(num(&v, key).is_some_and(|s| s > 0.0), "{key}: {v}");
+        }
+        // The harness passes plain byte counts; a size below a page is refused.
+        let out = Command::new(python)
+            .arg(&script)
+            .args(["--worker-bytes", "100"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
     }
 
     #[test]
