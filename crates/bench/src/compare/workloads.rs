@@ -785,10 +785,10 @@ mod tests {
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-        if !has_numpy {
-            eprintln!("skipped: {python} cannot import numpy");
-            return;
-        }
+        assert!(
+            has_numpy,
+            "{python} cannot import numpy: install the Debian package python3-numpy"
+        );
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("mp.py");
         fs::write(&script, MP_PY).unwrap();
