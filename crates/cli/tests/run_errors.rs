@@ -189,6 +189,28 @@ fn exec_keeps_the_program_under_farmem() {
     assert!(procs.iter().all(|p| p["final"] == true), "{v}");
 }
 
+#[test]
+fn exit_from_a_signal_handler_keeps_its_status_and_writes_the_final_stats() {
+    // `_exit` called from a signal handler that interrupts malloc/free in a loop: the process
+    // ends with the status it gave (no hang on a lock the interrupted code held), and its
+    // statistics are final.
+    let dir = Scratch::new("exit-in-handler");
+    let prog = dir.path("exit_in_handler");
+    compile_c(&c_source("exit_in_handler.c"), &prog, &[]);
+    let stats = dir.path("stats.json");
+    for _ in 0..3 {
+        let o = farmem_run(
+            &["--local-mem", "64MiB", "--stats", stats.to_str().unwrap()],
+            &[prog.to_str().unwrap()],
+        );
+        assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+        let v = farmem_testkit::run::read_stats(&stats);
+        let procs = v["tree"]["processes"].as_array().expect("a tree section");
+        assert_eq!(procs.len(), 1, "{v}");
+        assert_eq!(procs[0]["final"], true, "{v}");
+    }
+}
+
 /// The pids of `pid`'s children (started by any of its threads: the private node is spawned
 /// from a keeper thread).
 fn children_of(pid: u32) -> Vec<u32> {

@@ -287,21 +287,43 @@ fn register_mapped(rt: &Runtime, ranges: &[(usize, usize)]) -> Result<(), String
 }
 
 extern "C" fn at_exit() {
-    finish(None);
+    finish();
 }
 
 /// Called by the `_exit` wrapper ([`crate::exports`]): a process that ends with `_exit` (dash
 /// does; so do many forked children) runs no `atexit` handler, and its statistics would stay
-/// unfinished. `_exit` may be called from a signal handler that interrupted this process's
-/// own stats write, so the writers' lock is waited for a bounded time only.
+/// unfinished. `_exit` may be called from a signal handler, which may have interrupted this
+/// very thread inside the allocator or a stats write: so the final write is asked of the stats
+/// thread and waited for a bounded time (a flag and sleeps, both safe in a signal handler),
+/// and the process ends without it if the thread cannot finish.
 pub(crate) fn before_exit() {
-    finish(Some(Duration::from_millis(500)));
+    let me = std::process::id();
+    if STATS_THREAD_PID.load(Ordering::Acquire) != me || OWNER_PID.load(Ordering::Acquire) != me {
+        return; // no stats thread here (a vfork child, a child without a runtime)
+    }
+    FINAL_ASKED.store(me, Ordering::Release);
+    for _ in 0..50 {
+        if FINAL_WRITTEN.load(Ordering::Acquire) == me {
+            return;
+        }
+        std::thread::sleep(STATS_TICK);
+    }
 }
+
+/// How often the stats thread looks whether `_exit` asks for the final write.
+const STATS_TICK: Duration = Duration::from_millis(20);
+
+/// The process whose stats thread is running (a forked child that starts its own sets it).
+static STATS_THREAD_PID: AtomicU32 = AtomicU32::new(0);
+/// The process that asked its stats thread for the final write ([`before_exit`]).
+static FINAL_ASKED: AtomicU32 = AtomicU32::new(0);
+/// The process whose final write is done.
+static FINAL_WRITTEN: AtomicU32 = AtomicU32::new(0);
 
 /// The final statistics, once per process: written by the first of `atexit` and `_exit`.
 /// Not in a forked child without a runtime of its own, nor in a vfork child (see
 /// [`OWNER_PID`]).
-fn finish(wait_at_most: Option<Duration>) {
+fn finish() {
     static DONE: AtomicU32 = AtomicU32::new(0);
     let me = std::process::id();
     if IN_FORK_CHILD.load(Ordering::SeqCst)
@@ -319,9 +341,7 @@ fn finish(wait_at_most: Option<Duration>) {
             }
         }
         if let Some(path) = crate::active_config().and_then(stats_path) {
-            if let Some(lock) = WriterLock::take_within(wait_at_most) {
-                let _ = write_stats_locked(&lock, &path, true);
-            }
+            let _ = write_stats(&path, true);
         }
     });
 }
@@ -379,14 +399,7 @@ fn measure_unmanaged() -> Option<UnmanagedReport> {
 fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
     // The periodic writer and the exit hook share one temporary path: one writer at a time,
     // or their bytes interleave into a corrupt file.
-    match WriterLock::take_within(None) {
-        Some(lock) => write_stats_locked(&lock, path, final_),
-        None => Ok(()),
-    }
-}
-
-/// [`write_stats`] with the writers' lock held.
-fn write_stats_locked(_held: &WriterLock, path: &Path, final_: bool) -> std::io::Result<()> {
+    let _one_writer = WriterLock::take();
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -404,23 +417,18 @@ static WRITER: AtomicU32 = AtomicU32::new(0);
 struct WriterLock;
 
 impl WriterLock {
-    /// Takes the lock, waiting at most `wait_at_most` (None: as long as it takes).
-    fn take_within(wait_at_most: Option<Duration>) -> Option<WriterLock> {
+    fn take() -> WriterLock {
         let me = std::process::id();
-        let deadline = wait_at_most.map(|d| std::time::Instant::now() + d);
         loop {
             match WRITER.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Some(WriterLock),
+                Ok(_) => return WriterLock,
                 Err(holder) if holder != me => {
                     if WRITER
                         .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
                         .is_ok()
                     {
-                        return Some(WriterLock);
+                        return WriterLock;
                     }
-                }
-                Err(_) if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
-                    return None;
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }
@@ -487,15 +495,28 @@ fn start_stats_writer(cfg: &RunSettings, first_now: bool) {
         .name("farmem-stats".into())
         .spawn(move || {
             crate::mark_runtime_thread();
+            let me = std::process::id();
+            STATS_THREAD_PID.store(me, Ordering::Release);
             if !first_now {
                 let _ = write_stats(&path, false);
             }
+            // Every second; at once when `_exit` asks for the final write.
+            let mut slept = Duration::ZERO;
             loop {
-                std::thread::sleep(Duration::from_secs(1));
+                std::thread::sleep(STATS_TICK);
+                slept += STATS_TICK;
                 if IN_FORK_CHILD.load(Ordering::SeqCst) {
                     return;
                 }
-                let _ = write_stats(&path, false);
+                if FINAL_ASKED.load(Ordering::Acquire) == me {
+                    finish();
+                    FINAL_WRITTEN.store(me, Ordering::Release);
+                    return;
+                }
+                if slept >= Duration::from_secs(1) {
+                    slept = Duration::ZERO;
+                    let _ = write_stats(&path, false);
+                }
             }
         });
     if let Err(e) = spawned {
