@@ -227,14 +227,12 @@ fn a_java_heap_three_times_the_budget_is_paged_within_it() {
     );
 }
 
-#[test]
-fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
-    // The runtimes' patterns in miniature, every byte checked, with a C program: reservations
-    // committed by mprotect and by mmap(MAP_FIXED) (4 KiB at a time and in big pieces), made
-    // PROT_NONE or read-only and back while their pages are far, decommitted and recommitted.
-    let dir = Scratch::new("managed-reserve");
-    let prog = dir.path("reserve_commit");
-    compile_c(&c_source("reserve_commit.c"), &prog, &[]);
+/// Runs tests/c/NAME.c with 96 (MiB) without farmem and under farmem at 32 MiB, checks that
+/// both succeed with the same output, and returns farmem's stats.
+fn same_output_at_32mib(name: &str) -> serde_json::Value {
+    let dir = Scratch::new(&format!("managed-{name}"));
+    let prog = dir.path(name);
+    compile_c(&c_source(&format!("{name}.c")), &prog, &[]);
     let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
     assert!(plain.status.success(), "without farmem: {}", text(&plain));
     let want = String::from_utf8(plain.stdout).unwrap();
@@ -245,7 +243,15 @@ fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
     );
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
-    let s = read_stats(&stats);
+    read_stats(&stats)
+}
+
+#[test]
+fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
+    // The runtimes' patterns in miniature, every byte checked, with a C program: reservations
+    // committed by mprotect and by mmap(MAP_FIXED) (4 KiB at a time and in big pieces), made
+    // PROT_NONE or read-only and back while their pages are far, decommitted and recommitted.
+    let s = same_output_at_32mib("reserve_commit");
     assert!(
         s["preload"]["reservations"].as_u64().unwrap_or(0) >= 2,
         "both reservations were registered: {s}"
@@ -266,20 +272,7 @@ fn a_fork_leaves_a_dontfork_heap_far() {
     // V8 marks each heap page MADV_DONTFORK, and node forks for child_process: the child has no
     // copy of such a range, so its evicted pages must not all come back before the fork (they
     // did: a 96 MiB heap at a 32 MiB budget peaked at 104 MiB resident).
-    let dir = Scratch::new("managed-dontfork");
-    let prog = dir.path("dontfork");
-    compile_c(&c_source("dontfork.c"), &prog, &[]);
-    let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
-    assert!(plain.status.success(), "without farmem: {}", text(&plain));
-    let want = String::from_utf8(plain.stdout).unwrap();
-    let stats = dir.path("stats.json");
-    let o = farmem_run(
-        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
-        &[prog.to_str().unwrap(), "96"],
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
-    let s = read_stats(&stats);
+    let s = same_output_at_32mib("dontfork");
     // The budget (28 MiB of the 32) plus the 8 MiB ordinary buffer the child gets, brought back.
     let peak = counter(&s, "peak_resident_bytes");
     assert!(

@@ -363,11 +363,10 @@ fn move_victims(sh: &Shared, victims: &[Victim]) -> Vec<Result<(), UffdError>> {
         let r = crate::mm::move_to_pool(&sh.pool_uffd, dst, run[0].addr, run.len() * PAGE_SIZE);
         match r {
             Ok(n) if n == run.len() * PAGE_SIZE => out.extend(run.iter().map(|_| Ok(()))),
-            // Not all of the run moved: what the kernel reports moved is not to be trusted
-            // (kernel 6.18 was seen to move pages of a run it then reported as not moved, and
-            // a page reported as failing had gone: its entry was put back to resident with
-            // nothing mapped, and the next access got SIGBUS). Each page is looked at where
-            // it is instead, and tried alone if it is still in the region.
+            // Not all of the run moved: each page is looked at where it is, and tried alone if
+            // it is still in the region. Trusting the reported count (or probing the slots
+            // alone) put entries of pages that had left the region back to resident with
+            // nothing mapped, and the next access got SIGBUS (kernel 6.18; see the docs).
             Ok(_) | Err(_) if run.len() > 1 => {
                 for v in run {
                     if moved_anyway(sh, v) {
