@@ -3,16 +3,20 @@
 //! Pure: no I/O, no panics on any input, every length checked before use (fuzzed through
 //! [`decode_client_frame`] and [`decode_node_frame`]). The memfd of a slab does not travel in
 //! the bytes: the node sends it as `SCM_RIGHTS` ancillary data with the first byte of the
-//! [`NodeFrame::Slab`] frame that names it (see `server` and `client`).
+//! [`NodeFrame::Slab`] frame that names it (see `server` and `client`), and so does the memfd
+//! of a hold with its [`NodeFrame::Held`] frame.
 //!
 //! # Design
 //! A frame is `u32 LE payload length` + `u8 opcode` + payload. Integers are little-endian.
-//! Client frames are a few bytes, so their payload is capped at [`MAX_CLIENT_PAYLOAD`] (4 KiB):
+//! Client frames are small (a HOLD's slab list is the largest), so their payload is capped at [`MAX_CLIENT_PAYLOAD`] (4 KiB):
 //! an oversized length is refused as soon as its four bytes arrive, before anything is
 //! buffered. Node frames may carry the STATS JSON (one line per client, up to 1024 clients),
 //! so their cap is [`MAX_NODE_PAYLOAD`] (1 MiB). Every fixed-size message must have exactly its
 //! size; the two variable ones (ERROR's message, STATS_REPLY's JSON) take the rest of the
-//! payload and must be UTF-8.
+//! payload and must be UTF-8. HOLD's slab list is exactly `4·n` bytes after its two fixed
+//! fields (payload `8 + 4·n`), so at most [`MAX_HOLD_SLABS`] ids fit the client cap; a list of
+//! 0 ids or with a repeated id decodes (the bytes are well-formed) and the node answers it with
+//! ERROR BadRequest.
 //!
 //! | opcode | frame | payload |
 //! |---|---|---|
@@ -21,15 +25,22 @@
 //! | 0x03 | FREE | req u32, slab u32 |
 //! | 0x04 | STATS | req u32 |
 //! | 0x05 | RESIZE | req u32, capacity_bytes u64 |
+//! | 0x06 | HOLD | req u32, hold u32, slabs u32 × n (n = (payload − 8) / 4) |
 //! | 0x81 | WELCOME | version u16, slab_bytes u64, capacity_bytes u64, node_pid u32 |
 //! | 0x82 | SLAB | req u32, slab u32, len u64 (+ the memfd as SCM_RIGHTS) |
 //! | 0x83 | OK | req u32 |
 //! | 0x84 | ERROR | req u32, code u16, used_bytes u64, capacity_bytes u64, message |
 //! | 0x85 | STATS_REPLY | req u32, JSON ([`crate::metrics::NodeStats`]) |
 //! | 0x86 | RECLAIM | slabs u32 (unsolicited) |
+//! | 0x87 | HELD | req u32, hold u32 (+ the hold's memfd as SCM_RIGHTS) |
 //!
 //! ERROR carries the node's used and capacity figures at the time of the refusal, so a client
 //! can report "host tier full: USED of CAPACITY" without parsing the message.
+//!
+//! HOLD with `hold` 0 asks for a new hold over `slabs` (answered by HELD, or ERROR); with a
+//! hold id it adds `slabs` to that hold of this client (answered by OK, or ERROR NotYours).
+//! Before relying on a new hold the client maps its memfd and writes a non-zero byte at offset
+//! 0 ("armed", see `crate::hold`).
 //!
 //! # Limitations
 //! One protocol version ([`PROTOCOL_VERSION`]); the node refuses any other in HELLO.
@@ -38,8 +49,10 @@
 pub const PROTOCOL_VERSION: u16 = 1;
 /// Bytes before the payload: the length (4) and the opcode (1).
 pub const HEADER_LEN: usize = 5;
-/// The largest payload a client may send (its frames are at most a dozen bytes).
+/// The largest payload a client may send (a HOLD of [`MAX_HOLD_SLABS`] ids fills it).
 pub const MAX_CLIENT_PAYLOAD: u32 = 4096;
+/// The most slab ids one HOLD frame carries (`8 + 4·n` bytes fit [`MAX_CLIENT_PAYLOAD`]).
+pub const MAX_HOLD_SLABS: usize = (MAX_CLIENT_PAYLOAD as usize - 8) / 4;
 /// The largest payload the node sends (the STATS JSON of a full node fits well within it).
 pub const MAX_NODE_PAYLOAD: u32 = 1 << 20;
 
@@ -48,12 +61,14 @@ const OP_ALLOC: u8 = 0x02;
 const OP_FREE: u8 = 0x03;
 const OP_STATS: u8 = 0x04;
 const OP_RESIZE: u8 = 0x05;
+const OP_HOLD: u8 = 0x06;
 const OP_WELCOME: u8 = 0x81;
 const OP_SLAB: u8 = 0x82;
 const OP_OK: u8 = 0x83;
 const OP_ERROR: u8 = 0x84;
 const OP_STATS_REPLY: u8 = 0x85;
 const OP_RECLAIM: u8 = 0x86;
+const OP_HELD: u8 = 0x87;
 
 /// A frame a client sends to the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +83,15 @@ pub enum ClientFrame {
     Stats { req: u32 },
     /// Changes the node's capacity (only from root or the node's own uid); OK or ERROR.
     Resize { req: u32, capacity_bytes: u64 },
+    /// `hold` 0: a new hold over `slabs` (answered by HELD with the hold's memfd, or ERROR);
+    /// otherwise adds `slabs` to that hold of this client (OK or ERROR). At most
+    /// [`MAX_HOLD_SLABS`] ids: [`ClientFrame::encode`] of a longer list makes a frame the node
+    /// refuses.
+    Hold {
+        req: u32,
+        hold: u32,
+        slabs: Vec<u32>,
+    },
 }
 
 /// Why the node refused a request.
@@ -77,7 +101,7 @@ pub enum ErrorCode {
     Full,
     /// The host is short of memory (MemAvailable below `--keep-free`).
     Pressure,
-    /// The slab named is not the client's.
+    /// The slab (or hold) named is not the client's.
     NotYours,
     /// The request was malformed or impossible (e.g. a capacity above the machine's memory).
     BadRequest,
@@ -171,6 +195,8 @@ pub enum NodeFrame {
     StatsReply { req: u32, json: String },
     /// Unsolicited: give back this many slabs (the least recently written ones).
     Reclaim { slabs: u32 },
+    /// A new hold for the client; its memfd travels as SCM_RIGHTS with this frame.
+    Held { req: u32, hold: u32 },
 }
 
 /// A frame that cannot be decoded. Any of these ends the connection.
@@ -291,7 +317,10 @@ fn at_least<'a>(
 /// oversized length or an unknown opcode is reported as soon as the header has arrived.
 pub fn decode_client_frame(buf: &[u8]) -> Result<Option<(ClientFrame, usize)>, WireError> {
     if let (Some(&op), Some(_)) = (buf.get(4), buf.first_chunk::<4>()) {
-        if !matches!(op, OP_HELLO | OP_ALLOC | OP_FREE | OP_STATS | OP_RESIZE) {
+        if !matches!(
+            op,
+            OP_HELLO | OP_ALLOC | OP_FREE | OP_STATS | OP_RESIZE | OP_HOLD
+        ) {
             // Checked before waiting for the payload: garbage is refused at once.
             split_frame(buf, MAX_CLIENT_PAYLOAD)?;
             return Err(WireError::UnknownOpcode(op));
@@ -322,6 +351,24 @@ pub fn decode_client_frame(buf: &[u8]) -> Result<Option<(ClientFrame, usize)>, W
             ClientFrame::Resize {
                 req: f.u32(),
                 capacity_bytes: f.u64(),
+            }
+        }
+        OP_HOLD => {
+            // Two fixed fields, then whole ids only: a stray 1–3 bytes is a malformed frame.
+            let ids = payload.len().saturating_sub(8);
+            if payload.len() < 8 || ids % 4 != 0 {
+                return Err(WireError::BadLength {
+                    frame: "HOLD",
+                    len: payload.len(),
+                    expected: 8 + ids / 4 * 4,
+                });
+            }
+            let mut f = Fields { rest: payload };
+            let (req, hold) = (f.u32(), f.u32());
+            ClientFrame::Hold {
+                req,
+                hold,
+                slabs: (0..ids / 4).map(|_| f.u32()).collect(),
             }
         }
         other => return Err(WireError::UnknownOpcode(other)),
@@ -378,6 +425,13 @@ pub fn decode_node_frame(buf: &[u8]) -> Result<Option<(NodeFrame, usize)>, WireE
         OP_RECLAIM => NodeFrame::Reclaim {
             slabs: exact("RECLAIM", payload, 4)?.u32(),
         },
+        OP_HELD => {
+            let mut f = exact("HELD", payload, 8)?;
+            NodeFrame::Held {
+                req: f.u32(),
+                hold: f.u32(),
+            }
+        }
         other => return Err(WireError::UnknownOpcode(other)),
     };
     Ok(Some((frame, used)))
@@ -411,6 +465,14 @@ impl ClientFrame {
     /// The whole frame, header included.
     pub fn encode(&self) -> Vec<u8> {
         match *self {
+            ClientFrame::Hold {
+                req,
+                hold,
+                ref slabs,
+            } => {
+                let ids: Vec<u8> = slabs.iter().flat_map(|s| s.to_le_bytes()).collect();
+                frame(OP_HOLD, &[&req.to_le_bytes(), &hold.to_le_bytes(), &ids])
+            }
             ClientFrame::Hello { version } => frame(OP_HELLO, &[&version.to_le_bytes()]),
             ClientFrame::Alloc { req } => frame(OP_ALLOC, &[&req.to_le_bytes()]),
             ClientFrame::Free { req, slab } => {
@@ -434,7 +496,8 @@ impl ClientFrame {
             ClientFrame::Alloc { req }
             | ClientFrame::Free { req, .. }
             | ClientFrame::Stats { req }
-            | ClientFrame::Resize { req, .. } => Some(req),
+            | ClientFrame::Resize { req, .. }
+            | ClientFrame::Hold { req, .. } => Some(req),
         }
     }
 }
@@ -487,6 +550,9 @@ impl NodeFrame {
                 ],
             ),
             NodeFrame::Reclaim { slabs } => frame(OP_RECLAIM, &[&slabs.to_le_bytes()]),
+            NodeFrame::Held { req, hold } => {
+                frame(OP_HELD, &[&req.to_le_bytes(), &hold.to_le_bytes()])
+            }
         }
     }
 }
@@ -507,6 +573,22 @@ mod tests {
             ClientFrame::Resize {
                 req: 9,
                 capacity_bytes: 1 << 40,
+            },
+            ClientFrame::Hold {
+                req: 10,
+                hold: 0,
+                slabs: vec![1, 2, u32::MAX],
+            },
+            ClientFrame::Hold {
+                req: 11,
+                hold: 4,
+                slabs: (1..=MAX_HOLD_SLABS as u32).collect(),
+            },
+            // Well-formed bytes the node refuses (BadRequest), not the decoder.
+            ClientFrame::Hold {
+                req: 12,
+                hold: 0,
+                slabs: vec![],
             },
         ]
     }
@@ -537,6 +619,7 @@ mod tests {
                 json: "{\"a\":1}".into(),
             },
             NodeFrame::Reclaim { slabs: 3 },
+            NodeFrame::Held { req: 9, hold: 77 },
         ]
     }
 
@@ -613,6 +696,49 @@ mod tests {
             decode_node_frame(&b),
             Err(WireError::BadLength { frame: "ERROR", .. })
         ));
+    }
+
+    #[test]
+    fn every_malformed_hold_or_held_is_refused() {
+        let hold = |payload: &[u8]| frame(OP_HOLD, &[payload]);
+        // Shorter than its two fixed fields, and every stray tail after them.
+        for len in [0, 1, 4, 7, 9, 10, 11, 13, 4095] {
+            assert!(
+                matches!(
+                    decode_client_frame(&hold(&vec![1; len])),
+                    Err(WireError::BadLength { frame: "HOLD", .. })
+                ),
+                "a HOLD payload of {len} bytes"
+            );
+        }
+        for len in [8, 12, 4096] {
+            assert!(decode_client_frame(&hold(&vec![1; len])).unwrap().is_some());
+        }
+        // One id more than the cap is a payload above the client limit.
+        let long = ClientFrame::Hold {
+            req: 1,
+            hold: 0,
+            slabs: vec![7; MAX_HOLD_SLABS + 1],
+        };
+        assert!(matches!(
+            decode_client_frame(&long.encode()),
+            Err(WireError::TooLarge { .. })
+        ));
+        for len in [0, 4, 7, 9, 12] {
+            assert!(
+                matches!(
+                    decode_node_frame(&frame(OP_HELD, &[&vec![0; len]])),
+                    Err(WireError::BadLength { frame: "HELD", .. })
+                ),
+                "a HELD payload of {len} bytes"
+            );
+        }
+        // HOLD is a client frame, HELD a node frame.
+        assert!(decode_node_frame(&hold(&[0; 12])).is_err());
+        assert_eq!(
+            decode_client_frame(&frame(OP_HELD, &[&[0; 8]])),
+            Err(WireError::UnknownOpcode(OP_HELD))
+        );
     }
 
     #[test]
