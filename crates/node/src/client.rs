@@ -26,11 +26,21 @@
 //!   pages alive after the node's fd and the client's fd are closed.
 //! - Received fds are checked ([`crate::slab::check_received`]) before mapping: a memfd of
 //!   exactly the announced size, sealed against shrinking (a shrink would make accesses SIGBUS).
+//! - **Holds** ([`NodeClient::hold_slabs`], [`SlabHold`]): before forking, a runtime whose
+//!   child will keep reading slabs asks the node to hold them; it gets a 4 KiB memfd, maps it
+//!   `MAP_SHARED` read-write (not MADV_DONTFORK: the child must inherit it), arms it (a byte at
+//!   offset 0) and confirms with one more request, so the node has seen the hold armed while
+//!   this connection was up (an unarmed hold dies with its connection, see [`crate::hold`]).
+//!   After fork the parent calls [`SlabHold::unmap`]; the node keeps the slabs (even FREEd, even
+//!   after this client is gone) until no process maps the hold. [`SlabHold::is_alive`] probes
+//!   it the node's way.
 //! - Writes use `MSG_NOSIGNAL`: a client runs inside arbitrary programs, whose SIGPIPE
 //!   disposition may be the default (death).
 //!
 //! # Limitations
-//! One connection; no reconnect (a new node means new slabs: connect again).
+//! One connection; no reconnect (a new node means new slabs: connect again). A HELD that
+//! arrives after its request gave up, or fails its checks, is dropped unmapped: the node
+//! counts that hold until this connection ends (then it dies, never having been armed).
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
@@ -47,9 +57,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use farmem_mm::Mapping;
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
 
+use crate::hold::{self, Liveness, HOLD_BYTES};
 use crate::metrics::NodeStats;
 use crate::slab;
-use crate::wire::{decode_node_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
+use crate::wire::{
+    decode_node_frame, ClientFrame, ErrorCode, NodeFrame, MAX_HOLD_SLABS, PROTOCOL_VERSION,
+};
 
 /// Where a host's node listens unless told otherwise.
 pub const DEFAULT_SOCKET_PATH: &str = "/run/farmem/node.sock";
@@ -107,6 +120,51 @@ pub struct TierSlab {
     pub mapping: Mapping,
 }
 
+/// A hold over some of this client's slabs (see the module docs): while any process maps its
+/// memfd, the node punches none of them, even after FREE or this client's exit.
+#[derive(Debug)]
+pub struct SlabHold {
+    /// The node's id for the hold.
+    pub id: u32,
+    fd: OwnedFd,
+    mapping: Option<Mapping>,
+}
+
+impl SlabHold {
+    /// Drops this process's mapping of the hold (the parent, right after fork). The hold then
+    /// lives as long as a child (or its descendants, until they exec) maps it.
+    pub fn unmap(&mut self) {
+        self.mapping = None;
+    }
+
+    /// True while this process maps the hold.
+    pub fn is_mapped(&self) -> bool {
+        self.mapping.is_some()
+    }
+
+    /// The hold's memfd (close-on-exec).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// True while any process maps the hold: `F_ADD_SEALS(F_SEAL_WRITE)` fails with EBUSY.
+    /// Once false it stays false (the probe sealed the memfd). A probe that fails otherwise
+    /// counts as alive (the safe answer) and is logged.
+    pub fn is_alive(&self) -> bool {
+        match hold::probe(&self.fd) {
+            (Liveness::Dead, _) => false,
+            (Liveness::Alive, None) => true,
+            (Liveness::Alive, Some(e)) => {
+                tracing::warn!(
+                    hold = self.id,
+                    "cannot probe a slab hold ({e}); taking it as alive"
+                );
+                true
+            }
+        }
+    }
+}
+
 /// The node asks for slabs back: free this many (the least recently written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reclaim {
@@ -138,6 +196,9 @@ pub enum NodeError {
     /// FREE of a slab this client does not hold.
     #[error("slab {slab} is not held by this client; nothing was freed")]
     NotYours { slab: u32 },
+    /// HOLD naming a slab this client does not hold, or adding to a hold it did not make.
+    #[error("the farmem node refused the hold: {message}")]
+    HoldNotYours { message: String },
     /// The node refused a control request from this user.
     #[error("the farmem node refused: {message}")]
     Denied { message: String },
@@ -225,6 +286,10 @@ enum Reply {
         len: u64,
         fd: Option<OwnedFd>,
     },
+    Held {
+        hold: u32,
+        fd: Option<OwnedFd>,
+    },
     Ok,
     Error {
         code: ErrorCode,
@@ -308,9 +373,9 @@ impl FrameReader {
             match decode_node_frame(&self.buf) {
                 Ok(Some((frame, used))) => {
                     self.buf.drain(..used);
-                    // The fd was sent with the SLAB frame's first byte, so it has arrived.
+                    // The fd was sent with the frame's first byte, so it has arrived.
                     let fd = match frame {
-                        NodeFrame::Slab { .. } => self.fds.pop_front(),
+                        NodeFrame::Slab { .. } | NodeFrame::Held { .. } => self.fds.pop_front(),
                         _ => None,
                     };
                     return Ok((frame, fd));
@@ -562,6 +627,62 @@ impl NodeClient {
         }
     }
 
+    /// A hold over `slabs` (this client's, not freed; repeats are ignored), mapped and armed:
+    /// call [`SlabHold::unmap`] in the parent after fork. A list longer than one HOLD frame
+    /// carries ([`MAX_HOLD_SLABS`]) is sent in several (the first makes the hold, the others add
+    /// to it). Thread-safe.
+    ///
+    /// Errors: [`NodeError::HoldNotYours`] (nothing held), [`NodeError::Refused`] for an empty
+    /// list or too many live holds, [`NodeError::Protocol`] for a malformed HELD.
+    pub fn hold_slabs(&self, slabs: &[u32]) -> Result<SlabHold, NodeError> {
+        let mut ids = slabs.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut chunks = ids.chunks(MAX_HOLD_SLABS);
+        let first = chunks.next().unwrap_or(&[]);
+        let (id, fd) = match self.request(|req| ClientFrame::Hold {
+            req,
+            hold: 0,
+            slabs: first.to_vec(),
+        })? {
+            Reply::Held { hold, fd } => (hold, fd),
+            other => return Err(hold_refusal(other)),
+        };
+        let fd =
+            fd.ok_or_else(|| NodeError::Protocol("a HELD reply came without its memfd".into()))?;
+        if id == 0 {
+            return Err(NodeError::Protocol("a HELD reply naming hold 0".into()));
+        }
+        hold::check_received(&fd).map_err(NodeError::Protocol)?;
+        let mapping = Mapping::shared(fd.as_fd(), 0, HOLD_BYTES as usize)?;
+        hold::arm(&fd).map_err(|e| NodeError::Io(e.into()))?;
+        let held = SlabHold {
+            id,
+            fd,
+            mapping: Some(mapping),
+        };
+        // The rest of the list; with none, the first slab again: either way one more request
+        // answered on this connection after the arm (see the module docs).
+        let rest: Vec<&[u32]> = chunks.collect();
+        let confirm = [first.first().copied().unwrap_or(0)];
+        let adds = if rest.is_empty() {
+            vec![&confirm[..]]
+        } else {
+            rest
+        };
+        for chunk in adds {
+            match self.request(|req| ClientFrame::Hold {
+                req,
+                hold: id,
+                slabs: chunk.to_vec(),
+            })? {
+                Reply::Ok => {}
+                other => return Err(hold_refusal(other)),
+            }
+        }
+        Ok(held)
+    }
+
     /// Changes the node's capacity (root or the node's own uid only). Below what is in use, the
     /// node asks its clients for the excess and lends nothing until under it.
     pub fn resize(&self, capacity_bytes: u64) -> Result<(), NodeError> {
@@ -620,8 +741,21 @@ fn refusal(reply: Reply, slab: Option<u32>) -> NodeError {
             _ => NodeError::Refused { message },
         },
         Reply::Slab { .. } => NodeError::Protocol("an unexpected SLAB reply".into()),
+        Reply::Held { .. } => NodeError::Protocol("an unexpected HELD reply".into()),
         Reply::Ok => NodeError::Protocol("an unexpected OK reply".into()),
         Reply::Stats(_) => NodeError::Protocol("an unexpected STATS reply".into()),
+    }
+}
+
+/// The error for a reply to HOLD that is not the success it expected.
+fn hold_refusal(reply: Reply) -> NodeError {
+    match reply {
+        Reply::Error {
+            code: ErrorCode::NotYours,
+            message,
+            ..
+        } => NodeError::HoldNotYours { message },
+        other => refusal(other, None),
     }
 }
 
@@ -643,6 +777,7 @@ fn read_replies(inner: &Inner, mut reader: FrameReader, reclaims: &Sender<Reclai
                 continue;
             }
             NodeFrame::Slab { req, slab, len } => (req, Reply::Slab { slab, len, fd }),
+            NodeFrame::Held { req, hold } => (req, Reply::Held { hold, fd }),
             NodeFrame::Ok { req } => (req, Reply::Ok),
             NodeFrame::StatsReply { req, json } => (req, Reply::Stats(json)),
             NodeFrame::Error {

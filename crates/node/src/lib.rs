@@ -20,7 +20,10 @@
 //! - [`server`]: the node: socket, peers, slabs, capacity, pressure watcher, reclaim.
 //! - [`slab`]: a slab's memory: a sealed memfd the node allocates itself (so it is charged to
 //!   the node's memory cgroup), and the hole punched when it is freed.
-//! - [`client`]: what the runtime uses: trusted connect, slabs mapped shared, RECLAIM channel.
+//! - [`hold`]: holds: slabs a forked child may still read are not punched until no process
+//!   maps the hold's memfd any more (probed with F_ADD_SEALS(F_SEAL_WRITE)).
+//! - [`client`]: what the runtime uses: trusted connect, slabs mapped shared, RECLAIM channel,
+//!   holds ([`SlabHold`]).
 //! - [`child`]: the `farmem node listening on PATH` banner; a node started as a child process.
 //! - [`metrics`]: [`NodeStats`] (STATS, `farmem stats --node`) and the Prometheus endpoint.
 //!
@@ -30,6 +33,7 @@
 
 pub mod child;
 pub mod client;
+pub mod hold;
 pub mod metrics;
 pub mod server;
 pub mod slab;
@@ -38,10 +42,10 @@ pub mod wire;
 pub use child::{child_node_command, ChildNode, ChildNodeCommand, NodeBanner};
 pub use client::{
     check_socket_trust, default_socket_path, NodeClient, NodeClientConfig, NodeError, NodeInfo,
-    Reclaim, TierSlab, DEFAULT_SOCKET_PATH,
+    Reclaim, SlabHold, TierSlab, DEFAULT_SOCKET_PATH,
 };
 pub use metrics::{ClientStats, NodeStats};
 pub use server::{
     exit_with_parent, NodeConfig, NodeServer, NodeServerError, RunningNode, ShutdownHandle,
-    DEFAULT_SLAB_BYTES, MAX_CLIENTS,
+    DEFAULT_SLAB_BYTES, MAX_CLIENTS, MAX_HOLDS_PER_CLIENT,
 };

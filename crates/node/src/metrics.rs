@@ -69,12 +69,22 @@ pub struct NodeStats {
     pub node_pid: u32,
     /// Bytes the node may lend.
     pub capacity_bytes: u64,
-    /// Bytes in slabs held by clients (or being freed).
+    /// Bytes in slabs held by clients, kept for holds, or being freed.
     pub used_bytes: u64,
     /// Size of one slab.
     pub slab_bytes: u64,
-    /// Slabs held by clients.
+    /// Slabs lent: held by clients, or kept for holds.
     pub slabs: u64,
+    /// Live holds (see [`crate::hold`]); absent in the JSON of older nodes.
+    #[serde(default)]
+    pub holds: u64,
+    /// Slabs a live hold names (still a client's or kept).
+    #[serde(default)]
+    pub held_slabs: u64,
+    /// Slabs no client holds any more (freed, or their client went away), kept — and counted in
+    /// `used_bytes` — until the last live hold naming them dies.
+    #[serde(default)]
+    pub kept_slabs: u64,
     /// The `--keep-free` watermark, if any.
     pub keep_free_bytes: Option<u64>,
     /// The host's MemAvailable at the last check, if read.
@@ -152,7 +162,7 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
             let _ = writeln!(o, "{name}{labels} {v}");
         }
     };
-    let single: [(&str, &str, &str, u64); 5] = [
+    let single: [(&str, &str, &str, u64); 8] = [
         (
             "farmem_node_capacity_bytes",
             "gauge",
@@ -162,7 +172,7 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
         (
             "farmem_node_used_bytes",
             "gauge",
-            "Bytes in slabs held by clients.",
+            "Bytes in slabs held by clients or kept for holds.",
             stats.used_bytes,
         ),
         (
@@ -182,6 +192,24 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
             "gauge",
             "1 while the host's MemAvailable is below --keep-free (new slabs refused).",
             u64::from(stats.under_pressure),
+        ),
+        (
+            "farmem_node_holds",
+            "gauge",
+            "Live holds (slabs a forked child may still read).",
+            stats.holds,
+        ),
+        (
+            "farmem_node_held_slabs",
+            "gauge",
+            "Slabs named by a live hold.",
+            stats.held_slabs,
+        ),
+        (
+            "farmem_node_kept_slabs",
+            "gauge",
+            "Slabs no client holds, kept (and counted in used bytes) until their holds die.",
+            stats.kept_slabs,
         ),
     ];
     for (name, kind, help, v) in single {
@@ -356,6 +384,9 @@ mod tests {
             used_bytes: 8 << 20,
             slab_bytes: 4 << 20,
             slabs: 2,
+            holds: 3,
+            held_slabs: 2,
+            kept_slabs: 1,
             clients: vec![ClientStats {
                 pid: 42,
                 uid: 1000,
@@ -377,6 +408,9 @@ mod tests {
             "farmem_node_capacity_bytes 1073741824\n",
             "farmem_node_used_bytes 8388608\n",
             "farmem_node_clients 1\n",
+            "farmem_node_holds 3\n",
+            "farmem_node_held_slabs 2\n",
+            "farmem_node_kept_slabs 1\n",
             "farmem_node_slabs{pid=\"42\",uid=\"1000\"} 2\n",
             "farmem_node_reclaim_requests_total 1\n",
             "farmem_node_reclaimed_slabs_total 2\n",

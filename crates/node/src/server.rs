@@ -11,7 +11,15 @@
 //! - **Slabs** ([`crate::slab`]): made and fallocated by the node (charged to the node's memory
 //!   cgroup), sealed, sent with SCM_RIGHTS; the node keeps its fd. A slab belongs to the one
 //!   connection it was sent on. FREE, a disconnect, or a client's death punches a hole over the
-//!   slab before the node's fd is closed, and only then is it counted free.
+//!   slab before the node's fd is closed, and only then is it counted free — unless a live hold
+//!   names it (below).
+//! - **Holds** ([`crate::hold`]): a client about to fork asks for a hold over slabs its child
+//!   may keep reading (HOLD → HELD with a 4 KiB memfd the client maps, arms, and lets the child
+//!   inherit). A slab a live hold names is not punched when its client FREEs it or goes away:
+//!   it becomes *kept* (no client's, still counted in used bytes) and is released when the last
+//!   live hold naming it is dead. Holds outlive their connection. They are probed (F_SEAL_WRITE,
+//!   EBUSY while mapped) every watcher round, on a FREE of a held slab, on a disconnect, and
+//!   when a client reaches [`MAX_HOLDS_PER_CLIENT`] live holds (beyond it: ERROR BadRequest).
 //! - **Capacity**: used bytes count slabs being made and being freed, so the cap holds at every
 //!   instant. RESIZE (root or the node's own uid only) changes it at run time.
 //! - **Pressure and reclaim**: a watcher thread (every [`NodeConfig::watch_period`]) reads
@@ -19,7 +27,9 @@
 //!   node holds more than it should (used above capacity after a RESIZE, or the host below its
 //!   watermark) it sends RECLAIM{n} to the largest users first, never asking a client for more
 //!   than it holds nor again while an earlier ask is outstanding
-//!   ([`NodeConfig::reclaim_patience`]).
+//!   ([`NodeConfig::reclaim_patience`]). Kept slabs count in the excess (they are the host's
+//!   memory) but no client can give them back: the clients are asked for what they hold, and
+//!   the rest of the excess waits for the holds to die.
 //! - **Hostile clients**: a bad frame, an oversized length, an unknown opcode, or half a frame
 //!   followed by silence past [`NodeConfig::frame_deadline`] disconnects that client (its slabs
 //!   freed) with one warn line, rate-limited; a connection must say HELLO within the same
@@ -28,6 +38,11 @@
 //! # Limitations
 //! The node does not see which pages a client uses; it relies on the clients to pick the slabs
 //! they give back. A client that ignores RECLAIM keeps its slabs (the node refuses new ones).
+//! A FREE of a held slab counts as reclaimed though its memory returns only when its holds die.
+//! Holds are bounded per connection, not in all: a client that reconnects may make more, each
+//! costing the node one fd and one page, and pinning only slabs that were that client's.
+//! Kept slabs are never punched when the node stops: its fds close, and the pages live as long
+//! as a process maps them.
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, IoSlice, Read};
 use std::mem::MaybeUninit;
@@ -44,9 +59,12 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix};
 
+use crate::hold::{self, Holds, Liveness};
 use crate::metrics::{ClientStats, Counters, MetricsEndpoint, NodeStats};
 use crate::slab;
 use crate::wire::{decode_client_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
+
+pub use crate::hold::MAX_HOLDS_PER_CLIENT;
 
 /// The default slab size (4 MiB).
 pub const DEFAULT_SLAB_BYTES: u64 = 4 << 20;
@@ -187,9 +205,11 @@ struct Peer {
     gid: u32,
 }
 
-/// One held slab.
+/// One lent slab.
 struct Slab {
-    owner: u64,
+    /// The connection it belongs to; `None` once its client freed it or went away while a live
+    /// hold names it (kept until the last such hold dies).
+    owner: Option<u64>,
     fd: Arc<OwnedFd>,
 }
 
@@ -262,6 +282,7 @@ struct State {
     used_bytes: u64,
     slabs: HashMap<u32, Slab>,
     clients: HashMap<u64, Client>,
+    holds: Holds,
     next_slab: u32,
     mem_available: Option<u64>,
     under_pressure: bool,
@@ -351,6 +372,9 @@ impl Shared {
             used_bytes: st.used_bytes,
             slab_bytes: self.cfg.slab_bytes,
             slabs: st.slabs.len() as u64,
+            holds: st.holds.len() as u64,
+            held_slabs: st.holds.held_slabs() as u64,
+            kept_slabs: st.slabs.values().filter(|s| s.owner.is_none()).count() as u64,
             keep_free_bytes: self.cfg.keep_free_bytes,
             mem_available_bytes: st.mem_available,
             under_pressure: st.under_pressure,
@@ -393,6 +417,77 @@ impl Shared {
         }
         let mut st = lock(&self.state);
         st.used_bytes = st.used_bytes.saturating_sub(n * self.cfg.slab_bytes);
+    }
+
+    /// Probes every live hold; forgets the dead ones and releases the slabs kept only for them.
+    fn prune_holds(&self) {
+        let candidates: Vec<(u32, Arc<OwnedFd>, bool, bool)> = {
+            let st = lock(&self.state);
+            st.holds
+                .iter()
+                .map(|(id, h)| {
+                    let connected = st.clients.contains_key(&h.owner);
+                    (id, Arc::clone(&h.fd), h.armed, connected)
+                })
+                .collect()
+        };
+        if candidates.is_empty() {
+            return;
+        }
+        // Probed outside the lock (a syscall or two per hold); `connected` was read first, so
+        // an arm written before the client went away is seen below.
+        let mut dead = Vec::new();
+        let mut armed_now = Vec::new();
+        for (id, fd, was_armed, connected) in candidates {
+            if !was_armed {
+                if hold::is_armed(&*fd) {
+                    armed_now.push(id);
+                } else {
+                    // Not mapped yet: alive while its client may still map it.
+                    if !connected {
+                        dead.push((id, fd));
+                    }
+                    continue;
+                }
+            }
+            match hold::probe(&*fd) {
+                (Liveness::Dead, _) => dead.push((id, fd)),
+                (Liveness::Alive, None) => {}
+                (Liveness::Alive, Some(e)) => self.warn(format_args!(
+                    "cannot probe hold {id} ({e}); keeping it and the slabs it names"
+                )),
+            }
+        }
+        let released: Vec<Slab> = {
+            let mut st = lock(&self.state);
+            for id in armed_now {
+                st.holds.set_armed(id);
+            }
+            let mut released = Vec::new();
+            for (id, fd) in dead {
+                // Hold ids are not reused while live; the fd check makes that certain.
+                if !st
+                    .holds
+                    .iter()
+                    .any(|(i, h)| i == id && Arc::ptr_eq(&h.fd, &fd))
+                {
+                    continue;
+                }
+                for s in st.holds.remove(id) {
+                    if st.slabs.get(&s).is_some_and(|x| x.owner.is_none()) {
+                        released.extend(st.slabs.remove(&s));
+                    }
+                }
+            }
+            released
+        };
+        if !released.is_empty() {
+            tracing::info!(
+                slabs = released.len(),
+                "releasing slabs kept for holds no process maps any more"
+            );
+        }
+        self.release(released);
     }
 
     /// Asks clients for slabs while the node holds more than it should: above its capacity, or
@@ -457,8 +552,9 @@ impl Shared {
         }
     }
 
-    /// One watcher round: the host's available memory, then reclaim.
+    /// One watcher round: holds, the host's available memory, then reclaim.
     fn watch_once(&self) {
+        self.prune_holds();
         if let Some(keep) = self.cfg.keep_free_bytes {
             let avail = (self.cfg.mem_available)();
             let mut st = lock(&self.state);
@@ -611,6 +707,7 @@ impl NodeServer {
                 used_bytes: 0,
                 slabs: HashMap::new(),
                 clients: HashMap::new(),
+                holds: Holds::default(),
                 next_slab: 1,
                 mem_available: None,
                 under_pressure: false,
@@ -891,25 +988,46 @@ impl Connection {
 
     fn serve(self) {
         let end = self.read_loop();
-        let (welcomed, slabs) = {
+        let (welcomed, slabs, kept) = {
             let mut st = lock(&self.sh.state);
             let client = st.clients.remove(&self.id);
             let welcomed = client.as_ref().is_some_and(|c| c.welcomed);
             let ids = client.map(|c| c.slabs).unwrap_or_default();
-            let slabs: Vec<Slab> = ids.iter().filter_map(|id| st.slabs.remove(id)).collect();
-            (welcomed, slabs)
+            let mut slabs = Vec::new();
+            let mut kept = 0;
+            for id in ids {
+                if st.holds.is_held(id) {
+                    // A forked child may still read it: kept until its holds die.
+                    if let Some(s) = st.slabs.get_mut(&id) {
+                        s.owner = None;
+                        kept += 1;
+                    }
+                } else {
+                    slabs.extend(st.slabs.remove(&id));
+                }
+            }
+            (welcomed, slabs, kept)
         };
         let freed = slabs.len();
         self.sh.release(slabs);
+        // Its holds outlive it, but the unarmed ones (never mapped) die with it.
+        self.sh.prune_holds();
         let Peer { pid, uid, gid } = self.peer;
         match end {
             End::Misbehaved(why) => {
                 self.sh.warn(format_args!(
-                    "disconnected client pid {pid} uid {uid}: {why}; {freed} slabs freed"
+                    "disconnected client pid {pid} uid {uid}: {why}; {freed} slabs freed, {kept} kept for holds"
                 ));
             }
             End::Gone | End::Stopping if welcomed => {
-                tracing::info!(pid, uid, gid, slabs_freed = freed, "client disconnected");
+                tracing::info!(
+                    pid,
+                    uid,
+                    gid,
+                    slabs_freed = freed,
+                    slabs_kept_for_holds = kept,
+                    "client disconnected"
+                );
             }
             End::Gone | End::Stopping => {}
         }
@@ -1031,6 +1149,7 @@ impl Connection {
                 req,
                 capacity_bytes,
             } => self.resize(req, capacity_bytes),
+            ClientFrame::Hold { req, hold, slabs } => self.hold(req, hold, &slabs),
         }
     }
 
@@ -1085,7 +1204,7 @@ impl Connection {
             st.slabs.insert(
                 id,
                 Slab {
-                    owner: self.id,
+                    owner: Some(self.id),
                     fd: Arc::clone(&fd),
                 },
             );
@@ -1107,10 +1226,20 @@ impl Connection {
 
     fn free(&self, req: u32, slab_id: u32) -> Result<(), End> {
         let sh = &self.sh;
-        let taken = {
+        /// What a FREE does to the slab.
+        enum Freed {
+            Released(Slab),
+            /// A live hold names it: no one's now, released when its holds die.
+            Kept,
+            NotYours,
+        }
+        let freed = {
             let mut st = lock(&sh.state);
-            if st.slabs.get(&slab_id).is_some_and(|s| s.owner == self.id) {
-                let s = st.slabs.remove(&slab_id);
+            if st
+                .slabs
+                .get(&slab_id)
+                .is_some_and(|s| s.owner == Some(self.id))
+            {
                 if let Some(c) = st.clients.get_mut(&self.id) {
                     c.slabs.remove(&slab_id);
                     if c.asked > 0 {
@@ -1118,17 +1247,31 @@ impl Connection {
                         sh.counters.slab_reclaimed();
                     }
                 }
-                s
+                if st.holds.is_held(slab_id) {
+                    if let Some(s) = st.slabs.get_mut(&slab_id) {
+                        s.owner = None;
+                    }
+                    Freed::Kept
+                } else {
+                    st.slabs
+                        .remove(&slab_id)
+                        .map_or(Freed::Kept, Freed::Released)
+                }
             } else {
-                None
+                Freed::NotYours
             }
         };
-        match taken {
-            Some(s) => {
+        match freed {
+            Freed::Released(s) => {
                 sh.release(vec![s]);
                 self.reply(NodeFrame::Ok { req }.encode(), None)
             }
-            None => self.reply(
+            Freed::Kept => {
+                // Its holds may be dead already: then it goes back to the host now.
+                sh.prune_holds();
+                self.reply(NodeFrame::Ok { req }.encode(), None)
+            }
+            Freed::NotYours => self.reply(
                 sh.error(
                     req,
                     ErrorCode::NotYours,
@@ -1139,6 +1282,90 @@ impl Connection {
                 None,
             ),
         }
+    }
+
+    /// HOLD: a new hold over `slabs` (`hold_id` 0) or more slabs for one of this client's.
+    fn hold(&self, req: u32, hold_id: u32, slabs: &[u32]) -> Result<(), End> {
+        let sh = &self.sh;
+        let refuse = |code, msg: String| self.reply(sh.error(req, code, msg), None);
+        if slabs.is_empty() {
+            return refuse(
+                ErrorCode::BadRequest,
+                "HOLD names no slab: name at least one slab to hold".into(),
+            );
+        }
+        let mut seen = HashSet::with_capacity(slabs.len());
+        if let Some(twice) = slabs.iter().find(|s| !seen.insert(**s)) {
+            return refuse(
+                ErrorCode::BadRequest,
+                format!("HOLD names slab {twice} twice: name each slab once (nothing held)"),
+            );
+        }
+        let not_mine = |st: &State| {
+            slabs
+                .iter()
+                .find(|s| st.slabs.get(s).map(|x| x.owner) != Some(Some(self.id)))
+                .map(|s| {
+                    format!(
+                        "slab {s} is not yours: hold only slabs this connection was given and has not freed (nothing held)"
+                    )
+                })
+        };
+        if hold_id != 0 {
+            let outcome = {
+                let mut st = lock(&sh.state);
+                match not_mine(&st) {
+                    Some(msg) => Err(msg),
+                    None => st.holds.add(self.id, hold_id, slabs).map_err(|_| {
+                        format!(
+                            "hold {hold_id} is not yours (or is dead): add only to live holds this connection made (nothing held)"
+                        )
+                    }),
+                }
+            };
+            return match outcome {
+                Ok(()) => self.reply(NodeFrame::Ok { req }.encode(), None),
+                Err(msg) => refuse(ErrorCode::NotYours, msg),
+            };
+        }
+        let fd = match hold::make() {
+            Ok(fd) => Arc::new(fd),
+            Err(e) => {
+                tracing::warn!("making a hold's memfd failed: {e}");
+                return refuse(
+                    ErrorCode::Internal,
+                    format!("the node could not make a hold's memfd: {e}"),
+                );
+            }
+        };
+        let mut pruned = false;
+        let id = loop {
+            let outcome = {
+                let mut st = lock(&sh.state);
+                if let Some(msg) = not_mine(&st) {
+                    Err((ErrorCode::NotYours, msg))
+                } else if st.holds.count_of(self.id) >= MAX_HOLDS_PER_CLIENT {
+                    Err((
+                        ErrorCode::BadRequest,
+                        format!(
+                            "this connection has {MAX_HOLDS_PER_CLIENT} live holds, the most a client may have: unmap the holds no process needs any more (a hold lives while any process maps it)"
+                        ),
+                    ))
+                } else {
+                    Ok(st.holds.create(self.id, Arc::clone(&fd), slabs))
+                }
+            };
+            match outcome {
+                Ok(id) => break id,
+                Err((ErrorCode::BadRequest, _)) if !pruned => {
+                    // Dead holds may still be counted: probe, then look again.
+                    sh.prune_holds();
+                    pruned = true;
+                }
+                Err((code, msg)) => return refuse(code, msg),
+            }
+        };
+        self.reply(NodeFrame::Held { req, hold: id }.encode(), Some(&fd))
     }
 
     fn resize(&self, req: u32, capacity_bytes: u64) -> Result<(), End> {
