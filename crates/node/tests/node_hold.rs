@@ -1,0 +1,549 @@
+//! Holds on a real node (served in this process on a real socket, watcher every 20 ms) with real
+//! forked children: a held slab its client FREEs, or leaves by disconnecting, keeps its pages
+//! while any process maps the hold, and goes back to the host soon after none does. Hostile
+//! HOLDs are refused without holding anything, and a bystander client is served throughout.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use farmem_node::wire::{decode_node_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
+use farmem_node::{
+    NodeClient, NodeClientConfig, NodeConfig, NodeError, NodeServer, NodeStats, RunningNode,
+    TierSlab, MAX_HOLDS_PER_CLIENT,
+};
+use farmem_testkit::pages::{read_u64, Stamp, PAGE};
+
+const SLAB: u64 = 1 << 20;
+const PAGES: usize = SLAB as usize / PAGE;
+const WATCH: Duration = Duration::from_millis(20);
+const STAMP: Stamp = Stamp {
+    step: 64,
+    salt: 0x5eed,
+};
+
+/// A forked child inherits every mapping of this process, other tests' holds included: the
+/// tests of this file run one at a time so that a child keeps alive only its own test's hold.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Node {
+    node: RunningNode,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn with_slabs(slabs: u64) -> Node {
+        Node::sized(slabs, SLAB)
+    }
+
+    fn sized(slabs: u64, slab_bytes: u64) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeServer::bind(NodeConfig {
+            socket_path: dir.path().join("node.sock"),
+            capacity_bytes: slabs * slab_bytes,
+            slab_bytes,
+            watch_period: WATCH,
+            ..NodeConfig::default()
+        })
+        .unwrap()
+        .spawn();
+        Node { node, _dir: dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.node.socket_path()
+    }
+
+    fn client(&self) -> NodeClient {
+        NodeClient::connect(self.path(), NodeClientConfig::default()).unwrap()
+    }
+
+    fn stats(&self) -> NodeStats {
+        self.node.stats()
+    }
+
+    /// Polls the node's figures (10 s at most) until `pred` holds.
+    fn wait_for(&self, what: &str, pred: impl Fn(&NodeStats) -> bool) -> NodeStats {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.stats();
+            if pred(&s) {
+                return s;
+            }
+            assert!(Instant::now() < until, "waited 10 s for {what}: {s:#?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Lets the watcher run a few rounds (what must not change is then checked).
+    fn let_the_watcher_run(&self) {
+        std::thread::sleep(WATCH * 10);
+    }
+}
+
+fn stamp(s: &TierSlab, round: u64) {
+    for p in 0..PAGES {
+        STAMP.write_page(s.mapping.addr(), p, round);
+    }
+}
+
+fn check(s: &TierSlab, round: u64) {
+    for p in 0..PAGES {
+        STAMP.check_page(s.mapping.addr(), p, round);
+    }
+}
+
+fn zeroed(s: &TierSlab) -> bool {
+    (0..PAGES).all(|p| read_u64(s.mapping.addr() + p * PAGE) == 0)
+}
+
+/// A bystander is served: a new slab, written and read back, freed.
+fn still_served(c: &NodeClient) {
+    let s = c.alloc_slab().expect("a bystander is still served");
+    stamp(&s, 99);
+    check(&s, 99);
+    let id = s.id;
+    drop(s);
+    c.free_slab(id).unwrap();
+}
+
+/// Who reads the slabs: a forked child, or a grandchild whose parent (the child) exits at once.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reader {
+    Child,
+    Grandchild,
+}
+
+/// A forked copy of this process that keeps every mapping it inherited until told to go (or
+/// until this process closes its end of the pipe), then checks the stamps of the slabs it was
+/// given, reports through a pipe and exits.
+struct Forked {
+    /// The direct child, while it is still to be reaped.
+    pid: Option<rustix::process::Pid>,
+    go: OwnedFd,
+    result: OwnedFd,
+}
+
+impl Forked {
+    fn start(reader: Reader, slabs: &[(usize, u64)]) -> Forked {
+        let (go_read, go) = rustix::pipe::pipe().unwrap();
+        let (result, result_write) = rustix::pipe::pipe().unwrap();
+        // SAFETY: the child runs only code that neither allocates nor takes a lock (another
+        // thread may have held one at fork): fork, close, poll, read and write through libc and
+        // rustix's raw system calls, volatile reads of mappings it inherited, arithmetic, and
+        // _exit (no destructors, no atexit handlers). `slabs` was built before the fork.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            drop(go);
+            drop(result);
+            if reader == Reader::Grandchild {
+                // SAFETY: as above.
+                let grandchild = unsafe { libc::fork() };
+                if grandchild != 0 {
+                    // SAFETY: ends the forked child at once, running nothing of the parent's.
+                    unsafe { libc::_exit(if grandchild > 0 { 0 } else { 3 }) };
+                }
+            }
+            let mut fds = [rustix::event::PollFd::new(
+                &go_read,
+                rustix::event::PollFlags::IN,
+            )];
+            let limit = rustix::event::Timespec {
+                tv_sec: 60,
+                tv_nsec: 0,
+            };
+            let _ = rustix::event::poll(&mut fds, Some(&limit));
+            let mut intact = true;
+            for &(base, round) in slabs {
+                for p in 0..PAGES {
+                    for w in (0..PAGE / 8).step_by(STAMP.step) {
+                        intact &= read_u64(base + p * PAGE + w * 8) == STAMP.word(p, w, round);
+                    }
+                }
+            }
+            let _ = rustix::io::write(&result_write, &[u8::from(intact)]);
+            // SAFETY: ends the forked process at once, running nothing of the parent's.
+            unsafe { libc::_exit(0) };
+        }
+        drop(result_write);
+        let mut pid = Some(rustix::process::Pid::from_raw(pid).unwrap());
+        if reader == Reader::Grandchild {
+            let (_, status) =
+                rustix::process::waitpid(pid.take(), rustix::process::WaitOptions::empty())
+                    .unwrap()
+                    .unwrap();
+            assert_eq!(
+                status.exit_status(),
+                Some(0),
+                "the child forked the grandchild"
+            );
+        }
+        Forked { pid, go, result }
+    }
+
+    /// Tells the reader to check and exit; true when it read every stamp intact.
+    fn finish(mut self) -> bool {
+        rustix::io::write(&self.go, &[1]).unwrap();
+        let mut r = [0u8; 1];
+        let n = rustix::io::read(&self.result, &mut r).unwrap();
+        if let Some(pid) = self.pid.take() {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+        }
+        n == 1 && r[0] == 1
+    }
+}
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        // A failed test: the reader sees the pipe close (from here) and ends by itself too.
+        if let Some(pid) = self.pid.take() {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+        }
+    }
+}
+
+#[test]
+fn a_held_slab_its_client_frees_keeps_its_pages_until_the_hold_is_unmapped() {
+    let _one = one_at_a_time();
+    let node = Node::with_slabs(4);
+    let bystander = node.client();
+    let c = node.client();
+    let slab = c.alloc_slab().unwrap();
+    let other = c.alloc_slab().unwrap();
+    stamp(&slab, 1);
+    let mut hold = c.hold_slabs(&[slab.id]).unwrap();
+    assert!(hold.is_mapped() && hold.is_alive());
+    let s = node.stats();
+    assert_eq!((s.holds, s.held_slabs, s.kept_slabs), (1, 1, 0), "{s:#?}");
+
+    // FREE: the slab is no longer the client's, but nothing is punched (the FREE itself probed
+    // the holds, and so do the watcher rounds that follow).
+    c.free_slab(slab.id).unwrap();
+    node.let_the_watcher_run();
+    check(&slab, 1);
+    let s = node.stats();
+    assert_eq!(s.used_bytes, 2 * SLAB, "a kept slab stays counted");
+    assert_eq!((s.slabs, s.holds, s.held_slabs, s.kept_slabs), (2, 1, 1, 1));
+    assert!(matches!(
+        c.free_slab(slab.id),
+        Err(NodeError::NotYours { .. })
+    ));
+    // Nor can it be held again: it is no one's now.
+    assert!(matches!(
+        c.hold_slabs(&[slab.id]),
+        Err(NodeError::HoldNotYours { .. })
+    ));
+    still_served(&bystander);
+    check(&slab, 1);
+
+    // No process maps the hold any more: the node releases the slab within a few rounds.
+    hold.unmap();
+    let s = node.wait_for("the kept slab to be released", |s| s.used_bytes == SLAB);
+    assert_eq!((s.slabs, s.holds, s.held_slabs, s.kept_slabs), (1, 0, 0, 0));
+    assert!(zeroed(&slab), "the released slab was punched");
+    assert!(!hold.is_alive());
+    // The slab not held was never touched by any of this, and is freed as always.
+    let id = other.id;
+    drop(other);
+    c.free_slab(id).unwrap();
+    assert_eq!(node.stats().used_bytes, 0);
+    still_served(&bystander);
+}
+
+#[test]
+fn a_forked_child_keeps_held_slabs_after_its_parent_disconnects() {
+    let _one = one_at_a_time();
+    let node = Node::with_slabs(4);
+    let bystander = node.client();
+    let c = node.client();
+    let a = c.alloc_slab().unwrap();
+    let b = c.alloc_slab().unwrap();
+    let loose = c.alloc_slab().unwrap();
+    stamp(&a, 2);
+    stamp(&b, 3);
+    let mut hold = c.hold_slabs(&[a.id, b.id]).unwrap();
+    let child = Forked::start(
+        Reader::Child,
+        &[(a.mapping.addr(), 2), (b.mapping.addr(), 3)],
+    );
+    // The parent's part after fork: drop its own mapping of the hold, then go away.
+    hold.unmap();
+    assert!(hold.is_alive(), "the child maps the hold");
+    drop(c);
+    let s = node.wait_for("the client's slabs to be kept or freed", |s| {
+        s.kept_slabs == 2 && s.used_bytes == 2 * SLAB
+    });
+    assert_eq!((s.holds, s.held_slabs), (1, 2), "{s:#?}");
+    assert!(zeroed(&loose), "a slab no hold names is freed as always");
+    node.let_the_watcher_run();
+    check(&a, 2);
+    check(&b, 3);
+    assert_eq!(node.stats().used_bytes, 2 * SLAB);
+    still_served(&bystander);
+
+    // The child reads its parent's pages, intact, then exits: the node releases them.
+    assert!(child.finish(), "the child read intact pages");
+    let s = node.wait_for("the kept slabs to be released", |s| s.used_bytes == 0);
+    assert_eq!((s.slabs, s.holds, s.held_slabs, s.kept_slabs), (0, 0, 0, 0));
+    assert!(zeroed(&a) && zeroed(&b));
+    assert!(!hold.is_alive());
+    still_served(&bystander);
+}
+
+#[test]
+fn a_grandchild_keeps_slabs_its_grandparent_freed() {
+    let _one = one_at_a_time();
+    let node = Node::with_slabs(2);
+    let c = node.client();
+    let slab = c.alloc_slab().unwrap();
+    stamp(&slab, 4);
+    let mut hold = c.hold_slabs(&[slab.id]).unwrap();
+    // The child forks a grandchild and exits: the grandchild alone keeps the hold.
+    let grandchild = Forked::start(Reader::Grandchild, &[(slab.mapping.addr(), 4)]);
+    hold.unmap();
+    assert!(hold.is_alive(), "the grandchild maps the hold");
+    let id = slab.id;
+    c.free_slab(id).unwrap();
+    node.let_the_watcher_run();
+    let s = node.stats();
+    assert_eq!(
+        (s.used_bytes, s.kept_slabs, s.holds),
+        (SLAB, 1, 1),
+        "{s:#?}"
+    );
+    check(&slab, 4);
+    // A second hold over another slab, kept by this process, does not hold the first.
+    let second = c.alloc_slab().unwrap();
+    let mine = c.hold_slabs(&[second.id]).unwrap();
+    assert!(grandchild.finish(), "the grandchild read intact pages");
+    node.wait_for("the freed slab to be released", |s| {
+        s.used_bytes == SLAB && s.holds == 1
+    });
+    assert!(zeroed(&slab));
+    assert!(mine.is_alive());
+    drop(mine);
+    node.wait_for("the unmapped hold to be pruned", |s| s.holds == 0);
+    assert_eq!(
+        node.stats().used_bytes,
+        SLAB,
+        "the second slab is still the client's"
+    );
+}
+
+/// A raw connection that has said HELLO; replies are read as whole frames (any fd that comes
+/// with one is dropped by the kernel: this client never maps a hold).
+struct Raw(UnixStream);
+
+impl Raw {
+    fn connect(node: &Node) -> Raw {
+        let mut s = UnixStream::connect(node.path()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(
+            &ClientFrame::Hello {
+                version: PROTOCOL_VERSION,
+            }
+            .encode(),
+        )
+        .unwrap();
+        let mut raw = Raw(s);
+        assert!(matches!(raw.reply(), NodeFrame::Welcome { .. }));
+        raw
+    }
+
+    fn reply(&mut self) -> NodeFrame {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            if let Some((f, _)) = decode_node_frame(&buf).unwrap() {
+                return f;
+            }
+            self.0.read_exact(&mut byte).unwrap();
+            buf.push(byte[0]);
+        }
+    }
+
+    fn ask(&mut self, f: ClientFrame) -> NodeFrame {
+        self.0.write_all(&f.encode()).unwrap();
+        self.reply()
+    }
+
+    fn alloc(&mut self) -> u32 {
+        match self.ask(ClientFrame::Alloc { req: 1 }) {
+            NodeFrame::Slab { slab, .. } => slab,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn refused(f: NodeFrame, code: ErrorCode, words: &str) {
+    match f {
+        NodeFrame::Error {
+            code: got, message, ..
+        } => {
+            assert_eq!(got, code, "{message}");
+            assert!(message.contains(words), "{message:?} lacks {words:?}");
+        }
+        other => panic!("{other:?} instead of ERROR {code:?}"),
+    }
+}
+
+#[test]
+fn hostile_holds_are_refused_and_hold_nothing() {
+    let _one = one_at_a_time();
+    let node = Node::with_slabs(4);
+    let bystander = node.client();
+    let owner = node.client();
+    let theirs = owner.alloc_slab().unwrap();
+    let thief = node.client();
+    let mine = thief.alloc_slab().unwrap();
+
+    // Another client's slab, alone or among its own: nothing held.
+    for list in [vec![theirs.id], vec![mine.id, theirs.id], vec![12345]] {
+        let e = thief.hold_slabs(&list).unwrap_err();
+        assert!(
+            matches!(&e, NodeError::HoldNotYours { message } if message.contains("not yours")),
+            "{e}"
+        );
+    }
+    // An empty list.
+    let e = thief.hold_slabs(&[]).unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Refused { message } if message.contains("names no slab")),
+        "{e}"
+    );
+    let s = node.stats();
+    assert_eq!((s.holds, s.held_slabs), (0, 0), "nothing held: {s:#?}");
+    assert_eq!((s.refusals.not_yours, s.refusals.bad_request), (3, 1));
+
+    // Raw frames the client library never sends: a repeated id, and an add to another
+    // client's hold.
+    let mut raw = Raw::connect(&node);
+    let own = raw.alloc();
+    refused(
+        raw.ask(ClientFrame::Hold {
+            req: 2,
+            hold: 0,
+            slabs: vec![own, own],
+        }),
+        ErrorCode::BadRequest,
+        "twice",
+    );
+    let held = owner.hold_slabs(&[theirs.id]).unwrap();
+    refused(
+        raw.ask(ClientFrame::Hold {
+            req: 3,
+            hold: held.id,
+            slabs: vec![own],
+        }),
+        ErrorCode::NotYours,
+        &format!("hold {} is not yours", held.id),
+    );
+    refused(
+        raw.ask(ClientFrame::Hold {
+            req: 4,
+            hold: 777,
+            slabs: vec![own],
+        }),
+        ErrorCode::NotYours,
+        "not yours",
+    );
+    let s = node.stats();
+    assert_eq!(
+        (s.holds, s.held_slabs),
+        (1, 1),
+        "only the owner's hold: {s:#?}"
+    );
+
+    // A hold the raw client never maps (its fd was dropped) lives while it is connected; then
+    // it leaves half a frame and goes: the connection ends as today and its slab is freed,
+    // since an unarmed hold dies with its connection.
+    let unarmed = match raw.ask(ClientFrame::Hold {
+        req: 5,
+        hold: 0,
+        slabs: vec![own],
+    }) {
+        NodeFrame::Held { hold, .. } => hold,
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(unarmed, held.id);
+    node.let_the_watcher_run();
+    assert_eq!(
+        node.stats().holds,
+        2,
+        "an unarmed hold lives while its client is connected"
+    );
+    raw.0
+        .write_all(&ClientFrame::Free { req: 6, slab: own }.encode()[..6])
+        .unwrap();
+    drop(raw);
+    node.wait_for("the raw client's slab and hold to go", |s| {
+        s.holds == 1 && s.used_bytes == 2 * SLAB && s.kept_slabs == 0
+    });
+    still_served(&bystander);
+    drop((held, theirs, mine));
+}
+
+#[test]
+fn a_client_has_a_bounded_number_of_live_holds_and_dead_ones_make_room() {
+    let _one = one_at_a_time();
+    let node = Node::with_slabs(2);
+    let bystander = node.client();
+    let c = node.client();
+    let slab = c.alloc_slab().unwrap();
+    let mut holds: Vec<_> = (0..MAX_HOLDS_PER_CLIENT)
+        .map(|_| c.hold_slabs(&[slab.id]).unwrap())
+        .collect();
+    let e = c.hold_slabs(&[slab.id]).unwrap_err();
+    assert!(
+        matches!(&e, NodeError::Refused { message } if message.contains("1024 live holds")),
+        "{e}"
+    );
+    let s = node.stats();
+    assert_eq!((s.holds, s.held_slabs), (MAX_HOLDS_PER_CLIENT as u64, 1));
+    // One hold unmapped: the next HOLD probes, finds it dead, and takes its place.
+    holds.pop();
+    c.hold_slabs(&[slab.id]).unwrap();
+    assert_eq!(node.stats().holds, MAX_HOLDS_PER_CLIENT as u64);
+    still_served(&bystander);
+    drop(holds);
+    node.wait_for("the unmapped holds to be pruned", |s| s.holds <= 1);
+}
+
+#[test]
+fn a_hold_over_more_slabs_than_one_frame_carries_is_one_hold() {
+    let _one = one_at_a_time();
+    // Page-sized slabs, so that more slabs than one HOLD frame names stay cheap.
+    let n = farmem_node::wire::MAX_HOLD_SLABS + 100;
+    let node = Node::sized(n as u64 + 1, PAGE as u64);
+    let c = node.client();
+    let slabs: Vec<TierSlab> = (0..n).map(|_| c.alloc_slab().unwrap()).collect();
+    let mut ids: Vec<u32> = slabs.iter().map(|s| s.id).collect();
+    ids.push(ids[0]); // a repeat: the library sends each id once
+    let mut hold = c.hold_slabs(&ids).unwrap();
+    let s = node.stats();
+    assert_eq!(
+        (s.holds, s.held_slabs),
+        (1, n as u64),
+        "one hold names every slab"
+    );
+    assert!(hold.is_alive());
+    assert!(hold.fd().as_fd().try_clone_to_owned().is_ok());
+    // All of them freed: all kept; the hold unmapped: all released.
+    for s in &slabs {
+        c.free_slab(s.id).unwrap();
+    }
+    assert_eq!(node.stats().kept_slabs, n as u64);
+    hold.unmap();
+    node.wait_for("every kept slab to be released", |s| {
+        s.used_bytes == 0 && s.holds == 0
+    });
+}
