@@ -1328,6 +1328,12 @@ impl Connection {
                 Err(msg) => refuse(ErrorCode::NotYours, msg),
             };
         }
+        // Checked before making a memfd for nothing (and again below, under the same lock as
+        // the insert).
+        let mine = not_mine(&lock(&sh.state));
+        if let Some(msg) = mine {
+            return refuse(ErrorCode::NotYours, msg);
+        }
         let fd = match hold::make() {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
@@ -1461,6 +1467,50 @@ mod tests {
         }
         let more = big.alloc_slab().unwrap();
         drop((a, b, more));
+    }
+
+    #[test]
+    fn kept_slabs_are_never_asked_back_and_reclaim_does_not_stall_on_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = NodeServer::bind(NodeConfig {
+            socket_path: dir.path().join("node.sock"),
+            capacity_bytes: 4 << 20,
+            slab_bytes: 1 << 20,
+            watch_period: Duration::from_millis(10),
+            reclaim_patience: Duration::from_millis(50),
+            ..NodeConfig::default()
+        })
+        .unwrap()
+        .spawn();
+        let c = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
+        let kept = c.alloc_slab().unwrap();
+        let own = c.alloc_slab().unwrap();
+        let mut hold = c.hold_slabs(&[kept.id]).unwrap();
+        c.free_slab(kept.id).unwrap();
+        // 2 slabs in use, capacity 0: the client is asked for the one it holds, never for the
+        // kept one (no client's), however many rounds pass.
+        c.resize(0).unwrap();
+        let ask = c.reclaims().recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(ask.slabs, 1);
+        let id = own.id;
+        drop(own);
+        c.free_slab(id).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let s = n.stats();
+        assert_eq!((s.used_bytes, s.kept_slabs, s.holds), (1 << 20, 1, 1));
+        assert_eq!(
+            s.reclaim_requests_total, 1,
+            "nobody holds what is left to ask for"
+        );
+        assert!(c.reclaims().try_recv().is_err());
+        // The watcher kept running: the hold unmapped, the kept slab goes.
+        hold.unmap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while n.stats().used_bytes != 0 {
+            assert!(Instant::now() < until, "{:?}", n.stats());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(kept);
     }
 
     #[test]

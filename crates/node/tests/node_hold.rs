@@ -114,6 +114,29 @@ fn still_served(c: &NodeClient) {
     c.free_slab(id).unwrap();
 }
 
+/// The forked reader's body: waits for a byte on `go` (60 s at most, or until every writer
+/// closed it), checks the stamps of `slabs`, writes 1 (intact) or 0 to `result`, and exits.
+/// Allocation-free and lock-free: it runs in a forked copy of a multi-threaded process.
+fn read_on_go(go: &OwnedFd, result: &OwnedFd, slabs: &[(usize, u64)]) -> ! {
+    let mut fds = [rustix::event::PollFd::new(go, rustix::event::PollFlags::IN)];
+    let limit = rustix::event::Timespec {
+        tv_sec: 60,
+        tv_nsec: 0,
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&limit));
+    let mut intact = true;
+    for &(base, round) in slabs {
+        for p in 0..PAGES {
+            for w in (0..PAGE / 8).step_by(STAMP.step) {
+                intact &= read_u64(base + p * PAGE + w * 8) == STAMP.word(p, w, round);
+            }
+        }
+    }
+    let _ = rustix::io::write(result, &[u8::from(intact)]);
+    // SAFETY: ends the forked process at once, running nothing of the parent's.
+    unsafe { libc::_exit(0) }
+}
+
 /// Who reads the slabs: a forked child, or a grandchild whose parent (the child) exits at once.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Reader {
@@ -133,8 +156,9 @@ struct Forked {
 
 impl Forked {
     fn start(reader: Reader, slabs: &[(usize, u64)]) -> Forked {
-        let (go_read, go) = rustix::pipe::pipe().unwrap();
-        let (result, result_write) = rustix::pipe::pipe().unwrap();
+        let cloexec = rustix::pipe::PipeFlags::CLOEXEC;
+        let (go_read, go) = rustix::pipe::pipe_with(cloexec).unwrap();
+        let (result, result_write) = rustix::pipe::pipe_with(cloexec).unwrap();
         // SAFETY: the child runs only code that neither allocates nor takes a lock (another
         // thread may have held one at fork): fork, close, poll, read and write through libc and
         // rustix's raw system calls, volatile reads of mappings it inherited, arithmetic, and
@@ -152,26 +176,7 @@ impl Forked {
                     unsafe { libc::_exit(if grandchild > 0 { 0 } else { 3 }) };
                 }
             }
-            let mut fds = [rustix::event::PollFd::new(
-                &go_read,
-                rustix::event::PollFlags::IN,
-            )];
-            let limit = rustix::event::Timespec {
-                tv_sec: 60,
-                tv_nsec: 0,
-            };
-            let _ = rustix::event::poll(&mut fds, Some(&limit));
-            let mut intact = true;
-            for &(base, round) in slabs {
-                for p in 0..PAGES {
-                    for w in (0..PAGE / 8).step_by(STAMP.step) {
-                        intact &= read_u64(base + p * PAGE + w * 8) == STAMP.word(p, w, round);
-                    }
-                }
-            }
-            let _ = rustix::io::write(&result_write, &[u8::from(intact)]);
-            // SAFETY: ends the forked process at once, running nothing of the parent's.
-            unsafe { libc::_exit(0) };
+            read_on_go(&go_read, &result_write, slabs);
         }
         drop(result_write);
         let mut pid = Some(rustix::process::Pid::from_raw(pid).unwrap());
@@ -546,4 +551,104 @@ fn a_hold_over_more_slabs_than_one_frame_carries_is_one_hold() {
     node.wait_for("every kept slab to be released", |s| {
         s.used_bytes == 0 && s.holds == 0
     });
+}
+
+/// In its own process (a client of the node at FARMEM_TEST_NODE): takes a slab, stamps it,
+/// holds it, forks a reader (which closes every other fd, waits on the inherited
+/// FARMEM_TEST_GO_FD and reports on FARMEM_TEST_RESULT_FD), unmaps its hold, says READY, and
+/// on GO dies by SIGKILL.
+#[test]
+#[ignore = "run by a_killed_clients_forked_child_keeps_its_held_slab in a process of its own"]
+fn scenario_client_forks_a_reader_then_dies() {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let inherited = |name: &str| -> OwnedFd {
+        let fd: i32 = std::env::var(name).unwrap().parse().unwrap();
+        // SAFETY: the test opened this fd without CLOEXEC for this process, which owns it alone.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    };
+    let (go, result) = (
+        inherited("FARMEM_TEST_GO_FD"),
+        inherited("FARMEM_TEST_RESULT_FD"),
+    );
+    let path = std::env::var("FARMEM_TEST_NODE").unwrap();
+    let c = NodeClient::connect(path.as_ref(), NodeClientConfig::default()).unwrap();
+    let slab = c.alloc_slab().unwrap();
+    stamp(&slab, 5);
+    let mut hold = c.hold_slabs(&[slab.id]).unwrap();
+    let slabs = [(slab.mapping.addr(), 5)];
+    let keep = [go.as_raw_fd(), result.as_raw_fd()];
+    // SAFETY: as in `Forked::start`: the child closes fds and runs `read_on_go`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // Like a daemon, the child closes every fd it inherited but its two pipes: stdout and
+        // stderr (the test reads them to their end), and the client's socket, whose copy here
+        // would otherwise keep the connection open: the node would not see the parent die
+        // until this child exits.
+        for fd in (0..4096).filter(|fd| !keep.contains(fd)) {
+            // SAFETY: closes fds of this forked process only; none is used after.
+            unsafe { libc::close(fd) };
+        }
+        read_on_go(&go, &result, &slabs);
+    }
+    drop((go, result));
+    hold.unmap();
+    farmem_testkit::scenario::ready();
+    let me = rustix::process::getpid();
+    rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+#[test]
+fn a_killed_clients_forked_child_keeps_its_held_slab() {
+    use std::os::fd::AsRawFd;
+    let _one = one_at_a_time();
+    let node = Node::with_slabs(2);
+    let bystander = node.client();
+    // Without CLOEXEC: the scenario process, and its reader, inherit these.
+    let (go_read, go) = rustix::pipe::pipe().unwrap();
+    let (result, result_write) = rustix::pipe::pipe().unwrap();
+    for mine in [&go, &result] {
+        rustix::io::fcntl_setfd(mine, rustix::io::FdFlags::CLOEXEC).unwrap();
+    }
+    let victim = farmem_testkit::scenario::Scenario::start(
+        "scenario_client_forks_a_reader_then_dies",
+        &[
+            (
+                "FARMEM_TEST_NODE",
+                node.path().to_str().unwrap().to_string(),
+            ),
+            ("FARMEM_TEST_GO_FD", go_read.as_raw_fd().to_string()),
+            (
+                "FARMEM_TEST_RESULT_FD",
+                result_write.as_raw_fd().to_string(),
+            ),
+        ],
+    );
+    drop((go_read, result_write));
+    let (status, _, stderr) = victim.go(Duration::from_secs(30));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "the client died by SIGKILL: {status:?} {stderr}"
+    );
+    let s = node.wait_for("the dead client's slab to be kept", |s| {
+        s.kept_slabs == 1 && s.clients.len() == 1
+    });
+    assert_eq!((s.used_bytes, s.holds), (SLAB, 1), "{s:#?}");
+    node.let_the_watcher_run();
+    assert_eq!(node.stats().kept_slabs, 1, "kept while the reader lives");
+    still_served(&bystander);
+    rustix::io::write(&go, &[1]).unwrap();
+    let mut r = [0u8; 1];
+    assert_eq!(
+        rustix::io::read(&result, &mut r).unwrap(),
+        1,
+        "the reader reported"
+    );
+    assert_eq!(r[0], 1, "the reader read its dead parent's pages intact");
+    node.wait_for("the kept slab to be released", |s| {
+        s.used_bytes == 0 && s.holds == 0
+    });
+    still_served(&bystander);
 }
