@@ -845,6 +845,85 @@ mod tests {
             .contains("host tier full: 8 of 8 bytes in use"));
     }
 
+    /// A fake node: WELCOME, then one HELD per HOLD, carrying each of `fds` in turn (or none).
+    fn fake_node(path: &Path, fds: Vec<Option<OwnedFd>>) -> JoinHandle<()> {
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        use std::io::{Read, Write};
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let frame = |s: &mut UnixStream| {
+                let mut head = [0u8; 5];
+                s.read_exact(&mut head).ok()?;
+                let mut payload =
+                    vec![0; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+                s.read_exact(&mut payload).ok()?;
+                Some(payload)
+            };
+            frame(&mut s).unwrap();
+            let welcome = NodeFrame::Welcome {
+                version: PROTOCOL_VERSION,
+                slab_bytes: 4096,
+                capacity_bytes: 4096,
+                node_pid: 1,
+            };
+            s.write_all(&welcome.encode()).unwrap();
+            for fd in fds {
+                let Some(payload) = frame(&mut s) else { return };
+                let req = u32::from_le_bytes(payload[..4].try_into().unwrap());
+                let held = NodeFrame::Held { req, hold: 9 }.encode();
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                let one;
+                if let Some(fd) = &fd {
+                    one = [fd.as_fd()];
+                    assert!(control.push(SendAncillaryMessage::ScmRights(&one)));
+                }
+                sendmsg(
+                    &s,
+                    &[std::io::IoSlice::new(&held)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                )
+                .unwrap();
+            }
+            let _ = frame(&mut s);
+        })
+    }
+
+    #[test]
+    fn a_malformed_held_is_a_protocol_error() {
+        use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fake.sock");
+        let memfd = |len: u64, seals: SealFlags| {
+            let fd = memfd_create("t", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+            ftruncate(&fd, len).unwrap();
+            fcntl_add_seals(&fd, seals).unwrap();
+            Some(fd)
+        };
+        let sized = SealFlags::GROW | SealFlags::SHRINK;
+        let node = fake_node(
+            &path,
+            vec![
+                None,
+                memfd(8192, sized),
+                memfd(4096, SealFlags::GROW),
+                memfd(4096, sized | SealFlags::SEAL),
+            ],
+        );
+        let c = NodeClient::connect(&path, NodeClientConfig::default()).unwrap();
+        for why in ["without its memfd", "not 4096", "shrinking", "cannot hold"] {
+            let e = c.hold_slabs(&[1]).unwrap_err();
+            assert!(
+                matches!(&e, NodeError::Protocol(m) if m.contains(why)),
+                "{why}: {e}"
+            );
+        }
+        drop(c);
+        node.join().unwrap();
+    }
+
     #[test]
     fn a_world_writable_socket_or_folder_is_untrusted() {
         let dir = tempfile::tempdir().unwrap();
