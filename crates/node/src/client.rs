@@ -41,6 +41,10 @@
 //! One connection; no reconnect (a new node means new slabs: connect again). A HELD that
 //! arrives after its request gave up, or fails its checks, is dropped unmapped: the node
 //! counts that hold until this connection ends (then it dies, never having been armed).
+//! A forked child inherits this connection's socket too (close-on-exec does not help without
+//! exec): it must not use it, and should close it, or the node does not see the parent die
+//! (and free its unheld slabs) until the child exits. Closing it is the runtime's fork code's
+//! job, as is taking the hold before fork and unmapping it in the parent after.
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
