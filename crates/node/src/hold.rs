@@ -22,7 +22,7 @@
 //! - [`make`]: `memfd_create("farmem-hold", CLOEXEC|ALLOW_SEALING)`, 4096 bytes, allocated by
 //!   the node (its cgroup pays for the page, as for slabs), sealed GROW|SHRINK only: F_SEAL_SEAL
 //!   would forbid the probe's F_SEAL_WRITE.
-//! - [`Holds`]: the node's table of live holds (owner connection, memfd, slabs named), with the
+//! - `Holds`: the node's table of live holds (owner connection, memfd, slabs named), with the
 //!   count of live holds naming each slab; pure bookkeeping, the server probes and acts.
 //!
 //! # Limitations
@@ -121,7 +121,7 @@ pub fn check_received(fd: impl AsFd) -> Result<(), String> {
 }
 
 /// One live hold.
-pub struct Hold {
+pub(crate) struct Hold {
     /// The connection that made it (it outlives that connection).
     pub owner: u64,
     /// The node's fd of the memfd (shared with the probe, which runs outside the state lock).
@@ -133,14 +133,14 @@ pub struct Hold {
 
 /// Why a HOLD that adds slabs was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AddError {
+pub(crate) enum AddError {
     /// No live hold has that id, or it is another connection's.
     NotYours,
 }
 
 /// The node's live holds.
 #[derive(Default)]
-pub struct Holds {
+pub(crate) struct Holds {
     holds: HashMap<u32, Hold>,
     /// For each slab, how many live holds name it.
     named: HashMap<u32, u32>,
@@ -196,11 +196,6 @@ impl Holds {
     /// Live holds in all.
     pub fn len(&self) -> usize {
         self.holds.len()
-    }
-
-    /// True when there is no live hold.
-    pub fn is_empty(&self) -> bool {
-        self.holds.is_empty()
     }
 
     /// Slabs named by at least one live hold.
@@ -300,6 +295,6 @@ mod tests {
         assert!(h.is_held(11) && !h.is_held(10));
         assert_eq!(h.remove(b), vec![11]);
         assert_eq!(h.remove(b), Vec::<u32>::new());
-        assert!(h.is_empty());
+        assert_eq!(h.len(), 0);
     }
 }
