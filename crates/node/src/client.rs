@@ -917,7 +917,12 @@ mod tests {
             ],
         );
         let c = NodeClient::connect(&path, NodeClientConfig::default()).unwrap();
-        for why in ["without its memfd", "not 4096", "shrinking", "cannot hold"] {
+        for why in [
+            "without its memfd",
+            "not the 4096",
+            "shrinking",
+            "cannot hold",
+        ] {
             let e = c.hold_slabs(&[1]).unwrap_err();
             assert!(
                 matches!(&e, NodeError::Protocol(m) if m.contains(why)),

@@ -35,8 +35,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use rustix::fs::{
-    fallocate, fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, FallocateFlags,
-    FileType, MemfdFlags, SealFlags,
+    fallocate, fcntl_add_seals, ftruncate, memfd_create, FallocateFlags, MemfdFlags, SealFlags,
 };
 use rustix::io::Errno;
 
@@ -100,20 +99,7 @@ pub fn is_armed(fd: impl AsFd) -> bool {
 /// Checks an fd received as a hold before it is mapped: a memfd of [`HOLD_BYTES`], sealed
 /// against shrinking and growing, not sealed against writes (that one is dead already).
 pub fn check_received(fd: impl AsFd) -> Result<(), String> {
-    let st = fstat(&fd).map_err(|e| format!("fstat of the hold's fd failed: {e}"))?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err("the hold's fd is not a memfd".into());
-    }
-    if u64::try_from(st.st_size).ok() != Some(HOLD_BYTES) {
-        return Err(format!(
-            "the hold's memfd holds {} bytes, not {HOLD_BYTES}",
-            st.st_size
-        ));
-    }
-    let seals = fcntl_get_seals(&fd).map_err(|e| format!("reading the hold's seals: {e}"))?;
-    if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
-        return Err("the hold's memfd is not sealed against shrinking and growing".into());
-    }
+    let seals = crate::slab::check_memfd(fd, HOLD_BYTES, "hold")?;
     if seals.intersects(SealFlags::WRITE | SealFlags::SEAL) {
         return Err("the hold's memfd is sealed against writes or seals: it cannot hold".into());
     }

@@ -85,21 +85,29 @@ pub fn release(fd: impl AsFd, len: u64) -> Result<(), Errno> {
 /// Checks an fd received as a slab of `len` bytes before it is mapped: a regular file (a memfd)
 /// of exactly `len` bytes, sealed so that it can neither shrink nor grow.
 pub fn check_received(fd: impl AsFd, len: u64) -> Result<(), String> {
-    let st = fstat(&fd).map_err(|e| format!("fstat of the slab's fd failed: {e}"))?;
+    check_memfd(fd, len, "slab").map(|_| ())
+}
+
+/// What slabs and holds share: `fd` (the `what`'s) is a regular file (a memfd) of exactly `len`
+/// bytes, sealed against shrinking and growing. Returns its seals for further checks.
+pub(crate) fn check_memfd(fd: impl AsFd, len: u64, what: &str) -> Result<SealFlags, String> {
+    let st = fstat(&fd).map_err(|e| format!("fstat of the {what}'s fd failed: {e}"))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err("the slab's fd is not a memfd".into());
+        return Err(format!("the {what}'s fd is not a memfd"));
     }
     if u64::try_from(st.st_size).ok() != Some(len) {
         return Err(format!(
-            "the slab's memfd holds {} bytes, not the {len} announced",
+            "the {what}'s memfd holds {} bytes, not the {len} announced",
             st.st_size
         ));
     }
-    let seals = fcntl_get_seals(&fd).map_err(|e| format!("reading the slab's seals: {e}"))?;
+    let seals = fcntl_get_seals(&fd).map_err(|e| format!("reading the {what}'s seals: {e}"))?;
     if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
-        return Err("the slab's memfd is not sealed against shrinking and growing".into());
+        return Err(format!(
+            "the {what}'s memfd is not sealed against shrinking and growing"
+        ));
     }
-    Ok(())
+    Ok(seals)
 }
 
 #[cfg(test)]
