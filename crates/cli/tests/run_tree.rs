@@ -1,7 +1,8 @@
 //! Every process a program starts is under farmem, within one budget: a `#!/usr/bin/env`
 //! launcher, `bash -c`, a shell script running Pythons in sequence and in parallel, Python
-//! multiprocessing, a forking server whose children exit early, and `make` running the C
-//! compiler. Each run is checked for correct output, for remote or host-tier faults in every
+//! multiprocessing, a forking server whose children exit early (and children that read the
+//! parent's state while the parent rewrites it, or after it was killed), and `make` running
+//! the C compiler. Each run is checked for correct output, for remote or host-tier faults in every
 //! process whose data exceeded its share, and for the tree's peak anonymous memory, sampled
 //! from outside, within `--local-mem` plus the unmanaged memory the processes reported.
 
@@ -225,9 +226,52 @@ fn a_forking_server_s_children_read_the_parent_s_state() {
         run.stats
     );
     assert!(run.paged() >= 1, "the server was not paged: {}", run.stats);
-    // Known limit: before each fork the server's evicted pages are brought back (the child
-    // gets them as its own memory), so the tree holds the server's whole state for the fork.
-    run.check_budget_beyond(96 * MIB, "(the server's state, brought back for each fork)");
+    // The server's pages in the host tier stay there for each fork: the children borrow them.
+    run.check_budget();
+}
+
+/// The child borrows the parent's host-tier pages: whatever the parent does to its memory
+/// after the fork — rewriting every page, freeing it, filling new memory — the child reads the
+/// state as it was at the fork, and the parent its own.
+#[test]
+fn a_forked_child_reads_the_state_at_the_fork_while_the_parent_rewrites_it() {
+    let run = run_tree(
+        48,
+        &[
+            PYTHON,
+            script("fork_rewrite.py").to_str().unwrap(),
+            "96",
+            "rewrite",
+        ],
+        None,
+    );
+    expect_ok_lines(&run, 1);
+    assert!(
+        run.stdout().contains("parent ok"),
+        "the parent's own data: {}",
+        text(&run.out)
+    );
+    // The launcher, the parent and the child: both of the last two read pages from far.
+    assert!(run.paged() >= 2, "parent and child paged: {}", run.stats);
+    run.check_budget();
+}
+
+/// The child keeps reading the pages it borrowed after its parent is SIGKILLed: the node keeps
+/// the parent's slabs while the child maps them.
+#[test]
+fn a_forked_child_reads_the_state_after_its_parent_is_killed() {
+    let run = run_tree(
+        48,
+        &[
+            PYTHON,
+            script("fork_rewrite.py").to_str().unwrap(),
+            "96",
+            "kill",
+        ],
+        None,
+    );
+    expect_ok_lines(&run, 1);
+    run.check_budget();
 }
 
 #[test]

@@ -49,6 +49,8 @@ pub enum Advice {
     NoHugePage,
     /// A forked child does not inherit it (`MADV_DONTFORK`).
     DontFork,
+    /// A forked child inherits it again (`MADV_DOFORK`): a tier slab lent to a child.
+    DoFork,
 }
 
 impl Advice {
@@ -56,6 +58,7 @@ impl Advice {
         match self {
             Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
             Advice::DontFork => libc::MADV_DONTFORK,
+            Advice::DoFork => libc::MADV_DOFORK,
         }
     }
 }
@@ -101,6 +104,20 @@ impl Mapping {
             io::Error::new(io::ErrorKind::InvalidInput, "mapping offset out of range")
         })?;
         Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+    }
+
+    /// Takes ownership of `addr..addr + len`, a mapping this process already has (a forked
+    /// child's copy of a shared slab its parent mapped): unmapped when the result is dropped.
+    ///
+    /// # Safety
+    ///
+    /// The range must be mapped, and nothing else may unmap it or rely on it staying mapped
+    /// (in a forked child: the parent's copy of its owner is never dropped there).
+    pub unsafe fn adopt(addr: usize, len: usize) -> io::Result<Mapping> {
+        check_len(len)?;
+        let base = NonNull::new(addr as *mut u8)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "null mapping"))?;
+        Ok(Mapping { base, len })
     }
 
     fn map(
@@ -290,6 +307,31 @@ pub mod raw {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// Drops the pages of `addr..addr + len` (`MADV_DONTNEED`): private anonymous memory reads
+    /// zeros (or faults, if registered with a userfaultfd) afterwards. Failure is ignored.
+    ///
+    /// # Safety
+    ///
+    /// The range must be memory the caller manages whose contents it no longer needs (or has a
+    /// copy of); no Rust reference may point into it.
+    pub unsafe fn discard(addr: usize, len: usize) {
+        // SAFETY: the caller's promise.
+        let _ = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    }
+
+    /// Copies one page from `src` to `dst` (both page-aligned).
+    ///
+    /// # Safety
+    ///
+    /// Both pages must be mapped, `src` readable and `dst` writable, and no Rust reference may
+    /// point into `dst`; the pages must not overlap.
+    pub unsafe fn copy_page(dst: usize, src: usize) {
+        // SAFETY: the caller's promise: two distinct mapped pages.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, crate::PAGE_SIZE)
+        };
     }
 
     /// Gives `advice` about `addr..addr + len`. Failure (e.g. the range is not mapped) is

@@ -550,6 +550,13 @@ impl NodeClient {
         self.info
     }
 
+    /// The connection's socket descriptor: a forked child closes its copy (otherwise the node
+    /// sees this client's end only when the child exits too), never using it.
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.inner.stream.as_raw_fd()
+    }
+
     /// False once the node closed the connection or died.
     pub fn is_alive(&self) -> bool {
         self.inner.alive.load(Ordering::Acquire)

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use farmem_runtime::{Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport};
+use farmem_runtime::{ForkPlan, Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport};
 
 use crate::config::RunSettings;
 use crate::unmanaged;
@@ -173,18 +173,21 @@ pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
 }
 
 thread_local! {
-    /// The regions at the fork this thread is making ([`Runtime::before_fork`]): the child
-    /// (this thread, there) registers them without asking its copy of the parent's runtime.
-    /// Per thread, since threads may fork at once; the glibc heap serves it (internal).
-    static FORK_REGIONS: std::cell::RefCell<Vec<(usize, usize)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    /// The fork this thread is making ([`Runtime::prepare_fork`]): the child (this thread,
+    /// there) registers its regions and borrows what was lent without asking its copy of the
+    /// parent's runtime. Per thread, since threads may fork at once; the glibc heap serves it
+    /// (internal).
+    static FORK_PLAN: std::cell::RefCell<Option<ForkPlan>> = const { std::cell::RefCell::new(None) };
 }
 
 extern "C" fn fork_prepare() {
     if let Some(rt) = runtime() {
         crate::internal(|| {
-            let regions = rt.before_fork();
-            FORK_REGIONS.with(|r| *r.borrow_mut() = regions);
+            // A child of a process tree starts a runtime of its own and can borrow the pages
+            // left in the host tier; any other child gets everything as plain memory.
+            let lend = crate::active_config().is_some_and(|c| c.tree_dir.is_some());
+            let plan = rt.prepare_fork(lend);
+            FORK_PLAN.with(|p| *p.borrow_mut() = Some(plan));
         });
     }
 }
@@ -192,17 +195,17 @@ extern "C" fn fork_prepare() {
 extern "C" fn fork_parent() {
     if let Some(rt) = runtime() {
         crate::internal(|| {
-            FORK_REGIONS.with(|r| r.borrow_mut().clear());
-            rt.after_fork_parent();
+            let plan = FORK_PLAN.with(|p| p.borrow_mut().take());
+            rt.after_fork_parent_with(plan.as_ref());
         });
     }
 }
 
 /// In a forked child: the parent's runtime is unusable here (its threads did not survive the
 /// fork and its userfaultfd acts on the parent). In a process tree the child starts a runtime
-/// of its own and registers the ranges the parent had — every page is local after
-/// `before_fork`, so nothing is lost — and takes its own share of the budget; otherwise its
-/// memory is plain memory.
+/// of its own, registers the ranges the parent had and borrows the pages the parent left in
+/// the host tier for it, and takes its own share of the budget; otherwise its memory is plain
+/// memory (the lent pages, if any, are copied in: nothing is lost).
 extern "C" fn fork_child() {
     let Some(old) = runtime() else {
         return;
@@ -210,8 +213,18 @@ extern "C" fn fork_child() {
     crate::internal(|| {
         old.after_fork_child();
         new_tracker();
+        let plan = FORK_PLAN
+            .with(|p| p.borrow_mut().take())
+            .unwrap_or_default();
+        if let Some(fd) = plan.node_fd {
+            // The parent's node connection: its copy here would keep the parent looking alive
+            // to the node after the parent died. Nothing here uses it (the parent's runtime is
+            // never dropped or used in the child).
+            // SAFETY: a plain close of a descriptor only the leaked parent runtime refers to.
+            unsafe { libc::close(fd) };
+        }
         let restarted = match crate::active_config() {
-            Some(cfg) if cfg.tree_dir.is_some() => match restart_in_child(cfg) {
+            Some(cfg) if cfg.tree_dir.is_some() => match restart_in_child(cfg, &plan) {
                 Ok(()) => true,
                 Err(e) => {
                     eprintln!(
@@ -227,19 +240,40 @@ extern "C" fn fork_child() {
             IN_FORK_CHILD.store(true, Ordering::SeqCst);
             // SAFETY: a plain store in the shim; the child's mappings are ordinary memory.
             unsafe { crate::shim::fmp_set_regions_active(0) };
+            if let Some(lent) = &plan.lent {
+                lent.copy_in();
+            }
         }
     });
 }
 
 /// Starts the forked child's own runtime over the parent's ranges (see [`fork_child`]).
-fn restart_in_child(cfg: &RunSettings) -> Result<(), String> {
-    let ranges = FORK_REGIONS.with(|r| std::mem::take(&mut *r.borrow_mut()));
-    let rt = Runtime::start(runtime_config(cfg)?)
-        .map_err(|e| error_chain("starting its farmem runtime", &e))?;
-    register_mapped(&rt, &ranges)?;
+fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
+    let mut rc = runtime_config(cfg)?;
+    rc.far_floor = plan.lent.as_ref().map_or(0, |l| l.floor);
+    let rt = Runtime::start(rc).map_err(|e| error_chain("starting its farmem runtime", &e))?;
+    if let Some(lent) = &plan.lent {
+        // Before registering: pages shared with the parent that equal their far copy are
+        // borrowed, not counted (and unshared, to evict them) by this runtime too.
+        lent.discard_unchanged();
+    }
+    register_mapped(&rt, &plan.regions)?;
     let rt = set_runtime(rt);
     if let Some(dir) = &cfg.tree_dir {
         crate::tree::join(rt, dir)?;
+    }
+    // Last: once borrowed, the lent slabs are this runtime's (it must not be dropped).
+    if let Some(lent) = &plan.lent {
+        if let Err(e) = rt.borrow(lent) {
+            eprintln!(
+                "farmem: warning: process {} (forked) copies the {} pages its parent left in \
+                 the host tier: {}",
+                std::process::id(),
+                lent.pages.len(),
+                error_chain("borrowing them", &e)
+            );
+            lent.copy_in();
+        }
     }
     // The first write from the writer thread, not here: this runs inside fork().
     start_stats_writer(cfg, false);

@@ -82,6 +82,10 @@ pub struct RuntimeConfig {
     /// Most bytes a second re-replication copies between donors (default 256 MiB/s), so a
     /// donor's loss does not take the program's bandwidth.
     pub heal_rate_bytes: u64,
+    /// A forked child's runtime: far pages below this are the ones its parent lent it
+    /// ([`crate::Lent::floor`]), which it borrows with [`crate::Runtime::borrow`] and never
+    /// writes; its own start here. 0 elsewhere.
+    pub far_floor: u64,
 }
 
 /// Where the host tier comes from ([`crate::tier`]).
@@ -149,6 +153,7 @@ impl Default for RuntimeConfig {
             replicas: None,
             backup_file: None,
             heal_rate_bytes: 256 << 20,
+            far_floor: 0,
         }
     }
 }

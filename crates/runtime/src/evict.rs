@@ -173,6 +173,17 @@ fn in_memory(sh: &Shared, far: u64) -> bool {
     far != crate::pages::NO_FAR && matches!(sh.far.home(far), Some((Home::Memory(_), _)))
 }
 
+/// Whether the page in pool slot `slot` equals far page `far`'s copy in a memory slab (it
+/// came back from there and was not changed).
+fn unchanged_in_memory(sh: &Shared, st: &State, far: u64, slot: u32) -> bool {
+    let Some((Home::Memory(m), page)) = sh.far.home(far) else {
+        return false;
+    };
+    crate::mm::with_page_bytes(sh.pool.mapping(), slot, |src| {
+        st.mem.read(m, page, |old| old == src) == Some(true)
+    })
+}
+
 /// A victim whose copy is in a memory slab does not stay in the write-back pool: a later
 /// fault copies it from the slab as cheaply as a pool hit would move it back, and its slot is
 /// discarded with the next batch and reused at once. Keeping such pages cached filled the
@@ -261,7 +272,16 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
             }
             Ok(()) => {
                 let far = match st.pages.get(v.addr).map(|e| e.far) {
-                    Some(f) if f != crate::pages::NO_FAR => f,
+                    Some(f) if f != crate::pages::NO_FAR => {
+                        if st.far_pages.is_frozen(f) && !unchanged_in_memory(sh, &st, f, v.slot) {
+                            // A forked child reads this far page ([`crate::fork`]): the new
+                            // contents go to a new one, the old is reused once it is thawed.
+                            st.far_pages.free(f);
+                            st.far_pages.alloc()
+                        } else {
+                            f
+                        }
+                    }
                     _ => st.far_pages.alloc(),
                 };
                 st.stage_gen = st.stage_gen.wrapping_add(1);

@@ -1,33 +1,158 @@
 //! Fork handling: the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a child's copy of a
-//! region is unregistered plain memory. Before fork every evicted page is brought back and
-//! eviction stays paused until the parent resumes after fork, so the child gets all the data
-//! as ordinary memory. Pages of ranges marked `MADV_DONTFORK` ([`crate::dontfork`]; V8's
-//! heap) stay where they are: the child has no mapping there.
+//! region is unregistered plain memory. Before fork, eviction is paused until the parent
+//! resumes after fork, and evicted pages are brought back so the child gets their data as
+//! ordinary memory — except, for a child that starts a runtime of its own (a process tree),
+//! pages in the host tier, which the child *borrows*. Pages of ranges marked `MADV_DONTFORK`
+//! ([`crate::dontfork`]; V8's heap) stay where they are: the child has no mapping there.
+//!
+//! # Lending host-tier pages
+//!
+//! - The parent takes a node *hold* over its tier slabs (the node punches none of them while
+//!   a process maps the hold's memfd, even after FREE or the parent's death) and marks those
+//!   slabs `MADV_DOFORK` for this fork only, so the child inherits their mappings.
+//! - Remote pages whose far page is in a held slab stay there; so do resident pages with a
+//!   copy there, which the child drops before registering if they still equal it
+//!   ([`Lent::discard_unchanged`]): it would otherwise count, and unshare to evict, pages it
+//!   shares with the parent. Those far pages are *frozen* in the parent ([`crate::farpages`]):
+//!   never rewritten, never reused, until every hold is dead (the tier thread checks).
+//! - The child's runtime starts its own far pages above the lent ones ([`Lent::floor`]),
+//!   adopts the inherited mappings as read-only *borrowed* slabs and marks the lent pages
+//!   Remote there ([`borrow`]); from then on they fault in like any other host-tier page.
+//! - A refused hold (an older node, too many holds) lends nothing: everything comes back, as
+//!   without a tree. A child that cannot start its runtime copies the lent pages in.
 //!
 //! No lock is held across `fork()`: the child must not touch its copy of the parent's runtime
 //! at all (its threads are gone, and any lock one of them held at the fork instant stays held
-//! there), so [`before_fork`] hands the forking thread what the child needs — the regions —
-//! and [`crate::Runtime::after_fork_child`] only marks the runtime as the parent's. Forks
-//! from several threads at once are counted: eviction resumes when the last one is done.
+//! there), so [`before_fork`] hands the forking thread what the child needs ([`ForkPlan`]) and
+//! [`crate::Runtime::after_fork_child`] only marks the runtime as the parent's. Forks from
+//! several threads at once are counted: eviction resumes when the last one is done.
 //!
 //! # Limitations
 //!
-//! - Local memory exceeds the budget while a fork is prepared (every page is resident).
+//! - Without lending, local memory exceeds the budget while a fork is prepared (every page is
+//!   resident).
 //! - Pages shared with the child cannot be MOVEd (EBUSY) until the parent writes them; the
-//!   evictor unshares them.
+//!   evictor unshares them (a copy). The parent's resident pages without an equal far copy
+//!   stay shared with the child, which counts them too: while the child lives the tree may
+//!   hold up to one budget more than `--local-mem`.
+//! - A page another thread of the parent releases in the instant of the fork may be borrowed
+//!   by the child with its old contents (what it read before the release).
+//! - While any child that borrowed pages lives, the parent's rewritten far pages are not
+//!   reused: its host-tier use grows by up to the pages lent.
 
+use std::collections::BTreeMap;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
+use farmem_mm::Advice;
 use farmem_uffd::UffdError;
 
 use crate::far::Home;
-use crate::pages::{Entry, PageState};
+use crate::memslabs::MemKind;
+use crate::pages::{Entry, PageState, NO_FAR};
 use crate::shared::{Shared, State};
 use crate::{RuntimeError, PAGE_SIZE};
 
-/// Before `fork()`: pauses eviction, brings every evicted page back and returns the regions
-/// (start, length in bytes) for a child that pages its own memory.
-pub(crate) fn before_fork(sh: &Shared) -> Vec<(usize, usize)> {
+/// What a fork lends the child (see the module doc): the tier slabs it inherits and the region
+/// pages left there. The child's runtime borrows them ([`crate::Runtime::borrow`]); a child
+/// without one copies them in ([`Lent::copy_in`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lent {
+    /// Pages per far slab (the child must use the same).
+    pub slab_pages: u64,
+    /// The child's own far pages start here, above every far page lent (a slab boundary).
+    pub floor: u64,
+    /// The lent slabs, mapped at the same addresses in the child.
+    pub slabs: Vec<LentSlab>,
+    /// Region pages left in them, and resident pages with a copy there: (page address, far
+    /// page).
+    pub pages: Vec<(usize, u64)>,
+}
+
+/// One lent slab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LentSlab {
+    /// The far slab it holds.
+    pub far_slab: u64,
+    /// Its mapping (inherited by the child at the same address).
+    pub addr: usize,
+    pub len: usize,
+}
+
+impl Lent {
+    /// Where far page `far` is in the lent slabs' memory.
+    fn source(&self, far: u64) -> Option<usize> {
+        if self.slab_pages == 0 {
+            return None;
+        }
+        let s = self
+            .slabs
+            .iter()
+            .find(|s| s.far_slab == far / self.slab_pages)?;
+        let off = (far % self.slab_pages) as usize * PAGE_SIZE;
+        (off + PAGE_SIZE <= s.len).then_some(s.addr + off)
+    }
+
+    /// In the child, before its regions are registered: drops every page it shares with the
+    /// parent that still equals its lent far copy, so its runtime borrows that copy instead of
+    /// counting (and, to evict it, unsharing) the parent's resident page. Returns the pages
+    /// dropped.
+    pub fn discard_unchanged(&self) -> usize {
+        let mut n = 0;
+        for &(addr, far) in &self.pages {
+            let mut present = [0u8];
+            if farmem_mm::mincore(addr, &mut present).is_err() || present[0] & 1 == 0 {
+                continue;
+            }
+            if let Some(src) = self.source(far) {
+                if crate::mm::drop_inherited_page_if_equal(addr, src) {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// In a child that pages nothing itself: copies every lent page that is not mapped yet
+    /// into its region page (plain memory there). Returns the pages copied.
+    pub fn copy_in(&self) -> usize {
+        let mut n = 0;
+        for &(addr, far) in &self.pages {
+            let mut present = [0u8];
+            if farmem_mm::mincore(addr, &mut present).is_err() || present[0] & 1 != 0 {
+                continue; // unmapped since, or already there
+            }
+            if let Some(src) = self.source(far) {
+                crate::mm::copy_inherited_page(addr, src);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// What [`before_fork`] hands the forking thread.
+#[derive(Debug, Default)]
+pub struct ForkPlan {
+    /// The regions: (start, length in bytes).
+    pub regions: Vec<(usize, usize)>,
+    /// What the child borrows, when pages were left in the host tier for it.
+    pub lent: Option<Lent>,
+    /// The parent's node connection: the child closes its copy, or the node would see the
+    /// parent's death only once the child exits too.
+    pub node_fd: Option<RawFd>,
+    /// The slab hold taken for this fork (unmapped here after the fork).
+    hold: Option<u32>,
+}
+
+/// Memory slabs that may be lent, by index, with their kind at the time they were held (a
+/// slab the node took back meanwhile changes kind, and its pages are brought back instead).
+type Lendable = BTreeMap<u32, MemKind>;
+
+/// Before `fork()`: pauses eviction, brings evicted pages back and returns the regions (start,
+/// length in bytes) for a child that pages its own memory. With `lend`, pages in the host tier
+/// stay there: the child borrows them (see the module doc).
+pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
     {
         let mut st = sh.state.lock();
         st.forks += 1;
@@ -36,33 +161,222 @@ pub(crate) fn before_fork(sh: &Shared) -> Vec<(usize, usize)> {
             sh.commit_cv.wait_for(&mut st, Duration::from_millis(5));
         }
     }
-    if let Err(e) = bring_all_back(sh) {
-        sh.report(
-            format!(
-                "before fork: bringing evicted pages back failed ({e}); the child will read \
-                 zeros where those pages are"
-            ),
-            true,
-        );
+    let (hold, lendable) = if lend {
+        hold_lendable(sh)
+    } else {
+        (None, Lendable::new())
+    };
+    let mut plan = ForkPlan {
+        node_fd: sh.far.tier.as_ref().map(|t| t.socket_fd()),
+        hold,
+        ..ForkPlan::default()
+    };
+    // A slab the node takes back meanwhile turns its pages unlendable: bring those back too.
+    for attempt in 0..3 {
+        if let Err(e) = bring_all_back(sh, &lendable) {
+            sh.report(
+                format!(
+                    "before fork: bringing evicted pages back failed ({e}); the child will \
+                     read zeros where those pages are"
+                ),
+                true,
+            );
+        }
+        let mut st = sh.state.lock();
+        let (missing, pages) = check_all_back(sh, &mut st, &lendable);
+        if missing.is_some() && attempt < 2 {
+            continue;
+        }
+        if let Some(what) = missing {
+            sh.report(
+                format!("before fork: {what}; the child will read zeros there"),
+                true,
+            );
+        }
+        plan.regions = st
+            .pages
+            .ranges()
+            .into_iter()
+            .map(|(s, e)| (s, e - s))
+            .collect();
+        plan.lent = lend_pages(sh, &mut st, pages);
+        break;
     }
-    let mut st = sh.state.lock();
-    if let Some(what) = check_all_back(&mut st) {
-        sh.report(
-            format!("before fork: {what}; the child will read zeros there"),
-            true,
-        );
-    }
-    st.pages
-        .ranges()
-        .into_iter()
-        .map(|(s, e)| (s, e - s))
-        .collect()
+    plan
 }
 
-/// After `fork()` in the parent: eviction resumes once no other fork is being prepared.
-pub(crate) fn after_fork_parent(sh: &Shared) {
+/// Takes a hold over every tier slab of this process and marks those (and the slabs this
+/// process borrowed itself) to be inherited; returns the hold and the slabs. A refused hold
+/// (a node without holds, or too many) lends nothing: everything is brought back as before.
+fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
+    let Some(tier) = &sh.far.tier else {
+        return (None, Lendable::new());
+    };
+    let mut lendable: Lendable = sh.state.lock().mem.lendable().into_iter().collect();
+    let ids: Vec<u32> = lendable
+        .values()
+        .filter_map(|k| match k {
+            MemKind::Tier { id } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let mut hold = None;
+    if !ids.is_empty() {
+        match tier.hold(&ids) {
+            Ok(h) => hold = Some(h),
+            Err(e) => {
+                tracing::warn!(
+                    "{}: no hold for a fork ({e}): its pages are brought back instead",
+                    tier.describe()
+                );
+                lendable.retain(|_, k| *k == MemKind::Borrowed);
+            }
+        }
+    }
+    let mut st = sh.state.lock();
+    for (m, kind) in &lendable {
+        if let Some(s) = st.mem.get(*m).filter(|s| s.kind == *kind) {
+            s.mapping.advise(Advice::DoFork);
+        }
+    }
+    st.dofork = true;
+    (hold, lendable)
+}
+
+/// Whether a page in `e` is left where it is for the child: remote in a lendable slab.
+fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<u32> {
+    if e.state != PageState::Remote {
+        return None;
+    }
+    in_lendable(sh, st, lendable, e.far)
+}
+
+/// Whether a resident page in `e` has a copy in a lendable slab that the child may use instead
+/// of the page (if the page still equals it): not while that copy is being rewritten.
+fn has_lent_copy(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<u32> {
+    if e.state == PageState::ResidentSending {
+        return None;
+    }
+    in_lendable(sh, st, lendable, e.far)
+}
+
+/// The lendable memory slab far page `far` lives in, if any.
+fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option<u32> {
+    if far == NO_FAR {
+        return None;
+    }
+    let Some((Home::Memory(m), _)) = sh.far.home(far) else {
+        return None;
+    };
+    let kind = st.mem.get(m)?.kind;
+    (lendable.get(&m) == Some(&kind)).then_some(m)
+}
+
+/// Freezes the far pages of `pages` (lent) and describes what the child borrows.
+fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, u32)>) -> Option<Lent> {
+    if pages.is_empty() {
+        return None;
+    }
+    let slab_pages = sh.far.slab_pages;
+    let mut slabs: BTreeMap<u32, LentSlab> = BTreeMap::new();
+    for &(_, far, m) in &pages {
+        st.far_pages.freeze(far);
+        if let Some(s) = st.mem.get(m) {
+            slabs.entry(m).or_insert(LentSlab {
+                far_slab: s.far_slab,
+                addr: s.mapping.addr(),
+                len: s.mapping.len(),
+            });
+        }
+    }
+    Some(Lent {
+        slab_pages,
+        floor: st.far_pages.end().div_ceil(slab_pages) * slab_pages,
+        slabs: slabs.into_values().collect(),
+        pages: pages.into_iter().map(|(a, far, _)| (a, far)).collect(),
+    })
+}
+
+/// In a forked child's runtime: borrows what the parent lent (see [`crate::Runtime::borrow`]).
+pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
+    let bad = |what: String| {
+        Err(RuntimeError::Config(format!(
+            "borrowing lent pages: {what}"
+        )))
+    };
+    if lent.slab_pages != sh.far.slab_pages {
+        return bad(format!(
+            "the parent's slabs are {} pages, this runtime's {}",
+            lent.slab_pages, sh.far.slab_pages
+        ));
+    }
+    let mut st = sh.state.lock();
+    if st.far_pages.floor() < lent.floor {
+        return bad(format!(
+            "this runtime's far pages start at {}, below the lent ones' end {}",
+            st.far_pages.floor(),
+            lent.floor
+        ));
+    }
+    if let Some(&(a, far)) = lent.pages.iter().find(|(_, f)| lent.source(*f).is_none()) {
+        return bad(format!("page {a:#x} is at far page {far}, in no lent slab"));
+    }
+    for s in &lent.slabs {
+        let mapping =
+            crate::mm::adopt_inherited(s.addr, s.len).map_err(|source| RuntimeError::Mmap {
+                op: "taking a slab lent at fork",
+                len_bytes: s.len,
+                source,
+            })?;
+        let m = st.mem.insert(mapping, MemKind::Borrowed, s.far_slab);
+        sh.far.set_home(s.far_slab, Some(Home::Memory(m)));
+    }
+    // A page present here was faulted in by another of the parent's threads in the instant
+    // before the fork: the child has it already.
+    let ranges = st.pages.ranges();
+    let present: Vec<Vec<u8>> = ranges
+        .iter()
+        .map(|&(s, e)| {
+            let mut p = vec![0u8; (e - s) / PAGE_SIZE];
+            if farmem_mm::mincore(s, &mut p).is_err() {
+                p.fill(1); // not mapped (the program unmapped it): nothing to borrow there
+            }
+            p
+        })
+        .collect();
+    let mut n = 0;
+    for &(addr, far) in &lent.pages {
+        let i = ranges.partition_point(|&(_, e)| e <= addr);
+        let Some(&(s, e)) = ranges.get(i) else {
+            continue;
+        };
+        if addr < s || addr >= e || present[i][(addr - s) / PAGE_SIZE] & 1 != 0 {
+            continue;
+        }
+        if st.pages.inherit(addr, far) {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// After `fork()` in the parent: the fork's hold is left to the child, and eviction resumes
+/// once no other fork is being prepared.
+pub(crate) fn after_fork_parent(sh: &Shared, plan: Option<&ForkPlan>) {
+    if let (Some(h), Some(tier)) = (plan.and_then(|p| p.hold), &sh.far.tier) {
+        tier.fork_done(h);
+    }
     let mut st = sh.state.lock();
     st.forks = st.forks.saturating_sub(1);
+    if st.forks == 0 && st.dofork {
+        // Lent slabs are inherited only by the fork they were lent to.
+        for (m, _) in st.mem.lendable() {
+            if let Some(s) = st.mem.get(m) {
+                s.mapping.advise(Advice::DontFork);
+            }
+        }
+        st.dofork = false;
+    }
     if st.forks == 0 && st.paused {
         st.paused = false;
         drop(st);
@@ -71,58 +385,76 @@ pub(crate) fn after_fork_parent(sh: &Shared) {
 }
 
 /// Checks, with the state lock held right before `fork()`, that every page with contents is
-/// resident (the child gets exactly the pages mapped at fork). Returns a description of the
-/// pages that are not, for the error report: the child would read zeros there. Whether the
-/// first such page is present in the page tables (`mincore`) is part of the description; it is
-/// not itself checked, since a resident page may be swapped out by the kernel or released by
-/// another thread whose REMOVE event is not processed yet, and the child is right either way.
-fn check_all_back(st: &mut State) -> Option<String> {
+/// resident (the child gets exactly the pages mapped at fork) or lent (left in a lendable
+/// slab). Returns a description of the pages that are neither, for the error report — the
+/// child would read zeros there — and the lent pages (address, far page, memory slab). Whether
+/// the first missing page is present in the page tables (`mincore`) is part of the
+/// description; it is not itself checked, since a resident page may be swapped out by the
+/// kernel or released by another thread whose REMOVE event is not processed yet, and the
+/// child is right either way.
+fn check_all_back(
+    sh: &Shared,
+    st: &mut State,
+    lendable: &Lendable,
+) -> (Option<String>, Vec<(usize, u64, u32)>) {
     let mut bad = 0usize;
     let mut first: Option<(usize, PageState, bool)> = None;
+    let mut lent = Vec::new();
     for (s, e) in st.pages.ranges() {
         let mut present = vec![0u8; (e - s) / PAGE_SIZE];
         if farmem_mm::mincore(s, &mut present).is_err() {
             continue; // not (entirely) mapped: an UNMAP event is on its way
         }
         for (a, en) in st.pages.entries_in(s, e) {
-            let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
-            if en.state != PageState::Empty && !en.state.is_resident() && !st.dontfork.contains(a) {
-                bad += 1;
-                first.get_or_insert((a, en.state, here));
+            if en.state == PageState::Empty || st.dontfork.contains(a) {
+                continue;
             }
+            if en.state.is_resident() {
+                // The child drops its copy if it still equals the far one
+                // ([`Lent::discard_unchanged`]).
+                if let Some(m) = has_lent_copy(sh, st, lendable, en) {
+                    lent.push((a, en.far, m));
+                }
+                continue;
+            }
+            if let Some(m) = is_lent(sh, st, lendable, en) {
+                lent.push((a, en.far, m));
+                continue;
+            }
+            let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
+            bad += 1;
+            first.get_or_insert((a, en.state, here));
         }
     }
-    first.map(|(a, state, here)| {
+    let what = first.map(|(a, state, here)| {
         format!(
             "{bad} page(s) are not in local memory at fork (first {a:#x}: {state:?}, {}present)",
             if here { "" } else { "not " }
         )
-    })
+    });
+    (what, lent)
 }
 
-/// Brings every evicted page of every region back (before fork): called from a program thread
-/// with eviction paused and no eviction half-done.
-fn bring_all_back(sh: &Shared) -> Result<(), RuntimeError> {
+/// Brings every evicted page of every region back (before fork), but those left for the child
+/// in a `lendable` slab: called from a program thread with eviction paused and no eviction
+/// half-done.
+fn bring_all_back(sh: &Shared, lendable: &Lendable) -> Result<(), RuntimeError> {
     let mut guard = sh.state.lock();
     let st = &mut *guard;
     let mut todo: Vec<usize> = Vec::new();
     for (s, e) in st.pages.ranges() {
-        todo.extend(
-            st.pages
-                .entries_in(s, e)
-                .into_iter()
-                .filter(|(a, _)| !st.dontfork.contains(*a))
-                .filter(|(_, e)| {
-                    matches!(
-                        e.state,
-                        PageState::PoolSent
-                            | PageState::PoolUnsent
-                            | PageState::Remote
-                            | PageState::Fetching
-                    )
-                })
-                .map(|(a, _)| a),
-        );
+        for (a, en) in st.pages.entries_in(s, e) {
+            let evicted = matches!(
+                en.state,
+                PageState::PoolSent
+                    | PageState::PoolUnsent
+                    | PageState::Remote
+                    | PageState::Fetching
+            );
+            if evicted && !st.dontfork.contains(a) && is_lent(sh, st, lendable, en).is_none() {
+                todo.push(a);
+            }
+        }
     }
     drop(guard);
     let mut first_err: Option<RuntimeError> = None;

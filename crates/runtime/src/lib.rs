@@ -98,6 +98,7 @@ pub use config::{
     split_local_memory, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
 pub use embedded::PrivateNode;
+pub use fork::{ForkPlan, Lent, LentSlab};
 pub use prefetch::PrefetchInstall;
 pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use seal::SealError;
@@ -637,14 +638,46 @@ impl Runtime {
         if self.sh.in_child.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        fork::before_fork(&self.sh)
+        fork::before_fork(&self.sh, false).regions
+    }
+
+    /// Before `fork()`: [`Runtime::before_fork`], with everything the child needs. With `lend`
+    /// (for a child that starts a runtime of its own) pages in the host tier stay there — the child inherits
+    /// their slabs and borrows them ([`Runtime::borrow`] with [`ForkPlan::lent`]), so the
+    /// budget holds during the fork. Falls back to bringing them back when the node refuses a
+    /// hold. Pass the plan to [`Runtime::after_fork_parent_with`] in the parent.
+    pub fn prepare_fork(&self, lend: bool) -> ForkPlan {
+        if self.sh.in_child.load(Ordering::Relaxed) {
+            return ForkPlan::default();
+        }
+        fork::before_fork(&self.sh, lend)
     }
 
     /// After `fork()` in the parent: resumes eviction (once every concurrent fork is done).
     pub fn after_fork_parent(&self) {
         if !self.sh.in_child.load(Ordering::Relaxed) {
-            fork::after_fork_parent(&self.sh);
+            fork::after_fork_parent(&self.sh, None);
         }
+    }
+
+    /// After `fork()` in the parent, for a fork prepared with [`Runtime::prepare_fork`]: the
+    /// lent pages stay frozen while a child maps them.
+    pub fn after_fork_parent_with(&self, plan: Option<&ForkPlan>) {
+        if !self.sh.in_child.load(Ordering::Relaxed) {
+            fork::after_fork_parent(&self.sh, plan);
+        }
+    }
+
+    /// In a forked child's own runtime (started with [`RuntimeConfig::far_floor`] at
+    /// `lent.floor`, its regions registered): takes the slabs the parent lent as read-only
+    /// memory slabs and marks every lent page not present here as remote there, so it is
+    /// fetched on access like any other. Returns the pages borrowed. On an error nothing is
+    /// borrowed; the child should copy the pages in ([`Lent::copy_in`]).
+    pub fn borrow(&self, lent: &Lent) -> Result<usize, RuntimeError> {
+        if self.sh.in_child.load(Ordering::Relaxed) {
+            return Err(RuntimeError::InChild);
+        }
+        fork::borrow(&self.sh, lent)
     }
 
     /// After `fork()` in the child: the regions are plain memory there (no userfaultfd

@@ -32,6 +32,10 @@ pub(crate) enum MemKind {
     Tier { id: u32 },
     /// Private memory of this process.
     Local,
+    /// A tier slab of the parent's, inherited over fork by this forked child
+    /// ([`crate::fork`]): read only (its far pages are below the child's floor), never written
+    /// through, given back or migrated — the parent's hold keeps it alive.
+    Borrowed,
 }
 
 /// One far slab held in memory.
@@ -137,13 +141,17 @@ impl MemSlabs {
         self.slabs.get_mut(m as usize)?.as_mut()
     }
 
-    /// Indexes of every slab, least recently written first.
+    /// Indexes of every slab of this process's own (borrowed ones aside: they are never written
+    /// through, healed or migrated), least recently written first.
     pub(crate) fn oldest_first(&self) -> Vec<u32> {
         let mut all: Vec<(u64, u32)> = self
             .slabs
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| Some((s.as_ref()?.last_write, i as u32)))
+            .filter_map(|(i, s)| {
+                let s = s.as_ref()?;
+                (s.kind != MemKind::Borrowed).then_some((s.last_write, i as u32))
+            })
             .collect();
         all.sort_unstable();
         all.into_iter().map(|(_, i)| i).collect()
@@ -213,13 +221,27 @@ impl MemSlabs {
             .collect()
     }
 
-    /// (tier slabs, local slabs) held now.
+    /// Memory slabs of kind Tier (with their node ids) and Borrowed, which a fork may lend to
+    /// the child: (index, kind).
+    pub(crate) fn lendable(&self) -> Vec<(u32, MemKind)> {
+        self.slabs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let s = s.as_ref()?;
+                matches!(s.kind, MemKind::Tier { .. } | MemKind::Borrowed)
+                    .then_some((i as u32, s.kind))
+            })
+            .collect()
+    }
+
+    /// (tier slabs, local slabs) held now; borrowed slabs are node memory, so tier slabs.
     pub(crate) fn counts(&self) -> (u64, u64) {
         self.slabs
             .iter()
             .flatten()
             .fold((0, 0), |(t, l), s| match s.kind {
-                MemKind::Tier { .. } => (t + 1, l),
+                MemKind::Tier { .. } | MemKind::Borrowed => (t + 1, l),
                 MemKind::Local => (t, l + 1),
             })
     }

@@ -169,3 +169,41 @@ pub(crate) fn unshare_page(addr: usize) -> std::io::Result<()> {
     // regions.
     unsafe { farmem_mm::raw::populate_write(addr, PAGE_SIZE) }
 }
+
+/// In a forked child: takes the tier slab mapping it inherited at `addr` (`len` bytes) as its
+/// own memory (a borrowed slab, [`crate::fork`]).
+pub(crate) fn adopt_inherited(addr: usize, len: usize) -> std::io::Result<Mapping> {
+    // SAFETY: called only in a forked child (the runtime checks `Lent` came from this process's
+    // fork) for a slab the parent marked to be inherited; the child's copy of the parent's
+    // runtime, which owned the mapping there, is never dropped or used in the child, so
+    // nothing else unmaps it. `adopt` checks the length.
+    unsafe { Mapping::adopt(addr, len) }
+}
+
+/// Copies the page at `src` (a lent slab's) into the region page `dst`, in a forked child that
+/// pages nothing itself.
+pub(crate) fn copy_inherited_page(dst: usize, src: usize) {
+    // SAFETY: `dst` is a region page of this process (plain memory in a child without a
+    // runtime, no Rust reference into it) that the caller found mapped; `src` is a page inside
+    // a slab this process inherited at fork, mapped for the life of the process (see
+    // `adopt_inherited`); the two never overlap (a slab is not a region).
+    unsafe { farmem_mm::raw::copy_page(dst, src) }
+}
+
+/// In a forked child, before its regions are registered: drops the page at `dst` (shared with
+/// the parent) if it equals the lent slab page at `src`. Returns whether it was dropped.
+pub(crate) fn drop_inherited_page_if_equal(dst: usize, src: usize) -> bool {
+    // SAFETY: `dst` is a mapped region page of this process (the caller checked with mincore)
+    // and `src` a page of a slab inherited at fork (see `adopt_inherited`); both are only read
+    // here and no Rust reference points into either.
+    let same = unsafe {
+        std::slice::from_raw_parts(dst as *const u8, PAGE_SIZE)
+            == std::slice::from_raw_parts(src as *const u8, PAGE_SIZE)
+    };
+    if same {
+        // SAFETY: the region is not registered with a userfaultfd yet (no event), and the page
+        // equals its far copy, which the runtime installs on the next access.
+        unsafe { farmem_mm::raw::discard(dst, PAGE_SIZE) };
+    }
+    same
+}

@@ -49,6 +49,8 @@ pub(crate) struct State {
     pub(crate) paused: bool,
     /// Forks being prepared now ([`crate::fork`]): eviction resumes when the last is done.
     pub(crate) forks: u32,
+    /// Lendable slabs are marked to be inherited (a fork lending them is being prepared).
+    pub(crate) dofork: bool,
     pub(crate) staging: VecDeque<Staged>,
     /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
     pub(crate) dontfork: crate::dontfork::DontFork,
@@ -190,11 +192,12 @@ impl Shared {
             state: Arc::new(Mutex::new(State {
                 pages: Pages::new(policy),
                 slots,
-                far_pages: FarPages::default(),
+                far_pages: FarPages::above(cfg.far_floor),
                 mem: MemSlabs::default(),
                 stage_gen: 0,
                 paused: false,
                 forks: 0,
+                dofork: false,
                 staging: VecDeque::new(),
                 dontfork: Default::default(),
             })),

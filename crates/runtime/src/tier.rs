@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::Mutex;
 use farmem_mm::{Advice, Mapping};
-use farmem_node::{NodeClient, NodeClientConfig, NodeError, TierSlab};
+use farmem_node::{NodeClient, NodeClientConfig, NodeError, SlabHold, TierSlab};
 
 use crate::far::Home;
 use crate::memslabs::MemKind;
@@ -63,6 +63,9 @@ pub(crate) struct Tier {
     path: PathBuf,
     /// Until when the node is taken to be full.
     full_until: Mutex<Option<Instant>>,
+    /// Holds taken for forks ([`crate::fork`]): mapped here until the fork is done, then alive
+    /// while a child maps them.
+    holds: Mutex<Vec<SlabHold>>,
     /// Kept alive for as long as the runtime: dropping it stops a private node.
     _private: Option<crate::embedded::PrivateNode>,
 }
@@ -121,6 +124,7 @@ impl Tier {
             client,
             path: path.to_path_buf(),
             full_until: Mutex::new(None),
+            holds: Mutex::new(Vec::new()),
             _private: private,
         })
     }
@@ -140,6 +144,35 @@ impl Tier {
 
     pub(crate) fn socket(&self) -> &Path {
         &self.path
+    }
+
+    /// The node connection's socket descriptor (a forked child closes its copy).
+    pub(crate) fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.client.socket_fd()
+    }
+
+    /// Holds tier slabs `ids` (this process's) for a fork: the node punches none of them
+    /// while the hold lives, even after FREE. Returns the hold's id.
+    pub(crate) fn hold(&self, ids: &[u32]) -> Result<u32, NodeError> {
+        let hold = self.client.hold_slabs(ids)?;
+        let id = hold.id;
+        self.holds.lock().push(hold);
+        Ok(id)
+    }
+
+    /// The fork hold `id` was taken for is done (in the parent): this process unmaps the
+    /// hold, which now lives as long as a child maps it.
+    pub(crate) fn fork_done(&self, id: u32) {
+        if let Some(h) = self.holds.lock().iter_mut().find(|h| h.id == id) {
+            h.unmap();
+        }
+    }
+
+    /// Forgets dead holds; returns how many live (mapped here, or by a child).
+    pub(crate) fn live_holds(&self) -> usize {
+        let mut holds = self.holds.lock();
+        holds.retain(|h| h.is_mapped() || h.is_alive());
+        holds.len()
     }
 
     /// A new tier slab of at least `len` bytes, or `None` when the node is full, under
@@ -246,6 +279,7 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
                 std::thread::sleep(Duration::from_millis(wait))
             }
         }
+        thaw_if_no_child(&sh, tier);
         if sh.far.donors.is_empty() || Instant::now() < next_round {
             continue;
         }
@@ -267,6 +301,18 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+/// Thaws the far pages lent to forked children once no hold is alive: every child that
+/// borrowed them has exited or exec'd. Checked with the state lock held, so a fork taking a
+/// hold and freezing pages meanwhile is never thawed by mistake (it pushes its hold first).
+fn thaw_if_no_child(sh: &Shared, tier: &Tier) {
+    let mut st = sh.state.lock();
+    if st.far_pages.any_frozen() && tier.live_holds() == 0 {
+        st.far_pages.thaw();
+        drop(st);
+        tracing::debug!("every forked child that borrowed host-tier pages is gone: thawed");
     }
 }
 

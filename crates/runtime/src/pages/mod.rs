@@ -14,6 +14,7 @@
 //! | `install_fetched` | Fetching | ResidentClean (read), ResidentDirty (write) |
 //! | `install_prefetched` | Remote | ResidentClean |
 //! | `install_for_fork` | PoolSent / PoolUnsent / Remote | ResidentDirty |
+//! | `inherit` | Empty | Remote |
 //! | `mark_dirty` | Resident* | ResidentDirty |
 //! | `begin_fetch` / `abandon_fetch` | Remote / Fetching | Fetching / Remote |
 //! | `begin_eviction` | Resident* | Evicting |
@@ -237,6 +238,21 @@ impl Pages {
         let (before, _) = self.apply(addr, Transition::InstallForFork)?;
         self.count_install(addr, Origin::Demand, false);
         before.state.in_pool().then_some(before.slot)
+    }
+
+    /// `Empty` → `Remote` at far page `far`: a forked child's page its parent left in a tier
+    /// slab lent to the child ([`crate::fork`]). Returns false if the page was not `Empty`.
+    pub(crate) fn inherit(&mut self, addr: usize, far: u64) -> bool {
+        if self.get(addr).map(|e| e.state) != Some(PageState::Empty) {
+            return false;
+        }
+        match self.apply(addr, Transition::Inherit) {
+            Some((_, e)) => {
+                e.far = far;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Resident → `ResidentDirty`: a write-protect fault (the policy sees the use).

@@ -100,6 +100,8 @@ pub(crate) enum Transition {
     InstallPrefetched,
     /// An evicted page brought back before fork.
     InstallForFork,
+    /// A forked child's page left in a tier slab its parent lent it: remote from the start.
+    Inherit,
     /// A write-protect fault: the page is written.
     MarkDirty,
     /// A demand read (or a wait for its prefetch) starts.
@@ -132,7 +134,7 @@ pub(crate) enum Transition {
 #[cfg(test)]
 impl Transition {
     /// Every transition, for tables and tests.
-    pub(crate) const ALL: [Transition; 21] = [
+    pub(crate) const ALL: [Transition; 22] = [
         Transition::InstallZero,
         Transition::InstallFromPoolMoved,
         Transition::InstallFromPoolProtected,
@@ -140,6 +142,7 @@ impl Transition {
         Transition::InstallFetched { write: true },
         Transition::InstallPrefetched,
         Transition::InstallForFork,
+        Transition::Inherit,
         Transition::MarkDirty,
         Transition::BeginFetch,
         Transition::AbandonFetch,
@@ -170,6 +173,7 @@ pub(crate) fn next_state(from: PageState, t: Transition) -> Option<PageState> {
         (T::InstallFetched { write: true }, S::Fetching) => S::ResidentDirty,
         (T::InstallPrefetched, S::Remote) => S::ResidentClean,
         (T::InstallForFork, S::PoolSent | S::PoolUnsent | S::Remote) => S::ResidentDirty,
+        (T::Inherit, S::Empty) => S::Remote,
         (T::MarkDirty, s) if s.is_resident() => S::ResidentDirty,
         (T::BeginFetch, S::Remote) => S::Fetching,
         (T::AbandonFetch, S::Fetching) => S::Remote,

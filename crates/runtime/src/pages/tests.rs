@@ -98,6 +98,7 @@ const LEGAL: &[(T, &[(S, S)])] = &[
             (S::Remote, S::ResidentDirty),
         ],
     ),
+    (T::Inherit, &[(S::Empty, S::Remote)]),
     (
         T::MarkDirty,
         &[
@@ -186,7 +187,7 @@ fn legality_table_accepts_exactly_the_legal_pairs() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 21 * 9);
+    assert_eq!(checked, 22 * 9);
 }
 
 #[test]
