@@ -1,7 +1,7 @@
 //! `farmem node` and `farmem stats --node` end to end: a real node process on a socket in a
 //! temp folder; refusals at start (capacity above the machine's memory, bad sizes and flags)
 //! each in one clear line; `--help`; `--resize` by root and refused for another user; the
-//! stats table and JSON with a client holding slabs.
+//! stats table and JSON with a client holding slabs, before and after it takes a hold.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -180,6 +180,7 @@ fn stats_node_prints_a_table_and_json_with_the_clients() {
     );
     assert_eq!(st.clients[0].pid, std::process::id());
     assert_eq!(st.clients[0].slabs, 3);
+    assert_eq!((st.holds, st.held_slabs, st.kept_slabs), (0, 0, 0));
     let out = farmem(&["stats", "--node", &s]);
     assert!(out.status.success(), "{}", stderr(&out));
     let table = String::from_utf8_lossy(&out.stdout);
@@ -188,13 +189,39 @@ fn stats_node_prints_a_table_and_json_with_the_clients() {
         "capacity     8.0 MiB".to_string(),
         "3.0 MiB (37.5%) in 3 slabs of 1.0 MiB".to_string(),
         "keep-free    off".to_string(),
+        "holds        0 live, naming 0 slabs".to_string(),
+        "kept         0 slabs no client holds".to_string(),
         "reclaims     0 asked".to_string(),
         format!("pid {:<8}", std::process::id()),
         "3 slabs (3.0 MiB)".to_string(),
     ] {
         assert!(table.contains(&needle), "{needle:?} missing from\n{table}");
     }
-    drop(slabs);
+
+    // A hold over two of the slabs, one of them then freed: that one is kept for the hold (still
+    // used, no longer the client's).
+    let hold = c.hold_slabs(&[slabs[0].id, slabs[1].id]).unwrap();
+    c.free_slab(slabs[0].id).unwrap();
+    let out = farmem(&["stats", "--node", &s, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let st: NodeStats = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (st.holds, st.held_slabs, st.kept_slabs),
+        (1, 2, 1),
+        "{st:?}"
+    );
+    let out = farmem(&["stats", "--node", &s]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "3.0 MiB (37.5%) in 3 slabs of 1.0 MiB",
+        "holds        1 live, naming 2 slabs",
+        "kept         1 slabs no client holds",
+        "2 slabs (2.0 MiB)",
+    ] {
+        assert!(table.contains(needle), "{needle:?} missing from\n{table}");
+    }
+    drop((hold, slabs));
     // No node there: a clear error.
     let out = farmem(&["stats", "--node", "/nonexistent/node.sock"]);
     assert!(!out.status.success());

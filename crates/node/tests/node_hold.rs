@@ -33,17 +33,24 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What every test starts from: its turn (see [`ONE_AT_A_TIME`]), a node served in this
+/// process, and a bystander client that takes nothing unless [`Node::still_served`] asks it to.
 struct Node {
+    /// Dropped first, then the node, then the turn: as when they were a test's own locals.
+    bystander: NodeClient,
     node: RunningNode,
     _dir: tempfile::TempDir,
+    _one: MutexGuard<'static, ()>,
 }
 
 impl Node {
+    /// A node lending `slabs` slabs of [`SLAB`].
     fn with_slabs(slabs: u64) -> Node {
         Node::sized(slabs, SLAB)
     }
 
     fn sized(slabs: u64, slab_bytes: u64) -> Node {
+        let one = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let node = NodeServer::bind(NodeConfig {
             socket_path: dir.path().join("node.sock"),
@@ -54,7 +61,14 @@ impl Node {
         })
         .unwrap()
         .spawn();
-        Node { node, _dir: dir }
+        let bystander =
+            NodeClient::connect(node.socket_path(), NodeClientConfig::default()).unwrap();
+        Node {
+            bystander,
+            node,
+            _dir: dir,
+            _one: one,
+        }
     }
 
     fn path(&self) -> &Path {
@@ -63,6 +77,26 @@ impl Node {
 
     fn client(&self) -> NodeClient {
         NodeClient::connect(self.path(), NodeClientConfig::default()).unwrap()
+    }
+
+    /// A new client that took `N` slabs (in the order of the array).
+    fn client_with_slabs<const N: usize>(&self) -> (NodeClient, [TierSlab; N]) {
+        let c = self.client();
+        let slabs = std::array::from_fn(|_| c.alloc_slab().unwrap());
+        (c, slabs)
+    }
+
+    /// The bystander is served: a new slab, written and read back, freed.
+    fn still_served(&self) {
+        let s = self
+            .bystander
+            .alloc_slab()
+            .expect("a bystander is still served");
+        stamp(&s, 99);
+        check(&s, 99);
+        let id = s.id;
+        drop(s);
+        self.bystander.free_slab(id).unwrap();
     }
 
     fn stats(&self) -> NodeStats {
@@ -102,16 +136,6 @@ fn check(s: &TierSlab, round: u64) {
 
 fn zeroed(s: &TierSlab) -> bool {
     (0..PAGES).all(|p| read_u64(s.mapping.addr() + p * PAGE) == 0)
-}
-
-/// A bystander is served: a new slab, written and read back, freed.
-fn still_served(c: &NodeClient) {
-    let s = c.alloc_slab().expect("a bystander is still served");
-    stamp(&s, 99);
-    check(&s, 99);
-    let id = s.id;
-    drop(s);
-    c.free_slab(id).unwrap();
 }
 
 /// The forked reader's body: waits for a byte on `go` (60 s at most, or until every writer
@@ -218,12 +242,8 @@ impl Drop for Forked {
 
 #[test]
 fn a_held_slab_its_client_frees_keeps_its_pages_until_the_hold_is_unmapped() {
-    let _one = one_at_a_time();
     let node = Node::with_slabs(4);
-    let bystander = node.client();
-    let c = node.client();
-    let slab = c.alloc_slab().unwrap();
-    let other = c.alloc_slab().unwrap();
+    let (c, [slab, other]) = node.client_with_slabs();
     stamp(&slab, 1);
     let mut hold = c.hold_slabs(&[slab.id]).unwrap();
     assert!(hold.is_mapped() && hold.is_alive());
@@ -247,7 +267,7 @@ fn a_held_slab_its_client_frees_keeps_its_pages_until_the_hold_is_unmapped() {
         c.hold_slabs(&[slab.id]),
         Err(NodeError::HoldNotYours { .. })
     ));
-    still_served(&bystander);
+    node.still_served();
     check(&slab, 1);
 
     // No process maps the hold any more: the node releases the slab within a few rounds.
@@ -261,18 +281,13 @@ fn a_held_slab_its_client_frees_keeps_its_pages_until_the_hold_is_unmapped() {
     drop(other);
     c.free_slab(id).unwrap();
     assert_eq!(node.stats().used_bytes, 0);
-    still_served(&bystander);
+    node.still_served();
 }
 
 #[test]
 fn a_forked_child_keeps_held_slabs_after_its_parent_disconnects() {
-    let _one = one_at_a_time();
     let node = Node::with_slabs(4);
-    let bystander = node.client();
-    let c = node.client();
-    let a = c.alloc_slab().unwrap();
-    let b = c.alloc_slab().unwrap();
-    let loose = c.alloc_slab().unwrap();
+    let (c, [a, b, loose]) = node.client_with_slabs();
     stamp(&a, 2);
     stamp(&b, 3);
     let mut hold = c.hold_slabs(&[a.id, b.id]).unwrap();
@@ -293,7 +308,7 @@ fn a_forked_child_keeps_held_slabs_after_its_parent_disconnects() {
     check(&a, 2);
     check(&b, 3);
     assert_eq!(node.stats().used_bytes, 2 * SLAB);
-    still_served(&bystander);
+    node.still_served();
 
     // The child reads its parent's pages, intact, then exits: the node releases them.
     assert!(child.finish(), "the child read intact pages");
@@ -301,15 +316,13 @@ fn a_forked_child_keeps_held_slabs_after_its_parent_disconnects() {
     assert_eq!((s.slabs, s.holds, s.held_slabs, s.kept_slabs), (0, 0, 0, 0));
     assert!(zeroed(&a) && zeroed(&b));
     assert!(!hold.is_alive());
-    still_served(&bystander);
+    node.still_served();
 }
 
 #[test]
 fn a_grandchild_keeps_slabs_its_grandparent_freed() {
-    let _one = one_at_a_time();
     let node = Node::with_slabs(2);
-    let c = node.client();
-    let slab = c.alloc_slab().unwrap();
+    let (c, [slab]) = node.client_with_slabs();
     stamp(&slab, 4);
     let mut hold = c.hold_slabs(&[slab.id]).unwrap();
     // The child forks a grandchild and exits: the grandchild alone keeps the hold.
@@ -403,13 +416,9 @@ fn refused(f: NodeFrame, code: ErrorCode, words: &str) {
 
 #[test]
 fn hostile_holds_are_refused_and_hold_nothing() {
-    let _one = one_at_a_time();
     let node = Node::with_slabs(4);
-    let bystander = node.client();
-    let owner = node.client();
-    let theirs = owner.alloc_slab().unwrap();
-    let thief = node.client();
-    let mine = thief.alloc_slab().unwrap();
+    let (owner, [theirs]) = node.client_with_slabs();
+    let (thief, [mine]) = node.client_with_slabs();
 
     // Another client's slab, alone or among its own: nothing held.
     for list in [vec![theirs.id], vec![mine.id, theirs.id], vec![12345]] {
@@ -493,17 +502,14 @@ fn hostile_holds_are_refused_and_hold_nothing() {
     node.wait_for("the raw client's slab and hold to go", |s| {
         s.holds == 1 && s.used_bytes == 2 * SLAB && s.kept_slabs == 0
     });
-    still_served(&bystander);
+    node.still_served();
     drop((held, theirs, mine));
 }
 
 #[test]
 fn a_client_has_a_bounded_number_of_live_holds_and_dead_ones_make_room() {
-    let _one = one_at_a_time();
     let node = Node::with_slabs(2);
-    let bystander = node.client();
-    let c = node.client();
-    let slab = c.alloc_slab().unwrap();
+    let (c, [slab]) = node.client_with_slabs();
     let mut holds: Vec<_> = (0..MAX_HOLDS_PER_CLIENT)
         .map(|_| c.hold_slabs(&[slab.id]).unwrap())
         .collect();
@@ -518,26 +524,24 @@ fn a_client_has_a_bounded_number_of_live_holds_and_dead_ones_make_room() {
     holds.pop();
     c.hold_slabs(&[slab.id]).unwrap();
     assert_eq!(node.stats().holds, MAX_HOLDS_PER_CLIENT as u64);
-    still_served(&bystander);
+    node.still_served();
     drop(holds);
     node.wait_for("the unmapped holds to be pruned", |s| s.holds <= 1);
 }
 
 #[test]
 fn a_hold_over_more_slabs_than_one_frame_carries_is_one_hold() {
-    let _one = one_at_a_time();
     // Page-sized slabs, so that more slabs than one HOLD frame names stay cheap.
-    let n = farmem_node::wire::MAX_HOLD_SLABS + 100;
-    let node = Node::sized(n as u64 + 1, PAGE as u64);
-    let c = node.client();
-    let slabs: Vec<TierSlab> = (0..n).map(|_| c.alloc_slab().unwrap()).collect();
+    const N: usize = farmem_node::wire::MAX_HOLD_SLABS + 100;
+    let node = Node::sized(N as u64 + 1, PAGE as u64);
+    let (c, slabs) = node.client_with_slabs::<N>();
     let mut ids: Vec<u32> = slabs.iter().map(|s| s.id).collect();
     ids.push(ids[0]); // a repeat: the library sends each id once
     let mut hold = c.hold_slabs(&ids).unwrap();
     let s = node.stats();
     assert_eq!(
         (s.holds, s.held_slabs),
-        (1, n as u64),
+        (1, N as u64),
         "one hold names every slab"
     );
     assert!(hold.is_alive());
@@ -546,7 +550,7 @@ fn a_hold_over_more_slabs_than_one_frame_carries_is_one_hold() {
     for s in &slabs {
         c.free_slab(s.id).unwrap();
     }
-    assert_eq!(node.stats().kept_slabs, n as u64);
+    assert_eq!(node.stats().kept_slabs, N as u64);
     hold.unmap();
     node.wait_for("every kept slab to be released", |s| {
         s.used_bytes == 0 && s.holds == 0
@@ -602,9 +606,7 @@ fn scenario_client_forks_a_reader_then_dies() {
 #[test]
 fn a_killed_clients_forked_child_keeps_its_held_slab() {
     use std::os::fd::AsRawFd;
-    let _one = one_at_a_time();
     let node = Node::with_slabs(2);
-    let bystander = node.client();
     // Without CLOEXEC: the scenario process, and its reader, inherit these.
     let (go_read, go) = rustix::pipe::pipe().unwrap();
     let (result, result_write) = rustix::pipe::pipe().unwrap();
@@ -638,7 +640,7 @@ fn a_killed_clients_forked_child_keeps_its_held_slab() {
     assert_eq!((s.used_bytes, s.holds), (SLAB, 1), "{s:#?}");
     node.let_the_watcher_run();
     assert_eq!(node.stats().kept_slabs, 1, "kept while the reader lives");
-    still_served(&bystander);
+    node.still_served();
     rustix::io::write(&go, &[1]).unwrap();
     let mut r = [0u8; 1];
     assert_eq!(
@@ -650,5 +652,5 @@ fn a_killed_clients_forked_child_keeps_its_held_slab() {
     node.wait_for("the kept slab to be released", |s| {
         s.used_bytes == 0 && s.holds == 0
     });
-    still_served(&bystander);
+    node.still_served();
 }

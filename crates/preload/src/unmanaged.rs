@@ -246,6 +246,7 @@ impl Tracker {
             r.peak_unmanaged_bytes = r.peak_unmanaged_bytes.max(m.unmanaged_bytes);
             r.biggest_at_peak = m.biggest.clone();
         }
+        r.peak_anon_unmanaged_bytes = r.peak_anon_unmanaged_bytes.max(m.anon_unmanaged_bytes);
         r.rss_bytes = m.rss_bytes;
         r.peak_rss_bytes = peak_rss_bytes
             .unwrap_or(0)
@@ -439,22 +440,28 @@ Rss:                   0 kB
     #[test]
     fn the_tracker_keeps_the_peak_and_its_mappings() {
         let mut t = Tracker::default();
-        let big = |n: u64| Unmanaged {
+        // n unmanaged bytes, `anon` of them anonymous.
+        let big = |n: u64, anon: u64| Unmanaged {
             rss_bytes: n + 10,
             managed_rss_bytes: 10,
             farmem_rss_bytes: 0,
             unmanaged_bytes: n,
-            anon_unmanaged_bytes: n,
+            anon_unmanaged_bytes: anon,
             biggest: vec![UnmanagedMapping {
                 rss_bytes: n,
                 name: format!("m{n}"),
                 ..UnmanagedMapping::default()
             }],
         };
-        t.update(big(5), Some(20));
-        t.update(big(50), None);
-        let r = t.update(big(7), Some(30));
+        t.update(big(5, 5), Some(20));
+        t.update(big(50, 2), None);
+        let r = t.update(big(7, 6), Some(30));
         assert_eq!((r.unmanaged_bytes, r.peak_unmanaged_bytes), (7, 50));
+        assert_eq!(
+            (r.anon_unmanaged_bytes, r.peak_anon_unmanaged_bytes),
+            (6, 6),
+            "the anonymous part's own peak, not its share at the peak of all"
+        );
         assert_eq!(r.biggest[0].name, "m7");
         assert_eq!(r.biggest_at_peak[0].name, "m50");
         assert_eq!(r.peak_rss_bytes, 60, "at least the largest RSS measured");

@@ -257,6 +257,10 @@ pub struct UnmanagedReport {
     pub anon_unmanaged_bytes: u64,
     /// The most `unmanaged_bytes` seen in any measurement (about once a second, and at exit).
     pub peak_unmanaged_bytes: u64,
+    /// The most `anon_unmanaged_bytes` seen in any measurement: what `farmem run` warns about
+    /// (file-backed pages the kernel can drop; these it cannot). 0 in files of older libraries.
+    #[serde(default)]
+    pub peak_anon_unmanaged_bytes: u64,
     /// The mappings with the most unmanaged resident memory now, largest first (at most 5).
     pub biggest: Vec<UnmanagedMapping>,
     /// The same when `peak_unmanaged_bytes` was measured.
@@ -766,6 +770,7 @@ mod tests {
                 unmanaged_bytes: 70 << 20,
                 anon_unmanaged_bytes: 64 << 20,
                 peak_unmanaged_bytes: 80 << 20,
+                peak_anon_unmanaged_bytes: 66 << 20,
                 biggest: vec![UnmanagedMapping {
                     start: 0x7f00_0000_0000,
                     len: 64 << 20,

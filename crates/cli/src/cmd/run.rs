@@ -465,26 +465,30 @@ fn tree_part(stats: &StatsFile) -> String {
     }
 }
 
-/// The summary's process RSS beside the managed resident pages, empty when the library did
-/// not measure it.
+/// The summary's process RSS beside the managed resident pages: the most outside the regions
+/// (file-backed memory included) and the most of that which was anonymous. Empty when the
+/// library did not measure it.
 fn rss_part(stats: &StatsFile) -> String {
     let Some(u) = &stats.unmanaged else {
         return String::new();
     };
     format!(
-        ", process peak RSS {} ({} at most outside farmem's regions)",
+        ", process peak RSS {} ({} at most outside farmem's regions, of which {} at most \
+         anonymous)",
         fmt_bytes(u.peak_rss_bytes),
-        fmt_bytes(u.peak_unmanaged_bytes)
+        fmt_bytes(u.peak_unmanaged_bytes),
+        fmt_bytes(u.peak_anon_unmanaged_bytes)
     )
 }
 
-/// The warning printed after the summary when the program's memory outside the regions
-/// (stacks, small mappings, file-backed memory, a managed runtime's own heap) reached a tenth
-/// of `--local-mem` (`local_mem`): it is not paged, so not bounded by it. Names the biggest
-/// such mappings at that peak.
+/// The warning printed after the summary when the program's anonymous memory outside the
+/// regions (stacks, small mappings, a managed runtime's own heap) reached a tenth of
+/// `--local-mem` (`local_mem`): it is not paged, so not bounded by it. File-backed memory
+/// (code, mapped files) does not count: the kernel can drop its pages. Names the biggest
+/// unmanaged mappings at the peak of all unmanaged memory.
 pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
     let u = stats.unmanaged.as_ref()?;
-    if u.peak_unmanaged_bytes <= local_mem / 10 {
+    if u.peak_anon_unmanaged_bytes <= local_mem / 10 {
         return None;
     }
     let biggest = if u.biggest_at_peak.is_empty() {
@@ -497,11 +501,11 @@ pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
         .map(|m| format!("{} {}", m.name, fmt_bytes(m.rss_bytes)))
         .collect();
     Some(format!(
-        "farmem: warning: {} of the process's memory was outside farmem's regions (largest: \
-         {}); it is not paged, so not bounded by --local-mem {}: only the heap and private \
-         anonymous mappings of at least --mmap-threshold are (thread stacks, smaller or shared \
-         mappings, files and a managed runtime's own heap are not)",
-        fmt_bytes(u.peak_unmanaged_bytes),
+        "farmem: warning: {} of the process's anonymous memory was outside farmem's regions \
+         (largest: {}); it is not paged, so not bounded by --local-mem {}: only the heap and \
+         private anonymous mappings of at least --mmap-threshold are (thread stacks, smaller \
+         mappings and a managed runtime's own heap are not)",
+        fmt_bytes(u.peak_anon_unmanaged_bytes),
         names.join(", "),
         fmt_bytes(local_mem)
     ))
@@ -1033,7 +1037,9 @@ mod tests {
         assert!(!none.contains("RSS"), "not measured, not shown: {none}");
     }
 
-    fn unmanaged(peak_unmanaged_bytes: u64) -> StatsFile {
+    /// A measured process whose unmanaged memory peaked at `peak_unmanaged_bytes`, of which
+    /// at most `peak_anon_unmanaged_bytes` anonymous.
+    fn unmanaged(peak_unmanaged_bytes: u64, peak_anon_unmanaged_bytes: u64) -> StatsFile {
         let m = |name: &str, mib: u64| UnmanagedMapping {
             start: 0x7f00_0000_0000,
             len: mib << 20,
@@ -1045,6 +1051,7 @@ mod tests {
             unmanaged: Some(UnmanagedReport {
                 peak_rss_bytes: 100 << 20,
                 peak_unmanaged_bytes,
+                peak_anon_unmanaged_bytes,
                 biggest: vec![m("[stack]", 1)],
                 biggest_at_peak: vec![m("[anon]", 64), m("/usr/bin/python3.11", 2)],
                 ..UnmanagedReport::default()
@@ -1055,11 +1062,11 @@ mod tests {
 
     #[test]
     fn the_summary_gives_the_peak_rss_and_what_was_unmanaged() {
-        let s = summary_line(&unmanaged(70 << 20));
+        let s = summary_line(&unmanaged(70 << 20, 66 << 20));
         assert!(
             s.ends_with(
                 "write-back pool), process peak RSS 100.0 MiB (70.0 MiB at most outside \
-                 farmem's regions)"
+                 farmem's regions, of which 66.0 MiB at most anonymous)"
             ),
             "{s}"
         );
@@ -1067,9 +1074,9 @@ mod tests {
 
     #[test]
     fn unmanaged_memory_over_a_tenth_of_local_mem_is_warned_about() {
-        let w = unmanaged_warning(&unmanaged(70 << 20), 32 << 20).unwrap();
+        let w = unmanaged_warning(&unmanaged(70 << 20, 66 << 20), 32 << 20).unwrap();
         assert!(
-            w.starts_with("farmem: warning: 70.0 MiB of the process's memory"),
+            w.starts_with("farmem: warning: 66.0 MiB of the process's anonymous memory"),
             "{w}"
         );
         assert!(
@@ -1078,8 +1085,20 @@ mod tests {
         );
         assert!(w.contains("not bounded by --local-mem 32.0 MiB"), "{w}");
         // A tenth of the budget or less: no warning; not measured: none either.
-        assert_eq!(unmanaged_warning(&unmanaged(3 << 20), 32 << 20), None);
-        assert_eq!(unmanaged_warning(&unmanaged(70 << 20), 1 << 30), None);
+        assert_eq!(
+            unmanaged_warning(&unmanaged(3 << 20, 3 << 20), 32 << 20),
+            None
+        );
+        assert_eq!(
+            unmanaged_warning(&unmanaged(70 << 20, 66 << 20), 1 << 30),
+            None
+        );
+        // Much unmanaged memory but little of it anonymous (a mapped file, the program's code:
+        // the kernel can drop those pages): no warning.
+        assert_eq!(
+            unmanaged_warning(&unmanaged(200 << 20, 3 << 20), 32 << 20),
+            None
+        );
         assert_eq!(unmanaged_warning(&StatsFile::default(), 1 << 20), None);
     }
 }

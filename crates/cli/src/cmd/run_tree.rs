@@ -159,6 +159,7 @@ fn unmanaged_total(files: &[StatsFile]) -> Option<UnmanagedReport> {
         t.unmanaged_bytes += u.unmanaged_bytes;
         t.anon_unmanaged_bytes += u.anon_unmanaged_bytes;
         t.peak_unmanaged_bytes += u.peak_unmanaged_bytes;
+        t.peak_anon_unmanaged_bytes += u.peak_anon_unmanaged_bytes;
         t.biggest.extend(u.biggest.iter().cloned());
         t.biggest_at_peak.extend(u.biggest_at_peak.iter().cloned());
     }

@@ -1,5 +1,5 @@
 //! `farmem stats --donor ADDR`: a donor's capacity, use and load, as a table or JSON; and
-//! `farmem stats --node [PATH]`: the host tier's capacity, use, clients and reclaims.
+//! `farmem stats --node [PATH]`: the host tier's capacity, use, holds, clients and reclaims.
 //!
 //! Asks the donor for its counters (STATS) over an ordinary client connection. Requests per
 //! second come from two samples `--interval-ms` apart (default 1000): the difference in requests
@@ -29,8 +29,9 @@ use serde::Serialize;
 /// own, over its lifetime. "clients" counts the other connected client ids (this command's own
 /// connection is left out).
 ///
-/// With --node: the node's capacity and use, its clients (pid, uid, slabs), the slabs they were
-/// asked to give back and gave back, and the requests it refused.
+/// With --node: the node's capacity and use, its live holds and the slabs they name, the slabs
+/// kept for holds after their client freed them or went away, its clients (pid, uid, slabs), the
+/// slabs they were asked to give back and gave back, and the requests it refused.
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("server").required(true).args(["donor", "node"])))]
 pub struct StatsArgs {
@@ -350,6 +351,17 @@ pub fn render_node(path: &str, s: &NodeStats) -> String {
         ),
         ("keep-free", keep_free),
         (
+            "holds",
+            format!("{} live, naming {} slabs", s.holds, s.held_slabs),
+        ),
+        (
+            "kept",
+            format!(
+                "{} slabs no client holds, kept for live holds",
+                s.kept_slabs
+            ),
+        ),
+        (
             "reclaims",
             format!(
                 "{} asked, {} slabs given back",
@@ -443,6 +455,9 @@ mod tests {
             used_bytes: 8 << 20,
             slab_bytes: 4 << 20,
             slabs: 2,
+            holds: 3,
+            held_slabs: 2,
+            kept_slabs: 1,
             keep_free_bytes: Some(1 << 30),
             mem_available_bytes: Some(20 << 30),
             clients: vec![farmem_node::ClientStats {
@@ -468,6 +483,8 @@ mod tests {
             "1.0 GiB",
             "8.0 MiB (0.8%) in 2 slabs of 4.0 MiB",
             "1.0 GiB (host has 20.0 GiB available)",
+            "holds        3 live, naming 2 slabs",
+            "kept         1 slabs no client holds, kept for live holds",
             "3 asked, 2 slabs given back",
             "full 4",
             "pid 42",
