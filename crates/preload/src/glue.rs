@@ -250,7 +250,7 @@ extern "C" fn fork_child() {
 /// Starts the forked child's own runtime over the parent's ranges (see [`fork_child`]).
 fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
     let mut rc = runtime_config(cfg)?;
-    rc.far_floor = plan.lent.as_ref().map_or(0, |l| l.floor);
+    rc.far_floor = plan.lent.as_ref().map_or(0, |l| l.floor());
     let rt = Runtime::start(rc).map_err(|e| error_chain("starting its farmem runtime", &e))?;
     if let Some(lent) = &plan.lent {
         // Before registering: pages shared with the parent that equal their far copy are
@@ -269,7 +269,7 @@ fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
                 "farmem: warning: process {} (forked) copies the {} pages its parent left in \
                  the host tier: {}",
                 std::process::id(),
-                lent.pages.len(),
+                lent.pages(),
                 error_chain("borrowing them", &e)
             );
             lent.copy_in();

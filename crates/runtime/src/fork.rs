@@ -55,31 +55,42 @@ use crate::{RuntimeError, PAGE_SIZE};
 
 /// What a fork lends the child (see the module doc): the tier slabs it inherits and the region
 /// pages left there. The child's runtime borrows them ([`crate::Runtime::borrow`]); a child
-/// without one copies them in ([`Lent::copy_in`]).
+/// without one copies them in ([`Lent::copy_in`]). Made only by [`crate::Runtime::prepare_fork`]
+/// (its fields are private: the child's runtime takes the slabs' mappings as its own).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lent {
     /// Pages per far slab (the child must use the same).
-    pub slab_pages: u64,
+    slab_pages: u64,
     /// The child's own far pages start here, above every far page lent (a slab boundary).
-    pub floor: u64,
+    floor: u64,
     /// The lent slabs, mapped at the same addresses in the child.
-    pub slabs: Vec<LentSlab>,
+    slabs: Vec<LentSlab>,
     /// Region pages left in them, and resident pages with a copy there: (page address, far
     /// page).
-    pub pages: Vec<(usize, u64)>,
+    pages: Vec<(usize, u64)>,
 }
 
 /// One lent slab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LentSlab {
+struct LentSlab {
     /// The far slab it holds.
-    pub far_slab: u64,
+    far_slab: u64,
     /// Its mapping (inherited by the child at the same address).
-    pub addr: usize,
-    pub len: usize,
+    addr: usize,
+    len: usize,
 }
 
 impl Lent {
+    /// Where the child's own far pages start ([`crate::RuntimeConfig::far_floor`]).
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// Pages lent.
+    pub fn pages(&self) -> usize {
+        self.pages.len()
+    }
+
     /// Where far page `far` is in the lent slabs' memory.
     fn source(&self, far: u64) -> Option<usize> {
         if self.slab_pages == 0 {
@@ -320,6 +331,26 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
     }
     if let Some(&(a, far)) = lent.pages.iter().find(|(_, f)| lent.source(*f).is_none()) {
         return bad(format!("page {a:#x} is at far page {far}, in no lent slab"));
+    }
+    for s in &lent.slabs {
+        // An inherited slab is mapped here, and is neither a region nor memory of this runtime.
+        let mut present = vec![0u8; s.len / PAGE_SIZE];
+        let own = st
+            .mem
+            .ranges()
+            .into_iter()
+            .chain([(sh.pool.mapping().addr(), sh.pool.mapping().len())]);
+        if farmem_mm::mincore(s.addr, &mut present).is_err()
+            || st.pages.overlaps(s.addr, s.addr + s.len)
+            || own
+                .into_iter()
+                .any(|(a, l)| a < s.addr + s.len && s.addr < a + l)
+        {
+            return bad(format!(
+                "slab {} at {:#x} (+{} bytes) is not an inherited slab mapping",
+                s.far_slab, s.addr, s.len
+            ));
+        }
     }
     for s in &lent.slabs {
         let mapping =

@@ -98,7 +98,7 @@ pub use config::{
     split_local_memory, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
 pub use embedded::PrivateNode;
-pub use fork::{ForkPlan, Lent, LentSlab};
+pub use fork::{ForkPlan, Lent};
 pub use prefetch::PrefetchInstall;
 pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use seal::SealError;
@@ -669,7 +669,7 @@ impl Runtime {
     }
 
     /// In a forked child's own runtime (started with [`RuntimeConfig::far_floor`] at
-    /// `lent.floor`, its regions registered): takes the slabs the parent lent as read-only
+    /// [`Lent::floor`], its regions registered): takes the slabs the parent lent as read-only
     /// memory slabs and marks every lent page not present here as remote there, so it is
     /// fetched on access like any other. Returns the pages borrowed. On an error nothing is
     /// borrowed; the child should copy the pages in ([`Lent::copy_in`]).
