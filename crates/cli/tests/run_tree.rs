@@ -256,6 +256,29 @@ fn a_forked_child_reads_the_state_at_the_fork_while_the_parent_rewrites_it() {
     run.check_budget();
 }
 
+/// A grandchild forked by a child that borrowed pages borrows them in turn (and the child's own
+/// host-tier pages): it reads the state as at the first fork too.
+#[test]
+fn a_grandchild_reads_what_its_parent_borrowed() {
+    let run = run_tree(
+        48,
+        &[
+            PYTHON,
+            script("fork_rewrite.py").to_str().unwrap(),
+            "96",
+            "chain",
+        ],
+        None,
+    );
+    expect_ok_lines(&run, 2);
+    assert!(
+        run.stdout().contains("parent ok"),
+        "the parent's own data: {}",
+        text(&run.out)
+    );
+    run.check_budget();
+}
+
 /// The child keeps reading the pages it borrowed after its parent is SIGKILLed: the node keeps
 /// the parent's slabs while the child maps them.
 #[test]

@@ -2,7 +2,9 @@
 # child reads: rewrites every page, frees the state and fills new memory. The child, reading
 # only after all that, must see the state as it was at the fork. argv: MiB of state, mode:
 #   rewrite  the parent rewrites, frees and refills while the child waits;
-#   kill     the parent is killed (SIGKILL) right after the fork; the child reads afterwards.
+#   kill     the parent is killed (SIGKILL) right after the fork; the child reads afterwards;
+#   chain    as rewrite, and the child forks a grandchild at once, which reads too (the
+#            grandchild borrows what the child borrowed).
 # Prints "ok <checksum>" per process that checked something, MISMATCH on a wrong one.
 import hashlib
 import os
@@ -32,13 +34,17 @@ def parent_and_child(n, mode, out, parent):
     pid = os.fork()
     if pid == 0:
         os.close(go_w)
-        if mode == "rewrite":
+        if mode == "chain":
+            grandchild = os.fork()  # both read below; the child reaps it
+        if mode in ("rewrite", "chain"):
             os.read(go_r, 1)  # the parent has changed everything
         else:
             while os.getppid() == parent:  # until the parent is dead
                 time.sleep(0.01)
         got = digest(state)
         os.write(out, (("ok " if got == want else "MISMATCH child ") + got + "\n").encode())
+        if mode == "chain" and grandchild != 0:
+            os.waitpid(grandchild, 0)
         os._exit(0)
     os.close(go_r)
     if mode == "kill":
@@ -50,7 +56,7 @@ def parent_and_child(n, mode, out, parent):
     rewritten = all(state[i] == 7 for i in range(0, n, 4096))
     del state
     other = fill(n, 2)
-    os.write(go_w, b"g")
+    os.write(go_w, b"gg")  # one byte for the child, one for a grandchild
     os.waitpid(pid, 0)
     same = digest(other) == digest(fill(n, 2))
     os.write(out, ("parent " + ("ok" if rewritten and same else "MISMATCH") + "\n").encode())
