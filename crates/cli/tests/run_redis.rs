@@ -85,6 +85,11 @@ fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
     // server's share of the budget moves to the child, so the tree may hold up to one more
     // budget while the child lives.
     let during = saving.stop().peak_anon_bytes;
+    eprintln!(
+        "the tree's peak anonymous memory: {} MiB loading, {} MiB during BGSAVE",
+        before >> 20,
+        during >> 20
+    );
     assert!(
         during <= before + (320 << 20),
         "the tree's peak anonymous memory during BGSAVE, {} MiB, is over its peak while \
