@@ -230,71 +230,45 @@ fn a_forking_server_s_children_read_the_parent_s_state() {
     run.check_budget();
 }
 
+/// `fork_rewrite.py` in `mode` with 96 MiB of state at 48 MiB: every reader (`readers` lines)
+/// saw the state as at the fork, the parent (unless killed) its own data, within the budget.
+fn fork_rewrite(mode: &str, readers: usize) -> TreeRun {
+    let prog = script("fork_rewrite.py");
+    let run = run_tree(48, &[PYTHON, prog.to_str().unwrap(), "96", mode], None);
+    expect_ok_lines(&run, readers);
+    if mode != "kill" {
+        assert!(
+            run.stdout().contains("parent ok"),
+            "the parent's own data: {}",
+            text(&run.out)
+        );
+    }
+    run.check_budget();
+    run
+}
+
 /// The child borrows the parent's host-tier pages: whatever the parent does to its memory
 /// after the fork — rewriting every page, freeing it, filling new memory — the child reads the
 /// state as it was at the fork, and the parent its own.
 #[test]
 fn a_forked_child_reads_the_state_at_the_fork_while_the_parent_rewrites_it() {
-    let run = run_tree(
-        48,
-        &[
-            PYTHON,
-            script("fork_rewrite.py").to_str().unwrap(),
-            "96",
-            "rewrite",
-        ],
-        None,
-    );
-    expect_ok_lines(&run, 1);
-    assert!(
-        run.stdout().contains("parent ok"),
-        "the parent's own data: {}",
-        text(&run.out)
-    );
+    let run = fork_rewrite("rewrite", 1);
     // The launcher, the parent and the child: both of the last two read pages from far.
     assert!(run.paged() >= 2, "parent and child paged: {}", run.stats);
-    run.check_budget();
 }
 
 /// A grandchild forked by a child that borrowed pages borrows them in turn (and the child's own
 /// host-tier pages): it reads the state as at the first fork too.
 #[test]
 fn a_grandchild_reads_what_its_parent_borrowed() {
-    let run = run_tree(
-        48,
-        &[
-            PYTHON,
-            script("fork_rewrite.py").to_str().unwrap(),
-            "96",
-            "chain",
-        ],
-        None,
-    );
-    expect_ok_lines(&run, 2);
-    assert!(
-        run.stdout().contains("parent ok"),
-        "the parent's own data: {}",
-        text(&run.out)
-    );
-    run.check_budget();
+    fork_rewrite("chain", 2);
 }
 
 /// The child keeps reading the pages it borrowed after its parent is SIGKILLed: the node keeps
 /// the parent's slabs while the child maps them.
 #[test]
 fn a_forked_child_reads_the_state_after_its_parent_is_killed() {
-    let run = run_tree(
-        48,
-        &[
-            PYTHON,
-            script("fork_rewrite.py").to_str().unwrap(),
-            "96",
-            "kill",
-        ],
-        None,
-    );
-    expect_ok_lines(&run, 1);
-    run.check_budget();
+    fork_rewrite("kill", 1);
 }
 
 #[test]
