@@ -182,7 +182,8 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
         hold,
         ..ForkPlan::default()
     };
-    // A slab the node takes back meanwhile turns its pages unlendable: bring those back too.
+    // A slab the node takes back meanwhile turns its pages unlendable: bring those back too
+    // (without lending, one pass: a page that cannot come back failed for good).
     for attempt in 0..3 {
         if let Err(e) = bring_all_back(sh, &lendable) {
             sh.report(
@@ -195,7 +196,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
         }
         let mut st = sh.state.lock();
         let (missing, pages) = check_all_back(sh, &mut st, &lendable);
-        if missing.is_some() && attempt < 2 {
+        if missing.is_some() && attempt < 2 && !lendable.is_empty() {
             continue;
         }
         if let Some(what) = missing {
