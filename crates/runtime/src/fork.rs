@@ -274,7 +274,7 @@ fn has_lent_copy(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Opti
 
 /// The lendable memory slab far page `far` lives in, if any.
 fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option<u32> {
-    if far == NO_FAR {
+    if far == NO_FAR || lendable.is_empty() {
         return None;
     }
     let Some((Home::Memory(m), _)) = sh.far.home(far) else {
