@@ -73,11 +73,12 @@ pub use workloads::{parse_workload_list, Metric, Workload, WorkloadList};
 /// Arguments of `farmem-bench compare`.
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example: farmem-bench compare --workload seq,stride:10,redis --local 0.5,0.25 --plot out.svg"
+    after_help = "Example: farmem-bench compare --workload seq,stride:10,redis --local 0.5,0.25 --plot out.svg\n\
+                  Managed heaps 2x the budget: farmem-bench compare --workload node-heap,jvm-heap --local 0.5 --systems farmem,swap"
 )]
 pub struct CompareArgs {
-    /// Workloads, comma-separated: seq, stride:K, random, redis, memcached, numpy, kmeans, mp, or
-    /// all.
+    /// Workloads, comma-separated: seq, stride:K, random, redis, memcached, numpy, kmeans, mp,
+    /// node-heap (live JS objects under node), jvm-heap (live Java objects under java), or all.
     #[arg(long, short = 'w', value_parser = workloads::parse_workload_list)]
     pub workload: WorkloadList,
 
@@ -98,8 +99,8 @@ pub struct CompareArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_wss)]
     pub wss: u64,
 
-    /// Passes over the working set of the microbenchmarks and of each mp worker (after the pass
-    /// that fills it).
+    /// Passes over the working set of the microbenchmarks, of each mp worker and of the
+    /// node-heap/jvm-heap records (after the pass that fills it).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub passes: u32,
 
@@ -146,6 +147,12 @@ pub struct CompareArgs {
     /// mp: worker processes the parent forks (multiprocessing, 'fork' start method).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub mp_workers: u32,
+
+    /// node-heap, jvm-heap: live objects built on the runtime's heap (e.g. 512MiB); peak ≈ this +
+    /// the runtime's own memory and its collector's room. `--local 0.5` gives a budget of half
+    /// the peak: a heap 2× the budget.
+    #[arg(long, default_value = "1GiB", value_parser = parse_wss)]
+    pub heap_bytes: u64,
 
     /// A run that takes longer than this (seconds) is killed and reported as failed.
     #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..))]
@@ -634,6 +641,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         kmeans_iterations: args.kmeans_iterations,
         mp_worker_bytes: args.mp_worker_bytes,
         mp_workers: args.mp_workers,
+        heap_bytes: args.heap_bytes,
         timeout: Duration::from_secs(args.timeout),
         seed: args.seed,
     };
@@ -837,6 +845,38 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((a.mp_worker_bytes, a.mp_workers), (64 << 20, 2));
+        let a = parse(&["-w", "node-heap,jvm-heap"]).unwrap();
+        assert_eq!(a.workload.0, vec![Workload::NodeHeap, Workload::JvmHeap]);
+        assert_eq!((a.heap_bytes, a.passes), (1 << 30, 3));
+        let a = parse(&[
+            "-w",
+            "jvm-heap",
+            "--heap-bytes",
+            "64MiB",
+            "--passes",
+            "1",
+            "--local",
+            "0.5",
+            "--systems",
+            "farmem,swap",
+        ])
+        .unwrap();
+        assert_eq!((a.heap_bytes, a.passes), (64 << 20, 1));
+        assert_eq!(
+            a.systems.0,
+            vec![SystemKind::Local, SystemKind::Farmem, SystemKind::Swap]
+        );
+        let a = parse(&["-w", "all"]).unwrap();
+        assert!(
+            a.workload.0.contains(&Workload::NodeHeap),
+            "{:?}",
+            a.workload
+        );
+        assert!(
+            a.workload.0.contains(&Workload::JvmHeap),
+            "{:?}",
+            a.workload
+        );
     }
 
     #[test]
@@ -857,6 +897,22 @@ mod tests {
         assert!(e.contains("below one page"), "{e}");
         let e = parse(&["-w", "mp", "--mp-workers", "0"]).unwrap_err();
         assert!(e.contains("--mp-workers"), "{e}");
+        let e = parse(&["-w", "node-heap", "--heap-bytes", "100"]).unwrap_err();
+        assert!(
+            e.contains("--heap-bytes") && e.contains("below one page"),
+            "{e}"
+        );
+        let e = parse(&["-w", "jvm-heap", "--heap-bytes", "2 stone"]).unwrap_err();
+        assert!(e.contains("unknown unit `stone`"), "{e}");
+        let e = parse(&["-w", "python-heap"]).unwrap_err();
+        assert!(
+            e.contains("unknown workload `python-heap`")
+                && e.contains("node-heap")
+                && e.contains("jvm-heap"),
+            "{e}"
+        );
+        let e = parse(&["-w", "node-heap", "--heap-size", "64MiB"]).unwrap_err();
+        assert!(e.contains("--heap-size"), "{e}");
     }
 
     #[test]

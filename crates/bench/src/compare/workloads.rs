@@ -10,9 +10,16 @@
 //! * `mp`: bench/workloads/mp.py, same python: a parent forks `--mp-workers` multiprocessing
 //!   workers, each paging its own `--mp-worker-bytes` array, so one limit covers a process
 //!   tree (the cgroup wrapper's children inherit its cgroup; `farmem run` follows forks).
+//! * `node-heap`, `jvm-heap`: bench/workloads/heap.js under `node` and Heap.java (compiled with
+//!   `javac` into the temporary directory) under `java`: about `--heap-bytes` of small live
+//!   objects on the runtime's garbage-collected heap, built, then `--passes` read-modify-write
+//!   passes over them. The runtimes' heap sizes are pinned on the command line ([`node_argv`],
+//!   [`java_argv`]) so that the cgroup limit cannot change them: both size their heaps from the
+//!   cgroup's limit when they see one, which would make the limited runs a different program.
 //!
 //! Every workload checks its own data (micro: a checksum of the bytes read; the python scripts:
-//! a result check; the servers: every GET must hit a value of the right size), so a paging
+//! a result check; the heap programs: every record against values computed from its index; the
+//! servers: every GET must hit a value of the right size), so a paging
 //! system that loses a page fails the run instead of looking fast.
 
 use std::ffi::OsString;
@@ -33,6 +40,8 @@ const MICRO_C: &str = include_str!("../../workloads/micro.c");
 const NUMPY_PY: &str = include_str!("../../workloads/numpy_matmul.py");
 const KMEANS_PY: &str = include_str!("../../workloads/kmeans.py");
 const MP_PY: &str = include_str!("../../workloads/mp.py");
+const HEAP_JS: &str = include_str!("../../workloads/heap.js");
+const HEAP_JAVA: &str = include_str!("../../workloads/Heap.java");
 
 /// One workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +54,8 @@ pub enum Workload {
     Numpy,
     Kmeans,
     Mp,
+    NodeHeap,
+    JvmHeap,
 }
 
 /// The figure a workload is judged by (and that the ratios compare).
@@ -70,7 +81,7 @@ impl Metric {
 
 impl Workload {
     /// What `all` means: every workload, stride 10 as in Leap.
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 10] = [
         Workload::Seq,
         Workload::Stride(10),
         Workload::Random,
@@ -79,13 +90,19 @@ impl Workload {
         Workload::Numpy,
         Workload::Kmeans,
         Workload::Mp,
+        Workload::NodeHeap,
+        Workload::JvmHeap,
     ];
 
     pub fn metric(self) -> Metric {
         match self {
             Workload::Seq | Workload::Stride(_) | Workload::Random => Metric::AccessTime,
             Workload::Redis | Workload::Memcached => Metric::Throughput,
-            Workload::Numpy | Workload::Kmeans | Workload::Mp => Metric::Completion,
+            Workload::Numpy
+            | Workload::Kmeans
+            | Workload::Mp
+            | Workload::NodeHeap
+            | Workload::JvmHeap => Metric::Completion,
         }
     }
 
@@ -105,12 +122,15 @@ impl fmt::Display for Workload {
             Workload::Numpy => f.write_str("numpy"),
             Workload::Kmeans => f.write_str("kmeans"),
             Workload::Mp => f.write_str("mp"),
+            Workload::NodeHeap => f.write_str("node-heap"),
+            Workload::JvmHeap => f.write_str("jvm-heap"),
         }
     }
 }
 
 const WORKLOAD_HELP: &str =
-    "expected seq, stride:K (K >= 2), random, redis, memcached, numpy, kmeans, mp, or all";
+    "expected seq, stride:K (K >= 2), random, redis, memcached, numpy, kmeans, mp, node-heap, \
+     jvm-heap, or all";
 
 /// Parses one workload name.
 pub fn parse_workload(text: &str) -> Result<Workload, String> {
@@ -123,6 +143,8 @@ pub fn parse_workload(text: &str) -> Result<Workload, String> {
         "numpy" => Workload::Numpy,
         "kmeans" => Workload::Kmeans,
         "mp" => Workload::Mp,
+        "node-heap" => Workload::NodeHeap,
+        "jvm-heap" => Workload::JvmHeap,
         _ => {
             if let Some(k) = text.strip_prefix("stride:") {
                 let k: u64 = k
@@ -182,6 +204,7 @@ pub struct Sizes {
     pub kmeans_iterations: u64,
     pub mp_worker_bytes: u64,
     pub mp_workers: u32,
+    pub heap_bytes: u64,
     pub timeout: Duration,
     pub seed: u64,
 }
@@ -274,6 +297,10 @@ pub struct Toolbox {
     kmeans_py: PathBuf,
     mp_py: PathBuf,
     python: PathBuf,
+    /// `node` and heap.js, when node-heap is among the workloads.
+    node_heap: Option<(PathBuf, PathBuf)>,
+    /// `java` and the directory of the compiled Heap class, when jvm-heap is.
+    jvm_heap: Option<(PathBuf, PathBuf)>,
     runs: std::cell::Cell<u32>,
 }
 
@@ -321,6 +348,30 @@ impl Toolbox {
             }
             micro = Some(bin);
         }
+        let mut node_heap = None;
+        if workloads.contains(&Workload::NodeHeap) {
+            let node = which("node").context(
+                "node is not installed (no `node` in PATH) for the node-heap workload: \
+                 apt-get install nodejs",
+            )?;
+            let script = dir.path().join("heap.js");
+            fs::write(&script, HEAP_JS)?;
+            node_heap = Some((node, script));
+        }
+        let mut jvm_heap = None;
+        if workloads.contains(&Workload::JvmHeap) {
+            let missing = |p: &str| {
+                format!(
+                    "{p} is not installed (no `{p}` in PATH) for the jvm-heap workload: \
+                     apt-get install openjdk-17-jdk-headless"
+                )
+            };
+            let java = which("java").with_context(|| missing("java"))?;
+            let javac = which("javac").with_context(|| missing("javac"))?;
+            let classes = dir.path().join("classes");
+            compile_heap_java(&javac, dir.path(), &classes)?;
+            jvm_heap = Some((java, classes));
+        }
         for w in workloads {
             match w {
                 Workload::Redis if which("redis-server").is_none() => {
@@ -360,6 +411,8 @@ impl Toolbox {
             kmeans_py,
             mp_py,
             python: python.to_path_buf(),
+            node_heap,
+            jvm_heap,
             runs: 0.into(),
         })
     }
@@ -369,6 +422,76 @@ impl Toolbox {
         self.runs.set(n);
         self.dir.path().join(format!("{n:03}-{what}"))
     }
+}
+
+/// Writes Heap.java into `dir` and compiles it with `javac` into `classes` (outside every limit:
+/// the compiler is not part of the measured run).
+fn compile_heap_java(javac: &Path, dir: &Path, classes: &Path) -> anyhow::Result<()> {
+    let src = dir.join("Heap.java");
+    fs::write(&src, HEAP_JAVA)?;
+    let out = Command::new(javac)
+        .arg("-d")
+        .arg(classes)
+        .arg(&src)
+        .output()
+        .with_context(|| format!("cannot run {}", javac.display()))?;
+    if !out.status.success() {
+        bail!(
+            "compiling Heap.java failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// `heap_bytes` in MiB, rounded up.
+fn mib_ceil(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
+}
+
+/// The command line of the node-heap workload. V8's limits are pinned: node sizes its old and
+/// young generations from the cgroup's memory limit when it sees one (`uv_get_constrained_memory`),
+/// so without the flags the limited runs would get a smaller heap (and fail with "heap out of
+/// memory", or collect more often) than the local run. The old space may grow to 4 × the live
+/// heap + 512 MiB (a cap, not a reservation: V8 grows it as the live data needs); the semi-spaces
+/// stay at their 64-bit default of 16 MiB.
+pub fn node_argv(node: &Path, script: &Path, sizes: &Sizes) -> Vec<OsString> {
+    vec![
+        node.into(),
+        format!(
+            "--max-old-space-size={}",
+            4 * mib_ceil(sizes.heap_bytes) + 512
+        )
+        .into(),
+        "--max-semi-space-size=16".into(),
+        script.into(),
+        sizes.heap_bytes.to_string().into(),
+        sizes.passes.to_string().into(),
+        sizes.seed.to_string().into(),
+    ]
+}
+
+/// The command line of the jvm-heap workload. `-XX:-UseContainerSupport`: HotSpot would otherwise
+/// take the cgroup's limit as the machine's memory, and with it choose a different collector
+/// (Serial below 1792 MiB) and a different initial heap in the limited runs than in the local
+/// one; G1 is also named, as the test of managed heaps does (the default collector on a server,
+/// and the harder case: it commits its heap and bitmaps inside `PROT_NONE` reservations).
+/// `-Xmx` is 2 × the live heap + 128 MiB (G1 copies the young objects, all of them live here,
+/// so it needs room beyond the live data). `-XX:-UsePerfData`: no hsperfdata file in /tmp.
+pub fn java_argv(java: &Path, classes: &Path, sizes: &Sizes) -> Vec<OsString> {
+    vec![
+        java.into(),
+        "-XX:-UseContainerSupport".into(),
+        "-XX:+UseG1GC".into(),
+        "-XX:-UsePerfData".into(),
+        format!("-Xmx{}m", 2 * mib_ceil(sizes.heap_bytes) + 128).into(),
+        "-cp".into(),
+        classes.into(),
+        "Heap".into(),
+        sizes.heap_bytes.to_string().into(),
+        sizes.passes.to_string().into(),
+        sizes.seed.to_string().into(),
+    ]
 }
 
 /// A workload process the cleanup stack kills (its whole process group) if the harness is
@@ -596,10 +719,45 @@ pub fn run(
                 ..Measured::default()
             })
         }
+        Workload::NodeHeap | Workload::JvmHeap => {
+            let argv = if workload == Workload::NodeHeap {
+                let (node, script) = tb.node_heap.as_ref().context("heap.js was not written")?;
+                node_argv(node, script, sizes)
+            } else {
+                let (java, classes) = tb.jvm_heap.as_ref().context("Heap.java was not built")?;
+                java_argv(java, classes, sizes)
+            };
+            let (running, out) = spawn(wrap, &argv, tb, cleanup, &name)?;
+            let (wall, tree) = running.wait(sizes.timeout, cleanup, &name)?;
+            let v = json_line(&out)?;
+            // The program exits 3 on a mismatch (so `wait` has failed the run already); a
+            // result line that does not say so is refused too.
+            if v["checksum_ok"] != serde_json::Value::Bool(true) {
+                bail!("{name} did not confirm its records: {v}");
+            }
+            Ok(Measured {
+                wall_s: Some(wall),
+                detail: heap_detail(&v),
+                tree: Some(tree),
+                ..Measured::default()
+            })
+        }
         Workload::Redis | Workload::Memcached => {
             run_server(workload, sizes, tb, wrap, cleanup, &name)
         }
     }
+}
+
+/// The note of a heap run: phase times, records and the heap the runtime said it used.
+fn heap_detail(v: &serde_json::Value) -> String {
+    format!(
+        "build {:.2} s, passes {:.2} s, {} records ({:.0} MiB live, heap used {:.0} MiB)",
+        num(v, "generate_s").unwrap_or(f64::NAN),
+        num(v, "passes_s").unwrap_or(f64::NAN),
+        num(v, "records").unwrap_or(0.0),
+        num(v, "live_bytes").unwrap_or(f64::NAN) / (1u64 << 20) as f64,
+        num(v, "heap_used_bytes").unwrap_or(f64::NAN) / (1u64 << 20) as f64,
+    )
 }
 
 fn run_server(
@@ -815,6 +973,155 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2));
+    }
+
+    fn sizes(heap_bytes: u64, passes: u32) -> Sizes {
+        Sizes {
+            wss_bytes: 1 << 20,
+            passes,
+            keys: 2,
+            ops: 1,
+            clients: 1,
+            zipf_theta: 0.99,
+            matrix_n: 2,
+            kmeans_samples: 16,
+            kmeans_features: 1,
+            kmeans_clusters: 2,
+            kmeans_iterations: 1,
+            mp_worker_bytes: 4096,
+            mp_workers: 1,
+            heap_bytes,
+            timeout: Duration::from_secs(60),
+            seed: 42,
+        }
+    }
+
+    fn strings(argv: &[OsString]) -> Vec<String> {
+        argv.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn heap_command_lines_pin_the_runtimes_heap_sizes() {
+        let s = sizes(100 << 20, 2);
+        let a = strings(&node_argv(
+            Path::new("/n/node"),
+            Path::new("/t/heap.js"),
+            &s,
+        ));
+        assert_eq!(
+            a,
+            [
+                "/n/node",
+                "--max-old-space-size=912",
+                "--max-semi-space-size=16",
+                "/t/heap.js",
+                "104857600",
+                "2",
+                "42"
+            ]
+        );
+        let a = strings(&java_argv(
+            Path::new("/j/java"),
+            Path::new("/t/classes"),
+            &s,
+        ));
+        assert_eq!(
+            a,
+            [
+                "/j/java",
+                "-XX:-UseContainerSupport",
+                "-XX:+UseG1GC",
+                "-XX:-UsePerfData",
+                "-Xmx328m",
+                "-cp",
+                "/t/classes",
+                "Heap",
+                "104857600",
+                "2",
+                "42"
+            ]
+        );
+        // A size that is not whole MiB rounds the limits up.
+        let a = strings(&java_argv(
+            Path::new("java"),
+            Path::new("c"),
+            &sizes((1 << 20) + 1, 1),
+        ));
+        assert_eq!(a[4], "-Xmx132m");
+    }
+
+    /// Runs one heap program's command line (as the harness builds it, without a wrap) and
+    /// returns its JSON result.
+    fn run_heap(argv: &[OsString]) -> serde_json::Value {
+        let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{argv:?}: {stderr}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out");
+        fs::write(&p, &out.stdout).unwrap();
+        json_line(&p).unwrap()
+    }
+
+    /// heap.js and Heap.java at tiny sizes, straight from the runtimes (no harness): their
+    /// checks pass, they print the JSON line the harness reads, and, given the same number of
+    /// records, the same pass sums (the two programs compute the same values from the indices;
+    /// the sums are run-independent). Needs node and a JDK (scripts/setup.sh installs them).
+    #[test]
+    fn heap_programs_run_check_and_agree() {
+        let node = which("node").expect("node is not installed: apt-get install nodejs");
+        let javac = which("javac")
+            .expect("javac is not installed: apt-get install openjdk-17-jdk-headless");
+        let java =
+            which("java").expect("java is not installed: apt-get install openjdk-17-jre-headless");
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("heap.js");
+        fs::write(&script, HEAP_JS).unwrap();
+        let classes = dir.path().join("classes");
+        compile_heap_java(&javac, dir.path(), &classes).unwrap();
+        // 100 000 records in each: 56 and 28 bytes a record.
+        let js = run_heap(&node_argv(&node, &script, &sizes(5_600_000, 2)));
+        let jv = run_heap(&java_argv(&java, &classes, &sizes(2_800_000, 2)));
+        for v in [&js, &jv] {
+            assert_eq!(v["checksum_ok"], true, "{v}");
+            assert_eq!(num(v, "records"), Some(100_000.0), "{v}");
+            assert_eq!(v["sums"].as_array().map(Vec::len), Some(2), "{v}");
+            for key in ["generate_s", "passes_s", "elapsed_s", "heap_used_bytes"] {
+                assert!(num(v, key).is_some_and(|s| s > 0.0), "{key}: {v}");
+            }
+            assert!(
+                heap_detail(v).contains("100000 records"),
+                "{}",
+                heap_detail(v)
+            );
+        }
+        assert_eq!(js["sums"], jv["sums"], "node {js} java {jv}");
+        // A size below a page is refused with exit status 2.
+        for argv in [
+            node_argv(&node, &script, &sizes(100, 1)),
+            java_argv(&java, &classes, &sizes(100, 1)),
+        ] {
+            let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{argv:?}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("HEAP_BYTES must be"),
+                "{argv:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn heap_workloads_parse_and_measure_completion() {
+        assert_eq!(parse_workload("node-heap").unwrap(), Workload::NodeHeap);
+        assert_eq!(parse_workload("jvm-heap").unwrap(), Workload::JvmHeap);
+        assert_eq!(Workload::NodeHeap.metric(), Metric::Completion);
+        assert_eq!(Workload::JvmHeap.metric(), Metric::Completion);
+        let l = parse_workload_list("mp,node-heap,jvm-heap").unwrap().0;
+        assert_eq!(l, vec![Workload::Mp, Workload::NodeHeap, Workload::JvmHeap]);
+        assert!(parse_workload("java-heap")
+            .unwrap_err()
+            .contains("jvm-heap"));
     }
 
     #[test]
