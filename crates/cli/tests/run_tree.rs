@@ -244,6 +244,20 @@ fn fork_rewrite(mode: &str, readers: usize) -> TreeRun {
         );
     }
     run.check_budget();
+    // The tree's summary: the parent lent pages in the host tier (a parent killed right after
+    // the fork wrote no stats since), its child borrowed them.
+    let summary = &run.stats["summary"];
+    let count = |k: &str| summary[k].as_u64().unwrap_or(0);
+    assert!(count("pages_borrowed") > 0, "nothing borrowed: {summary}");
+    assert!(
+        mode == "kill" || count("fork_pages_lent") > 0,
+        "nothing lent: {summary}"
+    );
+    assert!(
+        String::from_utf8_lossy(&run.out.stderr).contains("forks left "),
+        "{}",
+        text(&run.out)
+    );
     run
 }
 

@@ -195,7 +195,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
             );
         }
         let mut st = sh.state.lock();
-        let (missing, pages) = check_all_back(sh, &mut st, &lendable);
+        let (missing, pages, remote) = check_all_back(sh, &mut st, &lendable);
         if missing.is_some() && attempt < 2 && !lendable.is_empty() {
             continue;
         }
@@ -212,6 +212,10 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
             .map(|(s, e)| (s, e - s))
             .collect();
         plan.lent = lend_pages(sh, &mut st, pages);
+        drop(st);
+        if plan.lent.is_some() {
+            sh.stats.lock().s.fork_pages_lent += remote as u64;
+        }
         break;
     }
     plan
@@ -389,6 +393,8 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
             n += 1;
         }
     }
+    drop(st);
+    sh.stats.lock().s.pages_borrowed += n as u64;
     Ok(n)
 }
 
@@ -419,7 +425,8 @@ pub(crate) fn after_fork_parent(sh: &Shared, plan: Option<&ForkPlan>) {
 /// Checks, with the state lock held right before `fork()`, that every page with contents is
 /// resident (the child gets exactly the pages mapped at fork) or lent (left in a lendable
 /// slab). Returns a description of the pages that are neither, for the error report — the
-/// child would read zeros there — and the lent pages (address, far page, memory slab). Whether
+/// child would read zeros there — the lent pages (address, far page, memory slab) and how many
+/// of them are remote (the rest are resident, with a copy the child may use). Whether
 /// the first missing page is present in the page tables (`mincore`) is part of the
 /// description; it is not itself checked, since a resident page may be swapped out by the
 /// kernel or released by another thread whose REMOVE event is not processed yet, and the
@@ -428,10 +435,11 @@ fn check_all_back(
     sh: &Shared,
     st: &mut State,
     lendable: &Lendable,
-) -> (Option<String>, Vec<(usize, u64, u32)>) {
+) -> (Option<String>, Vec<(usize, u64, u32)>, usize) {
     let mut bad = 0usize;
     let mut first: Option<(usize, PageState, bool)> = None;
     let mut lent = Vec::new();
+    let mut remote = 0;
     for (s, e) in st.pages.ranges() {
         let mut present = vec![0u8; (e - s) / PAGE_SIZE];
         if farmem_mm::mincore(s, &mut present).is_err() {
@@ -451,6 +459,7 @@ fn check_all_back(
             }
             if let Some(m) = is_lent(sh, st, lendable, en) {
                 lent.push((a, en.far, m));
+                remote += 1;
                 continue;
             }
             let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
@@ -464,7 +473,7 @@ fn check_all_back(
             if here { "" } else { "not " }
         )
     });
-    (what, lent)
+    (what, lent, remote)
 }
 
 /// Brings every evicted page of every region back (before fork), but those left for the child

@@ -157,6 +157,13 @@ pub struct Stats {
     /// Pages written to the backup file, and read back from it.
     pub backup_pages_written: u64,
     pub backup_pages_read: u64,
+    /// Far pages left in the host tier for forked children to borrow instead of being brought
+    /// back before a fork (summed over forks).
+    #[serde(default)]
+    pub fork_pages_lent: u64,
+    /// Pages this process (a forked child) borrowed from its parent's host-tier slabs at start.
+    #[serde(default)]
+    pub pages_borrowed: u64,
     /// Pages fetched from a donor that failed their integrity check (altered, swapped or an
     /// older version) and were not installed; each also counts as a failed fetch.
     pub seal_rejected: u64,
@@ -339,6 +346,12 @@ pub struct StatsSummary {
     /// Pages read back from the backup file.
     #[serde(default)]
     pub backup_pages_read: u64,
+    /// Far pages left in the host tier for forked children (summed over forks).
+    #[serde(default)]
+    pub fork_pages_lent: u64,
+    /// Pages a forked child borrowed from its parent's host-tier slabs.
+    #[serde(default)]
+    pub pages_borrowed: u64,
 }
 
 impl From<&Stats> for StatsSummary {
@@ -370,6 +383,8 @@ impl From<&Stats> for StatsSummary {
             slabs_healed: s.slabs_healed,
             last_heal_s: s.last_heal_s,
             backup_pages_read: s.backup_pages_read,
+            fork_pages_lent: s.fork_pages_lent,
+            pages_borrowed: s.pages_borrowed,
         }
     }
 }
@@ -418,6 +433,8 @@ impl StatsSummary {
             self.last_error.clone_from(&o.last_error);
         }
         self.failovers += o.failovers;
+        self.fork_pages_lent += o.fork_pages_lent;
+        self.pages_borrowed += o.pages_borrowed;
         for d in &o.dead_donors {
             if !self.dead_donors.contains(d) {
                 self.dead_donors.push(d.clone());

@@ -69,6 +69,7 @@ fn lent_pages_stay_in_the_tier_and_stay_as_they_were_while_the_child_lives() {
         "brought back for the fork: {s:?}"
     );
     assert!(lent.floor() > 0);
+    assert!(s.fork_pages_lent >= pages as u64, "{s:?}");
     let mut go = [0i32; 2];
     // SAFETY: a pipe into a local array of two fds.
     assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);

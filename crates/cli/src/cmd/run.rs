@@ -414,7 +414,21 @@ pub fn summary_line(stats: &StatsFile) -> String {
         fmt_bytes(v.pool_bytes)
     ) + &rss_part(stats)
         + &tree_part(stats)
+        + &fork_part(&v)
         + &failure_part(&v)
+}
+
+/// The summary's account of forks that lent host-tier pages to their children, empty when
+/// none did.
+fn fork_part(v: &farmem_runtime::StatsSummary) -> String {
+    if v.fork_pages_lent == 0 && v.pages_borrowed == 0 {
+        return String::new();
+    }
+    format!(
+        "; forks left {} in the host tier for their children ({} borrowed)",
+        fmt_bytes(v.fork_pages_lent * 4096),
+        fmt_bytes(v.pages_borrowed * 4096)
+    )
 }
 
 /// The warning naming the processes of the tree that ran without farmem, if any did.
@@ -1032,6 +1046,21 @@ mod tests {
         assert!(s.contains("accuracy 50.0% coverage 25.0%"), "{s}");
         assert!(s.contains("peak resident 256.0 MiB"), "{s}");
         assert!(s.contains("(+ 64.0 KiB write-back pool)"), "{s}");
+        assert!(!s.contains("forks"), "no fork lent anything: {s}");
+        let forked = summary_line(&StatsFile {
+            summary: Some(StatsSummary {
+                fork_pages_lent: 512,
+                pages_borrowed: 256,
+                ..StatsSummary::default()
+            }),
+            ..StatsFile::default()
+        });
+        assert!(
+            forked.ends_with(
+                "; forks left 2.0 MiB in the host tier for their children (1.0 MiB borrowed)"
+            ),
+            "{forked}"
+        );
         let none = summary_line(&StatsFile {
             summary: Some(StatsSummary::default()),
             ..StatsFile::default()
