@@ -63,7 +63,7 @@ pub struct Lent {
     slab_pages: u64,
     /// The child's own far pages start here, above every far page lent (a slab boundary).
     floor: u64,
-    /// The lent slabs, mapped at the same addresses in the child.
+    /// The lent slabs, mapped at the same addresses in the child, by far slab.
     slabs: Vec<LentSlab>,
     /// Region pages left in them, and resident pages with a copy there: (page address, far
     /// page).
@@ -96,10 +96,11 @@ impl Lent {
         if self.slab_pages == 0 {
             return None;
         }
-        let s = self
+        let i = self
             .slabs
-            .iter()
-            .find(|s| s.far_slab == far / self.slab_pages)?;
+            .binary_search_by_key(&(far / self.slab_pages), |s| s.far_slab)
+            .ok()?;
+        let s = &self.slabs[i];
         let off = (far % self.slab_pages) as usize * PAGE_SIZE;
         (off + PAGE_SIZE <= s.len).then_some(s.addr + off)
     }
@@ -109,36 +110,32 @@ impl Lent {
     /// counting (and, to evict it, unsharing) the parent's resident page. Returns the pages
     /// dropped.
     pub fn discard_unchanged(&self) -> usize {
-        let mut n = 0;
-        for &(addr, far) in &self.pages {
-            let mut present = [0u8];
-            if farmem_mm::mincore(addr, &mut present).is_err() || present[0] & 1 == 0 {
-                continue;
-            }
-            if let Some(src) = self.source(far) {
-                if crate::mm::drop_inherited_page_if_equal(addr, src) {
-                    n += 1;
-                }
-            }
-        }
-        n
+        self.mapped(true)
+            .filter(|&(addr, src)| crate::mm::drop_inherited_page_if_equal(addr, src))
+            .count()
     }
 
     /// In a child that pages nothing itself: copies every lent page that is not mapped yet
     /// into its region page (plain memory there). Returns the pages copied.
     pub fn copy_in(&self) -> usize {
-        let mut n = 0;
-        for &(addr, far) in &self.pages {
-            let mut present = [0u8];
-            if farmem_mm::mincore(addr, &mut present).is_err() || present[0] & 1 != 0 {
-                continue; // unmapped since, or already there
+        self.mapped(false).fold(0, |n, (addr, src)| {
+            crate::mm::copy_inherited_page(addr, src);
+            n + 1
+        })
+    }
+
+    /// The lent pages whose region page is mapped here and present (`present`) or not, with
+    /// where their lent copy is: (page address, copy address). Allocates nothing (it runs in a
+    /// forked child without a runtime).
+    fn mapped(&self, present: bool) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.pages.iter().filter_map(move |&(addr, far)| {
+            let mut p = [0u8];
+            farmem_mm::mincore(addr, &mut p).ok()?;
+            if (p[0] & 1 != 0) != present {
+                return None;
             }
-            if let Some(src) = self.source(far) {
-                crate::mm::copy_inherited_page(addr, src);
-                n += 1;
-            }
-        }
-        n
+            Some((addr, self.source(far)?))
+        })
     }
 }
 
@@ -294,11 +291,12 @@ fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, u32)>) -> Opt
         return None;
     }
     let slab_pages = sh.far.slab_pages;
-    let mut slabs: BTreeMap<u32, LentSlab> = BTreeMap::new();
+    // By far slab: the child looks pages up by it (`Lent::source`).
+    let mut slabs: BTreeMap<u64, LentSlab> = BTreeMap::new();
     for &(_, far, m) in &pages {
         st.far_pages.freeze(far);
         if let Some(s) = st.mem.get(m) {
-            slabs.entry(m).or_insert(LentSlab {
+            slabs.entry(s.far_slab).or_insert(LentSlab {
                 far_slab: s.far_slab,
                 addr: s.mapping.addr(),
                 len: s.mapping.len(),
