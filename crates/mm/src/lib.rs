@@ -321,6 +321,22 @@ pub mod raw {
         let _ = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
     }
 
+    /// Drops the pages of `addr..addr + len` (`MADV_DONTNEED`), like [`discard`], but reports
+    /// failure (the range unmapped, or locked).
+    ///
+    /// # Safety
+    ///
+    /// As for [`discard`].
+    pub unsafe fn dont_need(addr: usize, len: usize) -> io::Result<()> {
+        // SAFETY: the caller's promise.
+        let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     /// Copies one page from `src` to `dst` (both page-aligned).
     ///
     /// # Safety

@@ -254,7 +254,7 @@ fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
     let rt = Runtime::start(rc).map_err(|e| error_chain("starting its farmem runtime", &e))?;
     if let Some(lent) = &plan.lent {
         // Before registering: pages shared with the parent that equal their far copy are
-        // borrowed, not counted (and unshared, to evict them) by this runtime too.
+        // borrowed, not counted (and dropped, to evict them) by this runtime too.
         lent.discard_unchanged();
     }
     register_mapped(&rt, &plan.regions)?;

@@ -7,13 +7,25 @@ use crate::shared::Shared;
 
 /// REMOVE / UNMAP: the program released `start..end`; forget every copy.
 pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
-    let st = sh.state.lock();
+    let mut st = sh.state.lock();
+    // Pages the evictor dropped as shared with a forked process are not the program's
+    // ([`crate::cow`]).
+    let runs = if unmapped {
+        vec![(start, end)]
+    } else {
+        st.drops.program_part(start, end)
+    };
+    if runs.is_empty() {
+        return;
+    }
     let mut st = sh.settle_evictions(st);
     if unmapped {
         st.dontfork.remove(start, end);
     }
-    for (addr, r) in st.pages.release_range(start, end, unmapped) {
-        st.settle_released(&sh.pf, addr, r);
+    for (start, end) in runs {
+        for (addr, r) in st.pages.release_range(start, end, unmapped) {
+            st.settle_released(&sh.pf, addr, r);
+        }
     }
 }
 
@@ -25,6 +37,10 @@ pub(crate) fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
     // The marks do not follow (the moved pages are then brought back before a fork: safe).
     st.dontfork.remove(from, from + len);
     st.dontfork.remove(to, to + len);
+    // Pages being dropped (still `Evicting`) move too; the evictor commits them where they are.
+    for (slot, now) in st.drops.remap(from, to, len) {
+        st.slots.set_owner(slot, now);
+    }
     match st.pages.remap(from, to, len) {
         Ok(moved) => {
             for (addr, e) in moved {

@@ -20,9 +20,9 @@
 //!
 //! # Limitations
 //!
-//! - Pages shared copy-on-write with a forked child cannot be MOVEd (EBUSY); they are
-//!   unshared with `MADV_POPULATE_WRITE` (the fault thread serves those writes) and become
-//!   victims again. While nothing can be moved, resident memory exceeds the budget.
+//! - Pages shared copy-on-write with a forked process cannot be MOVEd (EBUSY); they are
+//!   copied and dropped from this process instead ([`crate::cow`]), after the round's commit.
+//!   While nothing can be moved, resident memory exceeds the budget.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,6 +43,8 @@ struct Victim {
     addr: usize,
     slot: u32,
     was_clean: bool,
+    /// Copied into its slot and dropped ([`crate::cow`]) rather than moved.
+    dropping: bool,
 }
 
 /// What happened to one victim: MOVE result, and whether it is a dirty all-zero page.
@@ -64,8 +66,9 @@ struct Evictor {
     victims: Vec<Victim>,
     outcomes: Vec<Outcome>,
     draining: bool,
-    /// Victims MOVE refused with EBUSY (shared with a forked child), to unshare after commit.
-    shared: Vec<usize>,
+    /// Victims MOVE refused with EBUSY (shared with a forked process), still `Evicting`, to
+    /// drop after the commit ([`crate::cow`]).
+    shared: Vec<Victim>,
     stall_backoff: Duration,
     stalled_rounds: u32,
     last_stall_log: Option<Instant>,
@@ -118,12 +121,13 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
             s.s.evicted_zero += c.zero;
             s.s.evictions_refused += c.refused as u64;
         }
-        let unshared = if ev.shared.is_empty() {
+        let shared = ev.shared.len();
+        let dropped = if shared == 0 {
             0
         } else {
-            unshare(&sh, &mut ev.shared)
+            drop_shared(&sh, &mut ev)
         };
-        after_round(&sh, &mut ev, round, c.refused == round && unshared == 0);
+        after_round(&sh, &mut ev, round, c.refused + shared - dropped == round);
     }
 }
 
@@ -153,6 +157,7 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
             addr,
             slot,
             was_clean,
+            dropping: false,
         });
     }
     for addr in skipped {
@@ -227,6 +232,13 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
             continue;
         }
         match r {
+            // Shared copy-on-write with a forked process (MOVE takes exclusive pages only, and
+            // the page stays shared until this side writes it, even after the other exits):
+            // it stays `Evicting`, with its slot, and is dropped after this commit.
+            Err(err) if err.errno() == Some(libc::EBUSY) && !v.dropping => {
+                st.drops.begin(v.addr, v.slot);
+                ev.shared.push(v);
+            }
             Err(err) => {
                 // Not moved (page shared after fork: EBUSY; gone: ENOENT; its range made
                 // read-only or PROT_NONE by mprotect: EINVAL): stays resident. A slot that
@@ -242,16 +254,8 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                     st.slots.release_empty(v.slot);
                 }
                 c.refused += 1;
-                // Shared copy-on-write with a forked child (MOVE takes exclusive pages only,
-                // and the page stays shared until the parent writes it, even after the child
-                // exits): unshared after the commit, then a victim again.
-                let shared = err.errno() == Some(libc::EBUSY);
-                st.pages.refuse_eviction(v.addr, v.was_clean, !shared);
-                if shared {
-                    ev.shared.push(v.addr);
-                } else {
-                    tracing::debug!("evicting {:#x} failed: {err}", v.addr);
-                }
+                st.pages.refuse_eviction(v.addr, v.was_clean, true);
+                tracing::debug!("evicting {:#x} failed: {err}", v.addr);
             }
             Ok(()) if v.was_clean => {
                 st.pages.commit_clean(v.addr, v.slot);
@@ -344,10 +348,10 @@ fn after_round(sh: &Shared, ev: &mut Evictor, round: usize, stalled: bool) {
         {
             ev.last_stall_log = Some(Instant::now());
             tracing::warn!(
-                "the evictor cannot move any of {round} victims (pages shared with a forked \
-                 child that cannot be unshared, or in a range the program made read-only or \
-                 inaccessible with mprotect: UFFDIO_MOVE takes pages of writable ranges \
-                 only): resident memory exceeds the budget until they can be evicted; \
+                "the evictor cannot move any of {round} victims (in a range the program made \
+                 read-only or inaccessible with mprotect: UFFDIO_MOVE takes pages of writable \
+                 ranges only; or shared with a forked process and neither movable nor \
+                 droppable): resident memory exceeds the budget until they can be evicted; \
                  retrying"
             );
         }
@@ -432,37 +436,62 @@ fn moved_anyway(sh: &Shared, v: &Victim) -> bool {
         && region[0] & 1 == 0
 }
 
-/// Makes pages that UFFDIO_MOVE refused because they are shared copy-on-write with a forked
-/// child exclusive again, the way a write by the program would, but without changing their
-/// contents: `MADV_POPULATE_WRITE` takes a write fault on each (a write-protect fault, served
-/// by the fault thread, marks a clean page dirty first; the copy-on-write then gives this
-/// process its own copy). The pages are then handed back to the eviction policy. Faults do not
-/// wait for the evictor meanwhile (`evictor_blocked`): the fault thread must be free to serve
-/// these write faults. Returns how many pages were unshared; empties `pages`.
-fn unshare(sh: &Shared, pages: &mut Vec<usize>) -> usize {
-    sh.evictor_blocked.store(true, Ordering::Relaxed);
+/// Drops the victims MOVE refused as shared with a forked process ([`crate::cow`]) and commits
+/// them: each is committed where it is now (an mremap may have moved it) if it left this
+/// process; one still mapped there stays resident, one released meanwhile is forgotten.
+/// Each drop waits for the fault thread to read its REMOVE event, so faults wait in that
+/// thread's queue meanwhile (`dropping`). Returns how many pages were dropped.
+fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
+    sh.dropping.store(true, Ordering::Release);
     sh.commit_cv.notify_all();
-    let mut done = 0;
-    let mut gone = 0;
-    for &addr in pages.iter() {
-        if sh.shutdown.load(Ordering::Relaxed) || sh.state.lock().paused {
-            break; // a fork is starting: the rest waits for the next round
-        }
-        match crate::mm::unshare_page(addr) {
-            Ok(()) => done += 1,
-            Err(e) => {
-                gone += 1;
-                tracing::debug!("unsharing page {addr:#x} failed: {e}");
+    let pages: Vec<(usize, u32)> = ev.shared.iter().map(|v| (v.addr, v.slot)).collect();
+    let done = crate::cow::copy_and_drop(sh, &pages);
+    sh.dropping.store(false, Ordering::Release);
+    let mut dropped = 0;
+    let mut kept = 0u64;
+    {
+        let mut st = sh.state.lock();
+        for (mut v, ok) in ev.shared.drain(..).zip(done) {
+            let Some((now, slot)) = st.drops.finish(v.addr) else {
+                continue;
+            };
+            v.addr = now;
+            v.slot = slot;
+            v.dropping = true;
+            let evicting = st.pages.get(now).map(|e| e.state) == Some(PageState::Evicting);
+            if evicting && (!ok || crate::mm::is_present(now)) {
+                // Not dropped, or moved by mremap before the drop and mapped at its new
+                // address: stays resident, written out when picked again (it may have been
+                // write-protected for the copy: a write marks it dirty as usual).
+                st.pages.refuse_eviction(now, false, true);
+                st.slots.release_stale(slot);
+                kept += 1;
+                continue;
             }
+            let zero = ok
+                && evicting
+                && !v.was_clean
+                && crate::mm::with_page_bytes(sh.pool.mapping(), slot, |page| {
+                    page.iter().all(|b| *b == 0)
+                });
+            dropped += usize::from(ok && evicting);
+            // Not `Evicting` any more (released meanwhile): the commit forgets it.
+            ev.outcomes.push((v, Ok(()), zero));
         }
     }
-    let mut st = sh.state.lock();
-    for addr in pages.drain(..) {
-        st.pages.requeue(addr);
+    let c = commit(sh, ev);
+    sh.commit_cv.notify_all();
+    if c.staged > 0 {
+        sh.stage_cv.notify_one();
     }
-    drop(st);
-    if done > 0 || gone > 0 {
-        tracing::debug!("unshared {done} pages shared with a forked child ({gone} failed)");
+    if c.to_memory > 0 {
+        sh.slots_cv.notify_all();
     }
-    done
+    let mut s = sh.stats.lock();
+    s.s.tier_pages_written += c.to_memory;
+    s.s.evicted_dropped_clean += c.clean;
+    s.s.evicted_zero += c.zero;
+    s.s.evictions_refused += kept;
+    s.s.shared_pages_dropped += dropped as u64;
+    dropped
 }

@@ -201,23 +201,28 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         return;
     };
     while e.state == PageState::Evicting {
+        if st.drops.contains(msg.addr) {
+            // A write to a page being dropped (write-protected for its copy): the drop waits
+            // for this thread, so the write waits in the queue until the page is gone.
+            drop(st);
+            q.retry.push_back(msg);
+            return;
+        }
         sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
         e = st.pages.get(msg.addr).unwrap_or_default();
     }
     if msg.wp {
         return serve_write_protect(sh, st, e, msg, q);
     }
-    if matches!(
+    let installs = matches!(
         e.state,
         PageState::Empty | PageState::PoolSent | PageState::PoolUnsent
-    ) {
-        sh.make_room(&mut st);
-        if st.pages.get(msg.addr) != Some(e) {
-            // Changed while waiting (released, or brought in): look again.
-            drop(st);
-            q.retry.push_back(msg);
-            return;
-        }
+    );
+    if installs && (!sh.room_for_fault(&mut st) || st.pages.get(msg.addr) != Some(e)) {
+        // No room yet, or changed while waiting (released, or brought in): look again.
+        drop(st);
+        q.retry.push_back(msg);
+        return;
     }
     match e.state {
         PageState::Empty => serve_zero(sh, st, msg, q),
@@ -461,8 +466,7 @@ fn serve_from_memory(
     msg: FaultMsg,
     q: &mut Queues,
 ) {
-    sh.make_room(&mut st);
-    if st.pages.get(msg.addr) != Some(e) {
+    if !sh.room_for_fault(&mut st) || st.pages.get(msg.addr) != Some(e) {
         drop(st);
         q.retry.push_back(msg);
         return;
@@ -687,7 +691,11 @@ fn fail_fetch(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
 /// Installs a fetched page if it is still wanted.
 fn install_fetched(sh: &Shared, msg: FaultMsg, data: Box<[u8]>, kind: FaultKind, q: &mut Queues) {
     let mut st = sh.state.lock();
-    sh.make_room(&mut st);
+    if !sh.room_for_fault(&mut st) {
+        drop(st);
+        q.installs.push_back((msg, data, kind));
+        return;
+    }
     let state = st.pages.get(msg.addr).map(|e| e.state);
     if state != Some(PageState::Fetching) {
         // Released or remapped while in flight: serve what the page is now.

@@ -12,7 +12,7 @@
 //!   slabs `MADV_DOFORK` for this fork only, so the child inherits their mappings.
 //! - Remote pages whose far page is in a held slab stay there; so do resident pages with a
 //!   copy there, which the child drops before registering if they still equal it
-//!   ([`Lent::discard_unchanged`]): it would otherwise count, and unshare to evict, pages it
+//!   ([`Lent::discard_unchanged`]): it would otherwise count, and copy out to evict, pages it
 //!   shares with the parent. Those far pages are *frozen* in the parent ([`crate::farpages`]):
 //!   never rewritten, never reused, until every hold is dead (the tier thread checks).
 //! - The child's runtime starts its own far pages above the lent ones ([`Lent::floor`]),
@@ -31,10 +31,12 @@
 //!
 //! - Without lending, local memory exceeds the budget while a fork is prepared (every page is
 //!   resident).
-//! - Pages shared with the child cannot be MOVEd (EBUSY) until the parent writes them; the
-//!   evictor unshares them (a copy). The parent's resident pages without an equal far copy
-//!   stay shared with the child, which counts them too: while the child lives the tree may
-//!   hold up to one budget more than `--local-mem`.
+//! - Pages shared with the child cannot be MOVEd (EBUSY) until the parent writes them; either
+//!   side's evictor copies such a page out and drops it from its own process
+//!   ([`crate::cow`]), so the page stays in memory only while the other side still maps it.
+//!   The parent's resident pages without an equal far copy stay shared with the child, which
+//!   counts them too: the tree's runtimes count such a page twice, so they hold *less* than
+//!   the budget, never more.
 //! - A page another thread of the parent releases in the instant of the fork may be borrowed
 //!   by the child with its old contents (what it read before the release).
 //! - While any child that borrowed pages lives, the parent's rewritten far pages are not
@@ -107,7 +109,7 @@ impl Lent {
 
     /// In the child, before its regions are registered: drops every page it shares with the
     /// parent that still equals its lent far copy, so its runtime borrows that copy instead of
-    /// counting (and, to evict it, unsharing) the parent's resident page. Returns the pages
+    /// counting (and, to evict it, copying out) the parent's resident page. Returns the pages
     /// dropped.
     pub fn discard_unchanged(&self) -> usize {
         self.mapped(true)

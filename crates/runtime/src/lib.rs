@@ -57,6 +57,7 @@
 mod backup;
 mod budget;
 mod config;
+mod cow;
 mod dontfork;
 mod embedded;
 mod events;

@@ -159,15 +159,38 @@ pub(crate) fn copy_mapping(dst: &Mapping, src: &Mapping) {
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, dst.as_ptr(), src.len()) }
 }
 
-/// Makes the region page at `addr` exclusive to this process again (breaking copy-on-write
-/// sharing with a forked child) without changing its contents. Fails harmlessly if the
-/// program unmapped it meanwhile; if it released it, a zero page is installed through the
-/// fault thread, which is what the program reads there anyway.
-pub(crate) fn unshare_page(addr: usize) -> std::io::Result<()> {
-    // SAFETY: `addr` is one page of a region the runtime manages; POPULATE_WRITE only faults
-    // it in writable and never changes its contents, and no Rust reference points into
-    // regions.
-    unsafe { farmem_mm::raw::populate_write(addr, PAGE_SIZE) }
+/// Whether the page at `addr` is mapped in this process now.
+pub(crate) fn is_present(addr: usize) -> bool {
+    let mut v = [0u8; 1];
+    farmem_mm::mincore(addr, &mut v).is_ok() && v[0] & 1 != 0
+}
+
+/// Reads the region page at `addr` into `buf` (one page). Returns false if it cannot be read
+/// (its range was unmapped or made inaccessible meanwhile): `process_vm_readv` fails there
+/// instead of raising SIGSEGV in the runtime ([`crate::cow`]).
+pub(crate) fn read_region_page(addr: usize, buf: &mut [u8]) -> bool {
+    assert_eq!(buf.len(), PAGE_SIZE);
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: PAGE_SIZE,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: PAGE_SIZE,
+    };
+    // SAFETY: the local buffer is a live, exclusively borrowed page-sized slice; the remote
+    // range is only read, by the kernel, which checks it and reports a fault as an error.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == PAGE_SIZE as isize
+}
+
+/// Unmaps the region pages `addr..addr + len` from this process (`MADV_DONTNEED`), leaving
+/// them to the process they are shared with ([`crate::cow`]). Raises a REMOVE event on the
+/// region userfaultfd and returns once the fault thread has read it.
+pub(crate) fn drop_region_pages(addr: usize, len: usize) -> std::io::Result<()> {
+    // SAFETY: the range is region pages whose contents are in pool slots and which are
+    // write-protected, so no write is lost; no Rust reference points into regions.
+    unsafe { farmem_mm::raw::dont_need(addr, len) }
 }
 
 /// In a forked child: takes the tier slab mapping it inherited at `addr` (`len` bytes) as its

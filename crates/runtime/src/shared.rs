@@ -54,6 +54,8 @@ pub(crate) struct State {
     pub(crate) staging: VecDeque<Staged>,
     /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
     pub(crate) dontfork: crate::dontfork::DontFork,
+    /// Victims being dropped as shared with a forked process ([`crate::cow`]).
+    pub(crate) drops: crate::cow::Drops,
 }
 
 impl State {
@@ -108,10 +110,13 @@ pub(crate) struct Shared {
     /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
     /// pool slots, so faults must not wait for it.
     pub(crate) send_failing: AtomicBool,
-    /// The evictor cannot make progress right now (its last round moved no victim: pages
-    /// shared with a forked child that could not be unshared) or is unsharing pages, which
-    /// needs the fault thread: faults must not wait for it (the budget is exceeded meanwhile).
+    /// The evictor cannot make progress right now (three rounds in a row moved no victim:
+    /// pages in ranges made read-only, or shared and not droppable): faults must not wait for
+    /// it (the budget is exceeded meanwhile).
     pub(crate) evictor_blocked: AtomicBool,
+    /// The evictor is dropping pages shared with a forked process ([`crate::cow`]): each
+    /// drop waits for the fault thread to read an event, so that thread must not wait for it.
+    pub(crate) dropping: AtomicBool,
     /// Prefetching and the access trace ([`crate::prefetch`]).
     pub(crate) pf: Prefetch,
 }
@@ -200,6 +205,7 @@ impl Shared {
                 dofork: false,
                 staging: VecDeque::new(),
                 dontfork: Default::default(),
+                drops: Default::default(),
             })),
             evict_cv: Condvar::new(),
             commit_cv: Condvar::new(),
@@ -218,6 +224,7 @@ impl Shared {
             loop_seq: AtomicU64::new(0),
             send_failing: AtomicBool::new(false),
             evictor_blocked: AtomicBool::new(false),
+            dropping: AtomicBool::new(false),
             pf,
         }))
     }
@@ -270,7 +277,8 @@ impl Shared {
         &self,
         mut st: MutexGuard<'a, State>,
     ) -> MutexGuard<'a, State> {
-        while st.pages.evicting() > 0 {
+        // Not for pages being dropped: each drop waits for the fault thread, which calls this.
+        while st.pages.evicting() > st.drops.len() {
             self.commit_cv.wait_for(&mut st, Duration::from_millis(5));
         }
         st
@@ -280,18 +288,36 @@ impl Shared {
     /// wait for it (the headroom normally makes this rare). Not when write-back is failing
     /// (the evictor cannot free pool slots), where waiting would only stall the program: the
     /// budget is then exceeded and the error is in the stats. Nor when the evictor cannot
-    /// make progress or is unsharing pages (`evictor_blocked`): unsharing needs this thread.
+    /// make progress (`evictor_blocked`). Returns early when the evictor starts dropping
+    /// shared pages, which needs the fault thread (see [`Shared::room_for_fault`]).
     pub(crate) fn make_room(&self, st: &mut MutexGuard<'_, State>) {
         let deadline = Instant::now() + Duration::from_secs(2);
-        while st.pages.resident() >= self.budget.limit()
-            && !st.paused
-            && !self.send_failing.load(Ordering::Relaxed)
-            && !self.evictor_blocked.load(Ordering::Relaxed)
+        while self.must_wait_for_room(st)
+            && !self.dropping.load(Ordering::Acquire)
             && Instant::now() < deadline
         {
             self.evict_cv.notify_one();
             self.commit_cv.wait_for(st, Duration::from_millis(2));
         }
+    }
+
+    fn must_wait_for_room(&self, st: &State) -> bool {
+        st.pages.resident() >= self.budget.limit()
+            && !st.paused
+            && !self.send_failing.load(Ordering::Relaxed)
+            && !self.evictor_blocked.load(Ordering::Relaxed)
+    }
+
+    /// [`Shared::make_room`] for the fault thread. While the evictor drops shared pages it
+    /// waits for this thread to read their events, so the fault cannot wait here: returns
+    /// false when there is no room yet, and the caller puts the fault back in its queue.
+    pub(crate) fn room_for_fault(&self, st: &mut MutexGuard<'_, State>) -> bool {
+        self.make_room(st);
+        if self.dropping.load(Ordering::Acquire) && self.must_wait_for_room(st) {
+            self.evict_cv.notify_one();
+            return false;
+        }
+        true
     }
 
     /// After a page was installed: wakes the evictor once resident pages reach the high

@@ -104,9 +104,13 @@ pub struct Stats {
     pub evicted_dropped_clean: u64,
     /// Evicted pages that were all zero: never sent, they come back as zero pages.
     pub evicted_zero: u64,
-    /// Victims UFFDIO_MOVE refused (shared copy-on-write with a forked child, or busy): they
-    /// stay resident and are tried again; pages shared after a fork are unshared first.
+    /// Victims that could not be evicted (a range made read-only or inaccessible, a page
+    /// moved by mremap while being dropped): they stay resident and are tried again.
     pub evictions_refused: u64,
+    /// Victims shared copy-on-write with a forked process (parent or child) that were copied
+    /// and dropped from this process, the other keeping the page ([`crate::cow`]).
+    #[serde(default)]
+    pub shared_pages_dropped: u64,
     /// Page data bytes sent to donors.
     pub bytes_sent: u64,
     /// Page data bytes received from donors.

@@ -1,7 +1,7 @@
 //! The paging runtime after a fork whose child stays alive: the pages brought back before the
 //! fork are shared copy-on-write with the child, UFFDIO_MOVE refuses them (EBUSY), and the
-//! parent still has to page past its budget without hanging and without changing what the
-//! child sees; and a fork while other threads' faults are being served from the donor (the
+//! parent still has to page past its budget (dropping shared pages, even while it rewrites
+//! them) without hanging, losing a write or changing what the child sees; and a fork while other threads' faults are being served from the donor (the
 //! child must get those pages too). Real userfaultfd, a donor in this process on loopback, real
 //! forked children.
 
@@ -104,6 +104,14 @@ fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
             "the parent's data is wrong with the child alive: {bad_a} pages of A, {bad_b} of B"
         ));
     }
+    // Rewrite A while the child still shares its pages: the evictor drops shared victims
+    // while these writes fault and need room, and a write to a page being dropped must land
+    // (it waits until the page is gone, then faults it back). The child keeps seeing A as it
+    // was at the fork.
+    fill(a_base, a_pages, 4);
+    if mismatches(a_base, a_pages, 4) != 0 {
+        return Err("a write to A was lost while its shared pages were being dropped".into());
+    }
     // Let the child check its copy again and exit.
     // SAFETY: closing the write end wakes the child's read with end-of-file.
     unsafe { libc::close(fds[1]) };
@@ -121,11 +129,11 @@ fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
     // The child is gone, but pages it shared stay non-exclusive until written: the parent
     // reads A (faulting its evicted pages back while B's pages and the still-shared ones must
     // make room) and pages B again.
-    if mismatches(a_base, a_pages, 1) != 0 {
+    if mismatches(a_base, a_pages, 4) != 0 {
         return Err("A changed after the child exited".into());
     }
     fill(b_base, b_pages, 3);
-    if mismatches(b_base, b_pages, 3) != 0 || mismatches(a_base, a_pages, 1) != 0 {
+    if mismatches(b_base, b_pages, 3) != 0 || mismatches(a_base, a_pages, 4) != 0 {
         return Err("data wrong when paging after the child exited".into());
     }
     let s = wait_within_budget(&rt);
@@ -134,6 +142,10 @@ fn scenario(donor: String, tx: mpsc::Sender<Step>) -> Result<(), String> {
     }
     if s.fetch_errors != 0 || s.send_errors != 0 {
         return Err(format!("the runtime recorded errors: {s:?}"));
+    }
+    // Shared pages were evicted by dropping them from this process, not by copying them.
+    if s.shared_pages_dropped == 0 {
+        return Err(format!("no shared page was dropped: {s:?}"));
     }
     Ok(())
 }

@@ -21,9 +21,9 @@
 //!   process tree"), except programs that clear their environment or are statically linked or
 //!   setuid: the loader ignores `LD_PRELOAD` there.
 //! - A fork lends the child the parent's pages in the host tier (it reads them from there); pages
-//!   on donors or in the write-back pool come back for the length of the fork, and the
-//!   parent's resident pages are shared with the child, which counts them too: while a forked
-//!   child lives the tree may hold up to one budget more than `--local-mem`.
+//!   on donors or in the write-back pool come back for the length of the fork (without a host
+//!   tier, a fork exceeds the budget meanwhile). Resident pages the parent shares with the
+//!   child are counted by both and evicted by dropping them, never copied.
 //! - A program killed by a signal leaves the stats of its last one-second snapshot.
 
 use std::ffi::{OsStr, OsString};

@@ -24,7 +24,7 @@
 //! | `reclaim` | PoolSent | Remote |
 //! | `prefetch_to_pool` | Remote | PoolSent |
 //! | `release` | any | Empty |
-//! | `remap` | any but Evicting | same, except ResidentSending → ResidentDirty, Fetching → Remote |
+//! | `remap` | any | same, except ResidentSending → ResidentDirty, Fetching → Remote |
 //!
 //! Legality is the pure function [`next_state`]: a transition from a state it does not start
 //! from is rejected. The methods assert legality in debug builds; in release builds an illegal
@@ -281,7 +281,7 @@ impl Pages {
     }
 
     /// `Evicting` → resident again: the MOVE was refused. `requeue` hands it back to the
-    /// eviction policy (not for pages shared with a child: they are unshared first).
+    /// eviction policy.
     pub(crate) fn refuse_eviction(&mut self, addr: usize, clean: bool, requeue: bool) {
         self.evicting -= 1;
         if self
@@ -409,8 +409,9 @@ impl Pages {
     /// mremap moved `len` bytes from `from` to `to`: moves their entries (a send in flight is
     /// forgotten and the page resent later; a fetch in flight is dropped). Returns the moved
     /// entries by new address (for the pool slots' owners), or `Err` with what the pages held
-    /// if `to` partly overlaps another region (the pages are then forgotten). No page may be
-    /// `Evicting` (the caller settles evictions first).
+    /// if `to` partly overlaps another region (the pages are then forgotten). The only
+    /// `Evicting` pages may be ones being dropped ([`crate::cow`], which follows them): the
+    /// caller settles the other evictions first.
     #[allow(clippy::type_complexity)]
     pub(crate) fn remap(
         &mut self,

@@ -190,7 +190,6 @@ pub(crate) fn next_state(from: PageState, t: Transition) -> Option<PageState> {
         (T::Release, _) => S::Empty,
         (T::Remap, S::ResidentSending) => S::ResidentDirty,
         (T::Remap, S::Fetching) => S::Remote,
-        (T::Remap, S::Evicting) => return None,
         (T::Remap, s) => s,
         _ => return None,
     })

@@ -158,6 +158,7 @@ const LEGAL: &[(T, &[(S, S)])] = &[
             (S::ResidentClean, S::ResidentClean),
             (S::ResidentDirty, S::ResidentDirty),
             (S::ResidentSending, S::ResidentDirty),
+            (S::Evicting, S::Evicting),
             (S::PoolUnsent, S::PoolUnsent),
             (S::PoolSent, S::PoolSent),
             (S::Remote, S::Remote),

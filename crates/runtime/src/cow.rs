@@ -1,0 +1,258 @@
+//! Evicting pages shared copy-on-write with a forked process (its parent or its child).
+//!
+//! UFFDIO_MOVE takes exclusive pages only: after a fork it refuses every shared page (EBUSY),
+//! on both sides, until that side writes the page. Making such a page exclusive first (a
+//! write fault) *copies* it, and the copy is what then moves out: a parent evicting while its
+//! child lives doubled the tree's memory (redis BGSAVE at a 320 MiB budget: the parent
+//! unshared its 323 MiB within 0.7 s of the fork, and the tree held 689 MiB).
+//!
+//! So a shared victim is *dropped* from this process instead: write-protected (a write now
+//! waits for the fault thread), copied into its pool slot (read with `process_vm_readv`, which
+//! fails rather than faults on a range made inaccessible meanwhile), and unmapped from this process
+//! alone with `MADV_DONTNEED`. The other process keeps the page, counted by its own runtime,
+//! and nothing is copied locally; from the slot the page goes where every victim goes.
+//!
+//! `MADV_DONTNEED` raises a REMOVE event on the runtime's own userfaultfd and waits until the
+//! fault thread has read it. Hence:
+//! - pages being dropped stay `Evicting`, but the fault thread never waits for them
+//!   (`Shared::settle_evictions`, `fault::serve`), and while the evictor drops pages a fault
+//!   that finds no room waits in the fault thread's queue, not in the thread
+//!   (`Shared::room_for_fault`), so the budget still holds;
+//! - every page to drop is recorded here first, and each page of a REMOVE event is taken for
+//!   the runtime's own while it has a record (one per drop). If the program releases a page
+//!   at that instant there are two events for it; whichever is taken for the program's
+//!   releases the page, which is what the program asked for.
+//! - an mremap moving a page being dropped moves its record too: the evictor commits the page
+//!   where it is then, or, if the page is still mapped there (moved before the drop), keeps
+//!   it resident.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::shared::Shared;
+use crate::PAGE_SIZE;
+
+/// Pages being dropped and the REMOVE events the drops raise (part of the state, under the
+/// state lock).
+#[derive(Default)]
+pub(crate) struct Drops {
+    /// Pages being dropped: address when picked → (address now, pool slot).
+    pages: HashMap<usize, (usize, u32)>,
+    /// Pages whose REMOVE event, raised by the runtime's own `MADV_DONTNEED`, is not read yet.
+    own: HashMap<usize, u32>,
+}
+
+impl Drops {
+    /// Pages being dropped now (each also counted by `Pages::evicting`).
+    pub(crate) fn len(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// `addr` (a victim bound for `slot`) is about to be dropped.
+    pub(crate) fn begin(&mut self, addr: usize, slot: u32) {
+        self.pages.insert(addr, (addr, slot));
+    }
+
+    /// Whether the page now at `addr` is being dropped.
+    pub(crate) fn contains(&self, addr: usize) -> bool {
+        self.pages.values().any(|&(now, _)| now == addr)
+    }
+
+    /// The drop of the page picked at `picked` is over: where the page is now, and its slot.
+    pub(crate) fn finish(&mut self, picked: usize) -> Option<(usize, u32)> {
+        self.pages.remove(&picked)
+    }
+
+    /// The runtime is about to drop `addr` with `MADV_DONTNEED`.
+    pub(crate) fn expect_remove(&mut self, addr: usize) {
+        *self.own.entry(addr).or_default() += 1;
+    }
+
+    /// No REMOVE event for `addr` is coming from the runtime any more (its madvise failed and
+    /// every event read before has been handled).
+    pub(crate) fn unexpect_remove(&mut self, addr: usize) {
+        self.take_own(addr);
+    }
+
+    /// A REMOVE event for `start..end`: takes the pages the runtime's own drops account for
+    /// and returns the runs left, which the program released.
+    pub(crate) fn program_part(&mut self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        if self.own.is_empty() {
+            return vec![(start, end)];
+        }
+        let mut ours: Vec<usize> = self
+            .own
+            .keys()
+            .copied()
+            .filter(|a| (start..end).contains(a))
+            .collect();
+        ours.sort_unstable();
+        let mut left = Vec::new();
+        let mut from = start;
+        for a in ours {
+            self.take_own(a);
+            if a > from {
+                left.push((from, a));
+            }
+            from = a + PAGE_SIZE;
+        }
+        if from < end {
+            left.push((from, end));
+        }
+        left
+    }
+
+    fn take_own(&mut self, addr: usize) -> bool {
+        match self.own.get_mut(&addr) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => {
+                self.own.remove(&addr);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// mremap moved `from..from + len` to `to`: pages being dropped there follow. Returns
+    /// their (slot, new address), for the slots' owners.
+    pub(crate) fn remap(&mut self, from: usize, to: usize, len: usize) -> Vec<(u32, usize)> {
+        let mut moved = Vec::new();
+        for (now, slot) in self.pages.values_mut() {
+            if (from..from + len).contains(now) {
+                *now = to + (*now - from);
+                moved.push((*slot, *now));
+            }
+        }
+        moved
+    }
+}
+
+/// Copies each page of `pages` (address, pool slot; ascending addresses, each `Evicting` and
+/// recorded with [`Drops::begin`]) into its slot and drops it from this process. Returns, per
+/// page, whether it was copied and dropped; a page that was not is still mapped where it was
+/// or was released meanwhile, and the caller decides by looking where it is.
+pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
+    let mut done = vec![false; pages.len()];
+    // Write-protect first, a run at a time, so the copy cannot miss a write: a write from
+    // now on faults and waits until the page is gone, then faults again on the missing page.
+    let mut protected = vec![false; pages.len()];
+    let mut i = 0;
+    while i < pages.len() {
+        let mut j = i + 1;
+        while j < pages.len() && pages[j].0 == pages[j - 1].0 + PAGE_SIZE {
+            j += 1;
+        }
+        let len = (j - i) * PAGE_SIZE;
+        match sh.uffd.writeprotect(pages[i].0, len, true, true) {
+            Ok(()) => protected[i..j].iter_mut().for_each(|p| *p = true),
+            Err(e) => tracing::debug!("write-protecting {:#x}+{len:#x} failed: {e}", pages[i].0),
+        }
+        i = j;
+    }
+    // Copied through a buffer: a pool slot is filled only by the pool's userfaultfd.
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut copied = Vec::with_capacity(pages.len());
+    for (k, &(addr, slot)) in pages.iter().enumerate() {
+        let ok = protected[k]
+            && crate::mm::is_present(addr)
+            && crate::mm::read_region_page(addr, &mut buf)
+            && match sh.pool_uffd.copy(sh.slot_addr(slot), &buf, false, false) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!("copying shared page {addr:#x} into the pool: {e}");
+                    false
+                }
+            };
+        if ok {
+            copied.push(k);
+        }
+    }
+    if copied.is_empty() {
+        return done;
+    }
+    {
+        let mut st = sh.state.lock();
+        for &k in &copied {
+            st.drops.expect_remove(pages[k].0);
+        }
+    }
+    // One madvise per run of neighbouring pages (one event per run, or per mapping it spans).
+    let mut failed = Vec::new();
+    let mut i = 0;
+    while i < copied.len() {
+        let mut j = i + 1;
+        while j < copied.len() && pages[copied[j]].0 == pages[copied[j - 1]].0 + PAGE_SIZE {
+            j += 1;
+        }
+        let start = pages[copied[i]].0;
+        match crate::mm::drop_region_pages(start, (j - i) * PAGE_SIZE) {
+            Ok(()) => copied[i..j].iter().for_each(|&k| done[k] = true),
+            Err(e) => {
+                tracing::debug!("dropping shared pages at {start:#x} failed: {e}");
+                failed.extend(copied[i..j].iter().map(|&k| pages[k].0));
+            }
+        }
+        i = j;
+    }
+    if !failed.is_empty() {
+        // Part of a failed run may have raised its event (a run over several mappings): once
+        // the fault thread has handled every event read so far, what is still expected was
+        // never raised.
+        let seen = sh.loop_seq.load(Ordering::Acquire);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while sh.loop_seq.load(Ordering::Acquire) < seen + 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut st = sh.state.lock();
+        for addr in failed {
+            st.drops.unexpect_remove(addr);
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_removes_are_told_from_the_program_page_by_page() {
+        let mut d = Drops::default();
+        assert_eq!(d.program_part(0x10000, 0x20000), vec![(0x10000, 0x20000)]);
+        d.expect_remove(0x11000);
+        d.expect_remove(0x12000);
+        d.expect_remove(0x15000);
+        // The runtime's run: its pages are taken, the rest is the program's.
+        assert_eq!(
+            d.program_part(0x10000, 0x16000),
+            vec![(0x10000, 0x11000), (0x13000, 0x15000)]
+        );
+        // Each record is taken once: the second event for a page is the program's.
+        assert_eq!(d.program_part(0x11000, 0x12000), vec![(0x11000, 0x12000)]);
+        d.expect_remove(0x10000);
+        d.expect_remove(0x10000);
+        assert_eq!(d.program_part(0x10000, 0x11000), vec![]);
+        d.unexpect_remove(0x10000);
+        assert_eq!(d.program_part(0x10000, 0x11000), vec![(0x10000, 0x11000)]);
+    }
+
+    #[test]
+    fn pages_being_dropped_follow_mremap() {
+        let mut d = Drops::default();
+        d.begin(0x10000, 3);
+        d.begin(0x20000, 4);
+        assert!(d.contains(0x10000));
+        assert_eq!(d.remap(0x10000, 0x50000, 0x2000), vec![(3, 0x50000)]);
+        assert!(!d.contains(0x10000));
+        assert!(d.contains(0x50000));
+        assert_eq!(d.len(), 2);
+        assert_eq!(d.finish(0x10000), Some((0x50000, 3)));
+        assert_eq!(d.finish(0x20000), Some((0x20000, 4)));
+        assert_eq!(d.finish(0x20000), None);
+        assert_eq!(d.len(), 0);
+    }
+}
