@@ -69,8 +69,9 @@ impl Drops {
         *self.own.entry(addr).or_default() += 1;
     }
 
-    /// No REMOVE event for `addr` is coming from the runtime any more (its madvise failed and
-    /// every event read before has been handled).
+    /// No REMOVE event for `addr` is to be taken for the runtime's any more: its madvise failed
+    /// and every event read before has been handled, or the page was released meanwhile (a
+    /// late event of ours then releases a page that is gone already).
     pub(crate) fn unexpect_remove(&mut self, addr: usize) {
         self.take_own(addr);
     }

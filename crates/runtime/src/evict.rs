@@ -455,10 +455,15 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
             let Some((now, slot)) = st.drops.finish(v.addr) else {
                 continue;
             };
+            let evicting = st.pages.get(now).map(|e| e.state) == Some(PageState::Evicting);
+            if !evicting {
+                // Released or unmapped meanwhile (maybe unregistered first, when the madvise
+                // raised no event): a REMOVE still to come for it releases nothing.
+                st.drops.unexpect_remove(v.addr);
+            }
             v.addr = now;
             v.slot = slot;
             v.dropping = true;
-            let evicting = st.pages.get(now).map(|e| e.state) == Some(PageState::Evicting);
             if evicting && (!ok || crate::mm::is_present(now)) {
                 // Not dropped, or moved by mremap before the drop and mapped at its new
                 // address: stays resident, written out when picked again (it may have been
