@@ -7,29 +7,36 @@
 //! unshared its 323 MiB within 0.7 s of the fork, and the tree held 689 MiB).
 //!
 //! So a shared victim is *dropped* from this process instead: write-protected (a write now
-//! waits for the fault thread), copied into its pool slot (read with `process_vm_readv`, which
-//! fails rather than faults on a range made inaccessible meanwhile), and unmapped from this process
+//! waits for the fault thread), copied into its pool slot (read through `/proc/self/mem`,
+//! which fails rather than faults on a page released or made inaccessible meanwhile), and
+//! unmapped from this process
 //! alone with `MADV_DONTNEED`. The other process keeps the page, counted by its own runtime,
 //! and nothing is copied locally; from the slot the page goes where every victim goes.
 //!
 //! `MADV_DONTNEED` raises a REMOVE event on the runtime's own userfaultfd and waits until the
 //! fault thread has read it. Hence:
 //! - pages being dropped stay `Evicting`, but the fault thread never waits for them
-//!   (`Shared::settle_evictions`, `fault::serve`), and while the evictor drops pages a fault
-//!   that finds no room waits in the fault thread's queue, not in the thread
-//!   (`Shared::room_for_fault`), so the budget still holds;
+//!   (`Shared::settle_evictions`); a fault at an address being dropped, whatever its state (the
+//!   program may have released it meanwhile), waits in the fault thread's queue until the drop
+//!   is committed, and nothing installs a page there; while the evictor drops pages a fault
+//!   that finds no room waits in that queue too, not in the thread (`Shared::room_for_fault`),
+//!   so the budget still holds;
 //! - every page to drop is recorded here first, and each page of a REMOVE event is taken for
 //!   the runtime's own while it has a record (one per drop). If the program releases a page
 //!   at that instant there are two events for it; whichever is taken for the program's
 //!   releases the page, which is what the program asked for.
-//! - an mremap moving a page being dropped moves its record too: the evictor commits the page
-//!   where it is then, or, if the page is still mapped there (moved before the drop), keeps
-//!   it resident.
+//! - an mremap moving a page being dropped moves its record too, and a moved page is not
+//!   dropped (its old address may hold something else); the evictor commits each page where
+//!   it is then, by whether it is still mapped there: a madvise over several mappings may
+//!   fail part-way. Known window: an mremap between that check and the madvise, followed by a
+//!   new mapping at the old address, would lose that mapping's page there.
 
 use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::pages::PageState;
 use crate::shared::Shared;
 use crate::PAGE_SIZE;
 
@@ -54,9 +61,18 @@ impl Drops {
         self.pages.insert(addr, (addr, slot));
     }
 
-    /// Whether the page now at `addr` is being dropped.
+    /// Whether the page at `addr` is being dropped (where it was picked, or where an mremap
+    /// moved it).
     pub(crate) fn contains(&self, addr: usize) -> bool {
-        self.pages.values().any(|&(now, _)| now == addr)
+        !self.pages.is_empty()
+            && (self.pages.contains_key(&addr) || self.pages.values().any(|&(now, _)| now == addr))
+    }
+
+    /// Whether the page picked at `picked` is still being dropped where it was picked.
+    pub(crate) fn unmoved(&self, picked: usize) -> bool {
+        self.pages
+            .get(&picked)
+            .is_some_and(|&(now, _)| now == picked)
     }
 
     /// The drop of the page picked at `picked` is over: where the page is now, and its slot.
@@ -134,33 +150,35 @@ impl Drops {
 
 /// Copies each page of `pages` (address, pool slot; ascending addresses, each `Evicting` and
 /// recorded with [`Drops::begin`]) into its slot and drops it from this process. Returns, per
-/// page, whether it was copied and dropped; a page that was not is still mapped where it was
-/// or was released meanwhile, and the caller decides by looking where it is.
+/// page, whether it was copied; whether it was dropped the caller sees by where the page is
+/// ([`crate::mm::is_present`]): a madvise over several mappings may fail part-way.
 pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
-    let mut done = vec![false; pages.len()];
+    let mut copied = vec![false; pages.len()];
+    // Read through /proc/self/mem: a page that is not there (released meanwhile) fails the
+    // read (the kernel's access takes no userfault) instead of faulting this thread into the
+    // fault thread, which may be holding the fault back until this drop is done.
+    let mem = match std::fs::File::open("/proc/self/mem") {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("opening /proc/self/mem to evict pages shared with a fork: {e}");
+            return copied;
+        }
+    };
     // Write-protect first, a run at a time, so the copy cannot miss a write: a write from
     // now on faults and waits until the page is gone, then faults again on the missing page.
     let mut protected = vec![false; pages.len()];
-    let mut i = 0;
-    while i < pages.len() {
-        let mut j = i + 1;
-        while j < pages.len() && pages[j].0 == pages[j - 1].0 + PAGE_SIZE {
-            j += 1;
-        }
+    for (i, j) in runs(pages.len(), |k| pages[k].0) {
         let len = (j - i) * PAGE_SIZE;
         match sh.uffd.writeprotect(pages[i].0, len, true, true) {
             Ok(()) => protected[i..j].iter_mut().for_each(|p| *p = true),
             Err(e) => tracing::debug!("write-protecting {:#x}+{len:#x} failed: {e}", pages[i].0),
         }
-        i = j;
     }
     // Copied through a buffer: a pool slot is filled only by the pool's userfaultfd.
     let mut buf = vec![0u8; PAGE_SIZE];
-    let mut copied = Vec::with_capacity(pages.len());
     for (k, &(addr, slot)) in pages.iter().enumerate() {
-        let ok = protected[k]
-            && crate::mm::is_present(addr)
-            && crate::mm::read_region_page(addr, &mut buf)
+        copied[k] = protected[k]
+            && mem.read_exact_at(&mut buf, addr as u64).is_ok()
             && match sh.pool_uffd.copy(sh.slot_addr(slot), &buf, false, false) {
                 Ok(()) => true,
                 Err(e) => {
@@ -168,44 +186,40 @@ pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
                     false
                 }
             };
-        if ok {
-            copied.push(k);
-        }
     }
-    if copied.is_empty() {
-        return done;
-    }
-    {
+    // Recorded under the lock, and only where the page still is: a page an mremap moved
+    // meanwhile is not dropped (the address may hold something else now).
+    let drop: Vec<usize> = {
         let mut st = sh.state.lock();
-        for &k in &copied {
-            st.drops.expect_remove(pages[k].0);
-        }
-    }
-    // One madvise per run of neighbouring pages (one event per run, or per mapping it spans).
-    let mut failed = Vec::new();
-    let mut i = 0;
-    while i < copied.len() {
-        let mut j = i + 1;
-        while j < copied.len() && pages[copied[j]].0 == pages[copied[j - 1]].0 + PAGE_SIZE {
-            j += 1;
-        }
-        let start = pages[copied[i]].0;
-        match crate::mm::drop_region_pages(start, (j - i) * PAGE_SIZE) {
-            Ok(()) => copied[i..j].iter().for_each(|&k| done[k] = true),
-            Err(e) => {
-                tracing::debug!("dropping shared pages at {start:#x} failed: {e}");
-                failed.extend(copied[i..j].iter().map(|&k| pages[k].0));
+        let mut drop = Vec::new();
+        for (k, &(addr, _)) in pages.iter().enumerate() {
+            let evicting = st.pages.get(addr).map(|e| e.state) == Some(PageState::Evicting);
+            if copied[k] && evicting && st.drops.unmoved(addr) {
+                st.drops.expect_remove(addr);
+                drop.push(addr);
             }
         }
-        i = j;
+        drop
+    };
+    // One madvise per run of neighbouring pages (one event per run, or per mapping it spans).
+    let mut failed = Vec::new();
+    for (i, j) in runs(drop.len(), |k| drop[k]) {
+        let len = (j - i) * PAGE_SIZE;
+        if let Err(e) = crate::mm::drop_region_pages(drop[i], len) {
+            tracing::debug!(
+                "dropping shared pages at {:#x}+{len:#x} failed: {e}",
+                drop[i]
+            );
+            failed.extend_from_slice(&drop[i..j]);
+        }
     }
     if !failed.is_empty() {
         // Part of a failed run may have raised its event (a run over several mappings): once
         // the fault thread has handled every event read so far, what is still expected was
-        // never raised.
+        // never raised. That thread never waits for this one while pages are being dropped.
         let seen = sh.loop_seq.load(Ordering::Acquire);
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while sh.loop_seq.load(Ordering::Acquire) < seen + 2 && Instant::now() < deadline {
+        while sh.loop_seq.load(Ordering::Acquire) < seen + 2 && !sh.shutdown.load(Ordering::Relaxed)
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut st = sh.state.lock();
@@ -213,7 +227,22 @@ pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
             st.drops.unexpect_remove(addr);
         }
     }
-    done
+    copied
+}
+
+/// Runs of consecutive pages among `n` ascending addresses `addr(k)`: (first, end) indices.
+fn runs(n: usize, addr: impl Fn(usize) -> usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let mut j = i + 1;
+        while j < n && addr(j) == addr(j - 1) + PAGE_SIZE {
+            j += 1;
+        }
+        out.push((i, j));
+        i = j;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -247,9 +276,12 @@ mod tests {
         d.begin(0x10000, 3);
         d.begin(0x20000, 4);
         assert!(d.contains(0x10000));
+        assert!(d.unmoved(0x10000));
         assert_eq!(d.remap(0x10000, 0x50000, 0x2000), vec![(3, 0x50000)]);
-        assert!(!d.contains(0x10000));
-        assert!(d.contains(0x50000));
+        // Faults wait at both addresses; the moved page is not dropped.
+        assert!(d.contains(0x10000) && d.contains(0x50000));
+        assert!(!d.unmoved(0x10000) && d.unmoved(0x20000));
+        assert!(!d.contains(0x30000));
         assert_eq!(d.len(), 2);
         assert_eq!(d.finish(0x10000), Some((0x50000, 3)));
         assert_eq!(d.finish(0x20000), Some((0x20000, 4)));

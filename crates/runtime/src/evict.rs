@@ -451,8 +451,9 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
     let mut kept = 0u64;
     {
         let mut st = sh.state.lock();
-        for (mut v, ok) in ev.shared.drain(..).zip(done) {
+        for (mut v, copied) in ev.shared.drain(..).zip(done) {
             let Some((now, slot)) = st.drops.finish(v.addr) else {
+                debug_assert!(false, "no drop record for {:#x}", v.addr);
                 continue;
             };
             let evicting = st.pages.get(now).map(|e| e.state) == Some(PageState::Evicting);
@@ -464,22 +465,25 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
             v.addr = now;
             v.slot = slot;
             v.dropping = true;
-            if evicting && (!ok || crate::mm::is_present(now)) {
-                // Not dropped, or moved by mremap before the drop and mapped at its new
-                // address: stays resident, written out when picked again (it may have been
+            v.was_clean &= copied;
+            // Decided by where the page is: a madvise over several mappings may have failed
+            // part-way, and an mremap may have moved the page before it was dropped.
+            if evicting && crate::mm::is_present(now) {
+                // Still mapped: stays resident, written out when picked again (it may be
                 // write-protected for the copy: a write marks it dirty as usual).
                 st.pages.refuse_eviction(now, false, true);
                 st.slots.release_stale(slot);
                 kept += 1;
                 continue;
             }
-            let zero = ok
-                && evicting
-                && !v.was_clean
-                && crate::mm::with_page_bytes(sh.pool.mapping(), slot, |page| {
-                    page.iter().all(|b| *b == 0)
-                });
-            dropped += usize::from(ok && evicting);
+            // Gone without a copy: the program released it (its REMOVE is on its way), so
+            // it reads zeros; committed as a zero page.
+            let zero = !copied
+                || (!v.was_clean
+                    && crate::mm::with_page_bytes(sh.pool.mapping(), slot, |page| {
+                        page.iter().all(|b| *b == 0)
+                    }));
+            dropped += usize::from(copied && evicting);
             // Not `Evicting` any more (released meanwhile): the commit forgets it.
             ev.outcomes.push((v, Ok(()), zero));
         }

@@ -200,14 +200,16 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         }
         return;
     };
+    if st.drops.contains(msg.addr) {
+        // A page being dropped ([`crate::cow`]): a write to it (write-protected for its
+        // copy), or an access after the program released it meanwhile. The drop waits for this
+        // thread, so the fault waits in the queue until the drop is committed; installing a
+        // page now would have it dropped too.
+        drop(st);
+        q.retry.push_back(msg);
+        return;
+    }
     while e.state == PageState::Evicting {
-        if st.drops.contains(msg.addr) {
-            // A write to a page being dropped (write-protected for its copy): the drop waits
-            // for this thread, so the write waits in the queue until the page is gone.
-            drop(st);
-            q.retry.push_back(msg);
-            return;
-        }
         sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
         e = st.pages.get(msg.addr).unwrap_or_default();
     }
@@ -352,7 +354,7 @@ fn zero_ahead(sh: &Shared, st: &mut State, msg: &FaultMsg, q: &mut Queues) {
         let Some(a) = addr_of(p) else {
             break;
         };
-        if st.pages.get(a).map(|e| e.state) != Some(PageState::Empty) {
+        if st.pages.get(a).map(|e| e.state) != Some(PageState::Empty) || st.drops.contains(a) {
             break;
         }
         n += 1;

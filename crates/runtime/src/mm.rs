@@ -165,25 +165,6 @@ pub(crate) fn is_present(addr: usize) -> bool {
     farmem_mm::mincore(addr, &mut v).is_ok() && v[0] & 1 != 0
 }
 
-/// Reads the region page at `addr` into `buf` (one page). Returns false if it cannot be read
-/// (its range was unmapped or made inaccessible meanwhile): `process_vm_readv` fails there
-/// instead of raising SIGSEGV in the runtime ([`crate::cow`]).
-pub(crate) fn read_region_page(addr: usize, buf: &mut [u8]) -> bool {
-    assert_eq!(buf.len(), PAGE_SIZE);
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: PAGE_SIZE,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: PAGE_SIZE,
-    };
-    // SAFETY: the local buffer is a live, exclusively borrowed page-sized slice; the remote
-    // range is only read, by the kernel, which checks it and reports a fault as an error.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n == PAGE_SIZE as isize
-}
-
 /// Unmaps the region pages `addr..addr + len` from this process (`MADV_DONTNEED`), leaving
 /// them to the process they are shared with ([`crate::cow`]). Raises a REMOVE event on the
 /// region userfaultfd and returns once the fault thread has read it.

@@ -288,12 +288,18 @@ impl Shared {
     /// wait for it (the headroom normally makes this rare). Not when write-back is failing
     /// (the evictor cannot free pool slots), where waiting would only stall the program: the
     /// budget is then exceeded and the error is in the stats. Nor when the evictor cannot
-    /// make progress (`evictor_blocked`). Returns early when the evictor starts dropping
-    /// shared pages, which needs the fault thread (see [`Shared::room_for_fault`]).
+    /// make progress (`evictor_blocked`). Not for the fault thread: see
+    /// [`Shared::room_for_fault`].
     pub(crate) fn make_room(&self, st: &mut MutexGuard<'_, State>) {
+        self.wait_for_room(st, false);
+    }
+
+    /// Waits as [`Shared::make_room`]; `fault_thread` stops waiting as soon as the evictor
+    /// drops shared pages, which needs that thread.
+    fn wait_for_room(&self, st: &mut MutexGuard<'_, State>, fault_thread: bool) {
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.must_wait_for_room(st)
-            && !self.dropping.load(Ordering::Acquire)
+            && !(fault_thread && self.dropping.load(Ordering::Acquire))
             && Instant::now() < deadline
         {
             self.evict_cv.notify_one();
@@ -312,7 +318,7 @@ impl Shared {
     /// waits for this thread to read their events, so the fault cannot wait here: returns
     /// false when there is no room yet, and the caller puts the fault back in its queue.
     pub(crate) fn room_for_fault(&self, st: &mut MutexGuard<'_, State>) -> bool {
-        self.make_room(st);
+        self.wait_for_room(st, true);
         if self.dropping.load(Ordering::Acquire) && self.must_wait_for_room(st) {
             self.evict_cv.notify_one();
             return false;
