@@ -84,7 +84,7 @@ fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
     // the server's host-tier pages (before, each fork brought them all back: 1392 MiB here).
     // The server's resident pages are shared with the child: each side evicts one by
     // dropping its own mapping, never by copying it (before, the server's evictor copied
-    // every page it shared: 516-703 MiB here). The tree stays within its budget, plus the
+    // every page it shared: 516-683 MiB here). The tree stays within its budget, plus the
     // child's own runtime (its pool, threads and tables).
     let during = saving.stop().peak_anon_bytes;
     eprintln!(

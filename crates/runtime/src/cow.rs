@@ -4,7 +4,7 @@
 //! on both sides, until that side writes the page. Making such a page exclusive first (a
 //! write fault) *copies* it, and the copy is what then moves out: a parent evicting while its
 //! child lives doubled the tree's memory (redis BGSAVE at a 320 MiB budget: the parent
-//! unshared its 323 MiB within 0.7 s of the fork, and the tree held 689 MiB).
+//! unshared its 323 MiB within 0.7 s of the fork, and the tree held 672 MiB).
 //!
 //! So a shared victim is *dropped* from this process instead: write-protected (a write now
 //! waits for the fault thread), copied into its pool slot (read through `/proc/self/mem`,
