@@ -292,23 +292,6 @@ pub mod raw {
 
     use super::Advice;
 
-    /// Faults `addr..addr + len` in writable (`MADV_POPULATE_WRITE`), breaking copy-on-write
-    /// sharing with a forked child, without changing the contents.
-    ///
-    /// # Safety
-    ///
-    /// The range must be memory the caller may fault in; no Rust reference may rely on its
-    /// pages staying shared or unmapped. If the range is not mapped the call fails harmlessly.
-    pub unsafe fn populate_write(addr: usize, len: usize) -> io::Result<()> {
-        // SAFETY: the caller's promise; POPULATE_WRITE takes write faults, never changes bytes.
-        let rc =
-            unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
     /// Drops the pages of `addr..addr + len` (`MADV_DONTNEED`): private anonymous memory reads
     /// zeros (or faults, if registered with a userfaultfd) afterwards. Failure is ignored.
     ///
@@ -434,6 +417,6 @@ mod tests {
         drop(m);
         assert!(mincore(addr, &mut [0u8; 1]).is_err());
         // SAFETY: the range is unmapped: the call must fail without touching anything.
-        assert!(unsafe { raw::populate_write(addr, PAGE_SIZE) }.is_err());
+        assert!(unsafe { raw::dont_need(addr, PAGE_SIZE) }.is_err());
     }
 }

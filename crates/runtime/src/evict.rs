@@ -43,8 +43,6 @@ struct Victim {
     addr: usize,
     slot: u32,
     was_clean: bool,
-    /// Copied into its slot and dropped ([`crate::cow`]) rather than moved.
-    dropping: bool,
 }
 
 /// What happened to one victim: MOVE result, and whether it is a dirty all-zero page.
@@ -157,7 +155,6 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
             addr,
             slot,
             was_clean,
-            dropping: false,
         });
     }
     for addr in skipped {
@@ -235,7 +232,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
             // Shared copy-on-write with a forked process (MOVE takes exclusive pages only, and
             // the page stays shared until this side writes it, even after the other exits):
             // it stays `Evicting`, with its slot, and is dropped after this commit.
-            Err(err) if err.errno() == Some(libc::EBUSY) && !v.dropping => {
+            Err(err) if err.errno() == Some(libc::EBUSY) => {
                 st.drops.begin(v.addr, v.slot);
                 ev.shared.push(v);
             }
@@ -464,7 +461,6 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
             }
             v.addr = now;
             v.slot = slot;
-            v.dropping = true;
             v.was_clean &= copied;
             // Decided by where the page is: a madvise over several mappings may have failed
             // part-way, and an mremap may have moved the page before it was dropped.
