@@ -4,8 +4,8 @@
 //! anonymous private memory (the runtime's write-back pool and regions, the donor's slabs) or
 //! a shared mapping of a file descriptor (memfd slabs of the host tier). Around it: `mincore`
 //! ([`mincore`]), batched discard of many ranges with one `process_madvise(2)`
-//! ([`Mapping::discard_pages`]), `MADV_POPULATE_WRITE` and the other `madvise` advice farmem
-//! uses.
+//! ([`Mapping::discard_pages`]), `MADV_DONTNEED` with its error reported, and the other
+//! `madvise` advice farmem uses.
 //!
 //! It is its own crate (rather than a module of the runtime) so that the donor can map its
 //! slabs with it without depending on the runtime.

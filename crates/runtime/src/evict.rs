@@ -105,20 +105,7 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         move_and_read(&sh, &mut ev);
         let round = ev.outcomes.len();
         let c = commit(&sh, &mut ev);
-        sh.commit_cv.notify_all();
-        if c.staged > 0 {
-            sh.stage_cv.notify_one();
-        }
-        if c.to_memory > 0 {
-            sh.slots_cv.notify_all();
-        }
-        if c.clean > 0 || c.zero > 0 || c.refused > 0 || c.to_memory > 0 {
-            let mut s = sh.stats.lock();
-            s.s.tier_pages_written += c.to_memory;
-            s.s.evicted_dropped_clean += c.clean;
-            s.s.evicted_zero += c.zero;
-            s.s.evictions_refused += c.refused as u64;
-        }
+        publish(&sh, &c);
         let shared = ev.shared.len();
         let dropped = if shared == 0 {
             0
@@ -445,7 +432,7 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
     let done = crate::cow::copy_and_drop(sh, &pages);
     sh.dropping.store(false, Ordering::Release);
     let mut dropped = 0;
-    let mut kept = 0u64;
+    let mut kept = 0usize;
     {
         let mut st = sh.state.lock();
         for (mut v, copied) in ev.shared.drain(..).zip(done) {
@@ -484,7 +471,17 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
             ev.outcomes.push((v, Ok(()), zero));
         }
     }
-    let c = commit(sh, ev);
+    let mut c = commit(sh, ev);
+    c.refused += kept;
+    publish(sh, &c);
+    if dropped > 0 {
+        sh.stats.lock().s.shared_pages_dropped += dropped as u64;
+    }
+    dropped
+}
+
+/// After a commit: wakes whoever waits for what it did, and counts it.
+fn publish(sh: &Shared, c: &Committed) {
     sh.commit_cv.notify_all();
     if c.staged > 0 {
         sh.stage_cv.notify_one();
@@ -492,11 +489,11 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
     if c.to_memory > 0 {
         sh.slots_cv.notify_all();
     }
-    let mut s = sh.stats.lock();
-    s.s.tier_pages_written += c.to_memory;
-    s.s.evicted_dropped_clean += c.clean;
-    s.s.evicted_zero += c.zero;
-    s.s.evictions_refused += kept;
-    s.s.shared_pages_dropped += dropped as u64;
-    dropped
+    if c.clean > 0 || c.zero > 0 || c.refused > 0 || c.to_memory > 0 {
+        let mut s = sh.stats.lock();
+        s.s.tier_pages_written += c.to_memory;
+        s.s.evicted_dropped_clean += c.clean;
+        s.s.evicted_zero += c.zero;
+        s.s.evictions_refused += c.refused as u64;
+    }
 }
