@@ -996,7 +996,10 @@ impl<W: Wire> Connection<W> {
 /// How long a connection thread polls for the next request, after a single-page read, before
 /// it blocks in a read: a faulting client usually asks again within tens of microseconds, and
 /// waking a sleeping thread (an idle vCPU halted, woken by an IPI through the hypervisor on a
-/// VM) costs about as much again on every request.
+/// VM) costs about as much again on every request. The poll yields the CPU between probes:
+/// on a small machine the client's threads (the program just woken from its fault, the
+/// runtime's evictor) may be waiting for this very CPU, and a poll that keeps it delays the
+/// next request it is waiting for.
 const SPIN: Duration = Duration::from_micros(50);
 
 /// Payload length of a READ_PAGES request for one page (count, then one page address).
@@ -1016,6 +1019,7 @@ fn spin_until_readable(stream: &TcpStream) {
         if !matches!(r, Err(rustix::io::Errno::AGAIN)) || start.elapsed() >= SPIN {
             return;
         }
-        std::hint::spin_loop();
+        // Yield, not spin_loop: see SPIN.
+        std::thread::yield_now();
     }
 }

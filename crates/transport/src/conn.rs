@@ -671,10 +671,9 @@ fn lost_reading(e: &io::Error) -> ReadError {
 /// A response as read: its request id, and its opcode and reply, or its error status.
 type Frame = (u64, Result<(Opcode, Reply), (Status, String)>);
 
-/// Reads one response frame.
 /// Polls `stream` without blocking until `until` (`ClientConfig::spin`), bytes are waiting or
 /// the socket reports anything else (closed, error): the blocking read that follows then
-/// returns at once or handles it.
+/// returns at once or handles it. Yields between probes (see `ClientConfig::spin`).
 fn spin_until_readable(stream: &TcpStream, until: Instant) {
     let mut probe = [0u8; 1];
     while Instant::now() < until {
@@ -683,12 +682,13 @@ fn spin_until_readable(stream: &TcpStream, until: Instant) {
             &mut probe[..],
             rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
         ) {
-            Err(rustix::io::Errno::AGAIN) => std::hint::spin_loop(),
+            Err(rustix::io::Errno::AGAIN) => std::thread::yield_now(),
             _ => return,
         }
     }
 }
 
+/// Reads one response frame.
 fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut filled = 0;
