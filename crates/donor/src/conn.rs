@@ -704,10 +704,9 @@ impl<W: Wire> Connection<W> {
                 }
                 Err(r) => self.refuse(op, id, &r, Flow::Continue),
             },
-            Request::FreeSlab { slab } => match store.free(client, slab) {
-                Ok(committed) => {
+            Request::FreeSlab { slab } => match self.shared.reclaimer.free(client, slab, &store) {
+                Ok(()) => {
                     tracing::debug!(client, slab, "slab freed");
-                    self.shared.reclaimer.freed(client, slab, committed, &store);
                     encode_success(&mut self.out, Opcode::FreeSlab, id);
                     self.ok()
                 }

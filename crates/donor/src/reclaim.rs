@@ -51,7 +51,7 @@ use parking_lot::Mutex;
 
 use crate::host;
 use crate::metrics::Metrics;
-use crate::store::{SlabInfo, SlabStore};
+use crate::store::{Refusal, SlabInfo, SlabStore};
 
 /// How often the donor reads `MemAvailable` (with `--keep-free`) and re-plans.
 pub const RECLAIM_TICK: Duration = Duration::from_millis(200);
@@ -233,12 +233,16 @@ impl Reclaimer {
         slabs
     }
 
-    /// `client` freed `slab`, which held `committed_bytes`: if the donor had asked for it, it
-    /// counts as given back, and the plan is brought up to date.
-    pub fn freed(&self, client: u64, slab: u32, committed_bytes: u64, store: &SlabStore) {
+    /// `client` frees `slab`: it is freed in `store` and, if the donor had asked for it, it
+    /// counts as given back (its committed bytes off the host's shortfall), and the plan is
+    /// brought up to date. The free happens under the plan's lock: a re-plan by the reclaim
+    /// thread between the free and this accounting would already have dropped the slab from
+    /// the plan, and its give-back went uncounted.
+    pub fn free(&self, client: u64, slab: u32, store: &SlabStore) -> Result<(), Refusal> {
         let mut st = self.state.lock();
+        let committed_bytes = store.free(client, slab)?;
         let Some(i) = st.asked.iter().position(|&s| s == slab) else {
-            return;
+            return Ok(());
         };
         st.asked.remove(i);
         st.told.remove(&slab);
@@ -250,6 +254,7 @@ impl Reclaimer {
         self.metrics.slab_given_back();
         tracing::debug!(client, slab, committed_bytes, "slab given back");
         self.replan(&mut st, store);
+        Ok(())
     }
 
     /// One reclaim tick: reads `MemAvailable` (with `--keep-free`), re-plans, and logs slabs
