@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use farmem_runtime::{ForkPlan, Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport};
 
@@ -328,7 +328,7 @@ extern "C" fn at_exit() {
 /// does; so do many forked children) runs no `atexit` handler, and its statistics would stay
 /// unfinished. `_exit` may be called from a signal handler, which may have interrupted this
 /// very thread inside the allocator or a stats write: so the final write is asked of the stats
-/// thread and waited for a bounded time (a flag and sleeps, both safe in a signal handler),
+/// thread and waited for a bounded time (a flag and a futex, both safe in a signal handler),
 /// and the process ends without it if the thread cannot finish.
 pub(crate) fn before_exit() {
     let me = std::process::id();
@@ -336,16 +336,49 @@ pub(crate) fn before_exit() {
         return; // no stats thread here (a vfork child, a child without a runtime)
     }
     FINAL_ASKED.store(me, Ordering::Release);
-    for _ in 0..50 {
-        if FINAL_WRITTEN.load(Ordering::Acquire) == me {
+    futex_wake(&FINAL_ASKED);
+    let deadline = Instant::now() + FINAL_WRITE_LIMIT;
+    loop {
+        let written = FINAL_WRITTEN.load(Ordering::Acquire);
+        if written == me {
             return;
         }
-        std::thread::sleep(STATS_TICK);
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        futex_wait(&FINAL_WRITTEN, written, deadline - now);
     }
 }
 
-/// How often the stats thread looks whether `_exit` asks for the final write.
-const STATS_TICK: Duration = Duration::from_millis(20);
+/// How long `_exit` waits for the stats thread's final write.
+const FINAL_WRITE_LIMIT: Duration = Duration::from_secs(1);
+
+/// How often the stats thread writes the stats file.
+const STATS_EVERY: Duration = Duration::from_secs(1);
+
+/// Sleeps until `word` may no longer hold `seen`, someone calls [`futex_wake`] on it, or `limit`
+/// passes. A futex, not a condition variable: [`before_exit`] runs inside `_exit`, possibly in
+/// a signal handler, where only plain system calls are safe; the futex lets the stats thread
+/// sleep a whole second yet answer at once (it used to poll a flag every 20 ms).
+fn futex_wait(word: &AtomicU32, seen: u32, limit: Duration) {
+    let timeout = rustix::thread::futex::Timespec {
+        tv_sec: limit.as_secs() as i64,
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    // Errors (EAGAIN: the word changed; EINTR; ETIMEDOUT) all mean "look again".
+    let _ = rustix::thread::futex::wait(
+        word,
+        rustix::thread::futex::Flags::PRIVATE,
+        seen,
+        Some(&timeout),
+    );
+}
+
+/// Wakes every thread in [`futex_wait`] on `word`.
+fn futex_wake(word: &AtomicU32) {
+    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::PRIVATE, u32::MAX);
+}
 
 /// The process whose stats thread is running (a forked child that starts its own sets it).
 static STATS_THREAD_PID: AtomicU32 = AtomicU32::new(0);
@@ -535,20 +568,27 @@ fn start_stats_writer(cfg: &RunSettings, first_now: bool) {
                 let _ = write_stats(&path, false);
             }
             // Every second; at once when `_exit` asks for the final write.
-            let mut slept = Duration::ZERO;
+            let mut next = Instant::now() + STATS_EVERY;
             loop {
-                std::thread::sleep(STATS_TICK);
-                slept += STATS_TICK;
+                let asked = FINAL_ASKED.load(Ordering::Acquire);
+                if asked != me {
+                    futex_wait(
+                        &FINAL_ASKED,
+                        asked,
+                        next.saturating_duration_since(Instant::now()),
+                    );
+                }
                 if IN_FORK_CHILD.load(Ordering::SeqCst) {
                     return;
                 }
                 if FINAL_ASKED.load(Ordering::Acquire) == me {
                     finish();
                     FINAL_WRITTEN.store(me, Ordering::Release);
+                    futex_wake(&FINAL_WRITTEN);
                     return;
                 }
-                if slept >= Duration::from_secs(1) {
-                    slept = Duration::ZERO;
+                if Instant::now() >= next {
+                    next = Instant::now() + STATS_EVERY;
                     let _ = write_stats(&path, false);
                 }
             }
