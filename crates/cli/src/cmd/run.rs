@@ -396,10 +396,24 @@ pub fn summary_line(stats: &StatsFile) -> String {
         x.map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "n/a".into())
     };
+    // A tree's peak is of resident and pooled pages together (the coordinator sees no finer):
+    // it is set against the whole of --local-mem, not the resident budget alone.
+    let local = match &stats.tree {
+        Some(t) if t.processes.len() > 1 => format!(
+            "peak resident and pooled {} of {} local memory",
+            fmt_bytes(v.peak_resident_bytes),
+            fmt_bytes(v.budget_bytes + v.pool_bytes)
+        ),
+        _ => format!(
+            "peak resident {} of {} budget (+ {} write-back pool)",
+            fmt_bytes(v.peak_resident_bytes),
+            fmt_bytes(v.budget_bytes),
+            fmt_bytes(v.pool_bytes)
+        ),
+    };
     format!(
         "farmem: {} faults ({} host tier, {} remote), host tier in {} out {}, remote in {} out \
-         {}, prefetch accuracy {} coverage {}, peak resident {} of {} budget (+ {} write-back \
-         pool)",
+         {}, prefetch accuracy {} coverage {}, {local}",
         v.faults,
         v.faults_tier,
         v.faults_remote,
@@ -409,9 +423,6 @@ pub fn summary_line(stats: &StatsFile) -> String {
         fmt_bytes(v.remote_bytes_out),
         pct(v.prefetch_accuracy),
         pct(v.prefetch_coverage),
-        fmt_bytes(v.peak_resident_bytes),
-        fmt_bytes(v.budget_bytes),
-        fmt_bytes(v.pool_bytes)
     ) + &rss_part(stats)
         + &tree_part(stats)
         + &fork_part(&v)
@@ -1047,6 +1058,27 @@ mod tests {
         assert!(s.contains("peak resident 256.0 MiB"), "{s}");
         assert!(s.contains("(+ 64.0 KiB write-back pool)"), "{s}");
         assert!(!s.contains("forks"), "no fork lent anything: {s}");
+        // A tree of several processes: its peak (resident and pooled pages together) is set
+        // against the whole local memory, not against the resident budget alone.
+        let tree = summary_line(&StatsFile {
+            summary: Some(StatsSummary {
+                peak_resident_bytes: 63 << 20,
+                budget_bytes: 51 << 20,
+                pool_bytes: 13 << 20,
+                ..StatsSummary::default()
+            }),
+            tree: Some(farmem_runtime::TreeStats {
+                processes: vec![farmem_runtime::TreeProcess::default(); 2],
+                peak_local_bytes: 63 << 20,
+                ..farmem_runtime::TreeStats::default()
+            }),
+            ..StatsFile::default()
+        });
+        assert!(
+            tree.contains("peak resident and pooled 63.0 MiB of 64.0 MiB local memory"),
+            "{tree}"
+        );
+        assert!(!tree.contains("budget (+"), "{tree}");
         let forked = summary_line(&StatsFile {
             summary: Some(StatsSummary {
                 fork_pages_lent: 512,
