@@ -36,6 +36,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::evict::runs;
 use crate::pages::PageState;
 use crate::shared::Shared;
 use crate::PAGE_SIZE;
@@ -167,7 +168,7 @@ pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
     // Write-protect first, a run at a time, so the copy cannot miss a write: a write from
     // now on faults and waits until the page is gone, then faults again on the missing page.
     let mut protected = vec![false; pages.len()];
-    for (i, j) in runs(pages.len(), |k| pages[k].0) {
+    for (i, j) in runs(pages.len(), |k| pages[k].0 == pages[k - 1].0 + PAGE_SIZE) {
         let len = (j - i) * PAGE_SIZE;
         match sh.uffd.writeprotect(pages[i].0, len, true, true) {
             Ok(()) => protected[i..j].iter_mut().for_each(|p| *p = true),
@@ -203,7 +204,7 @@ pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
     };
     // One madvise per run of neighbouring pages (one event per run, or per mapping it spans).
     let mut failed = Vec::new();
-    for (i, j) in runs(drop.len(), |k| drop[k]) {
+    for (i, j) in runs(drop.len(), |k| drop[k] == drop[k - 1] + PAGE_SIZE) {
         let len = (j - i) * PAGE_SIZE;
         if let Err(e) = crate::mm::drop_region_pages(drop[i], len) {
             tracing::debug!(
@@ -228,21 +229,6 @@ pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
         }
     }
     copied
-}
-
-/// Runs of consecutive pages among `n` ascending addresses `addr(k)`: (first, end) indices.
-fn runs(n: usize, addr: impl Fn(usize) -> usize) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < n {
-        let mut j = i + 1;
-        while j < n && addr(j) == addr(j - 1) + PAGE_SIZE {
-            j += 1;
-        }
-        out.push((i, j));
-        i = j;
-    }
-    out
 }
 
 #[cfg(test)]

@@ -357,15 +357,11 @@ fn after_round(sh: &Shared, ev: &mut Evictor, round: usize, stalled: bool) {
 /// moved one by one, so each gets its own outcome (EBUSY: shared after a fork).
 fn move_victims(sh: &Shared, victims: &[Victim]) -> Vec<Result<(), UffdError>> {
     let mut out: Vec<Result<(), UffdError>> = Vec::with_capacity(victims.len());
-    let mut i = 0;
-    while i < victims.len() {
-        let mut j = i + 1;
-        while j < victims.len()
-            && victims[j].addr == victims[j - 1].addr + PAGE_SIZE
-            && victims[j].slot == victims[j - 1].slot + 1
-        {
-            j += 1;
-        }
+    let neighbours = |k: usize| {
+        victims[k].addr == victims[k - 1].addr + PAGE_SIZE
+            && victims[k].slot == victims[k - 1].slot + 1
+    };
+    for (i, j) in runs(victims.len(), neighbours) {
         let run = &victims[i..j];
         let dst = sh.slot_addr(run[0].slot);
         let r = crate::mm::move_to_pool(&sh.pool_uffd, dst, run[0].addr, run.len() * PAGE_SIZE);
@@ -390,6 +386,22 @@ fn move_victims(sh: &Shared, victims: &[Victim]) -> Vec<Result<(), UffdError>> {
             }),
             r => out.push(r.map(|_| ())),
         }
+    }
+    out
+}
+
+/// Runs among `n` items in order, as (first, end) indexes: item `k` continues the run of item
+/// `k - 1` when `joins(k)`. Neighbouring pages go to the kernel as one range (one MOVE, one
+/// madvise, one write-protect), each a single TLB flush.
+pub(crate) fn runs(n: usize, joins: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let mut j = i + 1;
+        while j < n && joins(j) {
+            j += 1;
+        }
+        out.push((i, j));
         i = j;
     }
     out
