@@ -1,4 +1,6 @@
-//! Evicting pages shared copy-on-write with a forked process (its parent or its child).
+//! Evicting pages UFFDIO_MOVE refuses: pages shared copy-on-write with a forked process (its
+//! parent or its child), and pages of ranges the program made read-only or inaccessible with
+//! mprotect (MOVE takes pages of writable ranges only: EINVAL). Both are dropped the same way.
 //!
 //! UFFDIO_MOVE takes exclusive pages only: after a fork it refuses every shared page (EBUSY),
 //! on both sides, until that side writes the page. Making such a page exclusive first (a
@@ -6,11 +8,11 @@
 //! child lives doubled the tree's memory (redis BGSAVE at a 320 MiB budget: the parent
 //! unshared its 323 MiB within 0.7 s of the fork, and the tree held 672 MiB).
 //!
-//! So a shared victim is *dropped* from this process instead: write-protected (a write now
-//! waits for the fault thread), copied into its pool slot (read through `/proc/self/mem`,
-//! which fails rather than faults on a page released or made inaccessible meanwhile), and
-//! unmapped from this process
-//! alone with `MADV_DONTNEED`. The other process keeps the page, counted by its own runtime,
+//! So a shared victim (and a victim of a range that is not writable) is *dropped* from this
+//! process instead: write-protected (a write now waits for the fault thread), copied into its
+//! pool slot (read through `/proc/self/mem`, which reads `PROT_NONE` pages too and fails
+//! rather than faults on a page released meanwhile), and unmapped from this process alone with
+//! `MADV_DONTNEED`. The other process keeps the page, counted by its own runtime,
 //! and nothing is copied locally; from the slot the page goes where every victim goes.
 //!
 //! `MADV_DONTNEED` raises a REMOVE event on the runtime's own userfaultfd and waits until the

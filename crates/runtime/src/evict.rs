@@ -20,9 +20,10 @@
 //!
 //! # Limitations
 //!
-//! - Pages shared copy-on-write with a forked process cannot be MOVEd (EBUSY); they are
-//!   copied and dropped from this process instead ([`crate::cow`]), after the round's commit.
-//!   While nothing can be moved, resident memory exceeds the budget.
+//! - Pages shared copy-on-write with a forked process (EBUSY) and pages of ranges the program
+//!   made read-only or inaccessible (EINVAL) cannot be MOVEd; they are copied and dropped from
+//!   this process instead ([`crate::cow`]), after the round's commit. While nothing can be
+//!   moved or dropped (mlocked memory), resident memory exceeds the budget.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,6 +38,15 @@ use crate::PAGE_SIZE;
 
 /// Victims picked per evictor round.
 const EVICT_BATCH: usize = 32;
+
+/// Why MOVE refused a victim that is then dropped instead ([`crate::cow`]).
+#[derive(Clone, Copy)]
+enum Unmovable {
+    /// Shared copy-on-write with a forked process (EBUSY).
+    Shared,
+    /// In a range the program made read-only or inaccessible with mprotect (EINVAL).
+    NotWritable,
+}
 
 /// One picked victim.
 struct Victim {
@@ -64,9 +74,9 @@ struct Evictor {
     victims: Vec<Victim>,
     outcomes: Vec<Outcome>,
     draining: bool,
-    /// Victims MOVE refused with EBUSY (shared with a forked process), still `Evicting`, to
-    /// drop after the commit ([`crate::cow`]).
-    shared: Vec<Victim>,
+    /// Victims MOVE refused (shared with a forked process, or in a range that is not
+    /// writable), still `Evicting`, to drop after the commit ([`crate::cow`]).
+    unmovable: Vec<(Victim, Unmovable)>,
     stall_backoff: Duration,
     stalled_rounds: u32,
     last_stall_log: Option<Instant>,
@@ -79,7 +89,7 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         victims: Vec::with_capacity(EVICT_BATCH),
         outcomes: Vec::new(),
         draining: false,
-        shared: Vec::new(),
+        unmovable: Vec::new(),
         stall_backoff: Duration::from_millis(10),
         stalled_rounds: 0,
         last_stall_log: None,
@@ -106,13 +116,18 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         let round = ev.outcomes.len();
         let c = commit(&sh, &mut ev);
         publish(&sh, &c);
-        let shared = ev.shared.len();
-        let dropped = if shared == 0 {
+        let unmovable = ev.unmovable.len();
+        let dropped = if unmovable == 0 {
             0
         } else {
-            drop_shared(&sh, &mut ev)
+            drop_unmovable(&sh, &mut ev)
         };
-        after_round(&sh, &mut ev, round, c.refused + shared - dropped == round);
+        after_round(
+            &sh,
+            &mut ev,
+            round,
+            c.refused + unmovable - dropped == round,
+        );
     }
 }
 
@@ -217,15 +232,21 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
         }
         match r {
             // Shared copy-on-write with a forked process (MOVE takes exclusive pages only, and
-            // the page stays shared until this side writes it, even after the other exits):
-            // it stays `Evicting`, with its slot, and is dropped after this commit.
-            Err(err) if err.errno() == Some(libc::EBUSY) => {
+            // the page stays shared until this side writes it, even after the other exits:
+            // EBUSY), or in a range the program made read-only or inaccessible with mprotect
+            // (MOVE takes pages of writable ranges only: EINVAL): it stays `Evicting`, with its
+            // slot, and is dropped after this commit. A page that cannot be dropped either
+            // (mlocked) stays resident there.
+            Err(err) if matches!(err.errno(), Some(libc::EBUSY | libc::EINVAL)) => {
                 st.drops.begin(v.addr, v.slot);
-                ev.shared.push(v);
+                let why = match err.errno() {
+                    Some(libc::EBUSY) => Unmovable::Shared,
+                    _ => Unmovable::NotWritable,
+                };
+                ev.unmovable.push((v, why));
             }
             Err(err) => {
-                // Not moved (page shared after fork: EBUSY; gone: ENOENT; its range made
-                // read-only or PROT_NONE by mprotect: EINVAL): stays resident. A slot that
+                // Not moved (gone: ENOENT; a slot already full: EEXIST): stays resident. A slot that
                 // turned out to hold a page (EEXIST) is discarded before it is used again.
                 if matches!(err, UffdError::Exists { .. }) {
                     tracing::warn!(
@@ -332,11 +353,9 @@ fn after_round(sh: &Shared, ev: &mut Evictor, round: usize, stalled: bool) {
         {
             ev.last_stall_log = Some(Instant::now());
             tracing::warn!(
-                "the evictor cannot move any of {round} victims (in a range the program made \
-                 read-only or inaccessible with mprotect: UFFDIO_MOVE takes pages of writable \
-                 ranges only; or shared with a forked process and neither movable nor \
-                 droppable): resident memory exceeds the budget until they can be evicted; \
-                 retrying"
+                "the evictor can neither move nor drop any of {round} victims (mlocked, or \
+                 released or remapped while being evicted): resident memory exceeds the budget \
+                 until they can be evicted; retrying"
             );
         }
         let mut st = sh.state.lock();
@@ -432,22 +451,22 @@ fn moved_anyway(sh: &Shared, v: &Victim) -> bool {
         && region[0] & 1 == 0
 }
 
-/// Drops the victims MOVE refused as shared with a forked process ([`crate::cow`]) and commits
-/// them: each is committed where it is now (an mremap may have moved it) if it left this
+/// Drops the victims MOVE refused ([`crate::cow`]) and commits them: each is committed where it is now (an mremap may have moved it) if it left this
 /// process; one still mapped there stays resident, one released meanwhile is forgotten.
 /// Each drop waits for the fault thread to read its REMOVE event, so faults wait in that
 /// thread's queue meanwhile (`dropping`). Returns how many pages were dropped.
-fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
+fn drop_unmovable(sh: &Shared, ev: &mut Evictor) -> usize {
     sh.dropping.store(true, Ordering::Release);
     sh.commit_cv.notify_all();
-    let pages: Vec<(usize, u32)> = ev.shared.iter().map(|v| (v.addr, v.slot)).collect();
+    let pages: Vec<(usize, u32)> = ev.unmovable.iter().map(|(v, _)| (v.addr, v.slot)).collect();
     let done = crate::cow::copy_and_drop(sh, &pages);
     sh.dropping.store(false, Ordering::Release);
     let mut dropped = 0;
+    let (mut shared, mut not_writable) = (0u64, 0u64);
     let mut kept = 0usize;
     {
         let mut st = sh.state.lock();
-        for (mut v, copied) in ev.shared.drain(..).zip(done) {
+        for ((mut v, why), copied) in ev.unmovable.drain(..).zip(done) {
             let Some((now, slot)) = st.drops.finish(v.addr) else {
                 debug_assert!(false, "no drop record for {:#x}", v.addr);
                 continue;
@@ -478,7 +497,13 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
                     && crate::mm::with_page_bytes(sh.pool.mapping(), slot, |page| {
                         page.iter().all(|b| *b == 0)
                     }));
-            dropped += usize::from(copied && evicting);
+            if copied && evicting {
+                dropped += 1;
+                match why {
+                    Unmovable::Shared => shared += 1,
+                    Unmovable::NotWritable => not_writable += 1,
+                }
+            }
             // Not `Evicting` any more (released meanwhile): the commit forgets it.
             ev.outcomes.push((v, Ok(()), zero));
         }
@@ -487,7 +512,9 @@ fn drop_shared(sh: &Shared, ev: &mut Evictor) -> usize {
     c.refused += kept;
     publish(sh, &c);
     if dropped > 0 {
-        sh.stats.lock().s.shared_pages_dropped += dropped as u64;
+        let mut s = sh.stats.lock();
+        s.s.shared_pages_dropped += shared;
+        s.s.not_writable_pages_dropped += not_writable;
     }
     dropped
 }

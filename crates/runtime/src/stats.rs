@@ -104,13 +104,17 @@ pub struct Stats {
     pub evicted_dropped_clean: u64,
     /// Evicted pages that were all zero: never sent, they come back as zero pages.
     pub evicted_zero: u64,
-    /// Victims that could not be evicted (a range made read-only or inaccessible, a page
-    /// moved by mremap while being dropped): they stay resident and are tried again.
+    /// Victims that could not be evicted (mlocked, a page moved by mremap while being
+    /// dropped): they stay resident and are tried again.
     pub evictions_refused: u64,
     /// Victims shared copy-on-write with a forked process (parent or child) that were copied
     /// and dropped from this process, the other keeping the page ([`crate::cow`]).
     #[serde(default)]
     pub shared_pages_dropped: u64,
+    /// Victims in a range the program made read-only or inaccessible (mprotect), which
+    /// UFFDIO_MOVE refuses, copied and dropped instead; they come back on the next access.
+    #[serde(default)]
+    pub not_writable_pages_dropped: u64,
     /// Page data bytes sent to donors.
     pub bytes_sent: u64,
     /// Page data bytes received from donors.
