@@ -283,7 +283,9 @@ pub fn self_pidfd() -> Option<OwnedFd> {
         return None;
     }
     // SAFETY: `fd` is a fresh descriptor this process owns; wrapping it closes it on drop.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Some(farmem_fds::protect(unsafe {
+        OwnedFd::from_raw_fd(fd as i32)
+    }))
 }
 
 /// Operations on memory that is not a [`Mapping`] (a program's pages).

@@ -443,10 +443,12 @@ impl NodeClient {
     /// node answers (HELLO → WELCOME) within `cfg.timeout`.
     pub fn connect(path: &Path, cfg: NodeClientConfig) -> Result<NodeClient, NodeError> {
         check_socket_trust(path)?;
-        let stream = UnixStream::connect(path).map_err(|source| NodeError::Connect {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let stream = UnixStream::connect(path)
+            .map(farmem_fds::protect)
+            .map_err(|source| NodeError::Connect {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let cred =
             rustix::net::sockopt::socket_peercred(&stream).map_err(|e| NodeError::Io(e.into()))?;
         let me = rustix::process::getuid().as_raw();
@@ -478,7 +480,7 @@ impl NodeClient {
             version: PROTOCOL_VERSION,
         });
         let mut reader = FrameReader {
-            stream: inner.stream.try_clone()?,
+            stream: farmem_fds::protect(inner.stream.try_clone()?),
             buf: Vec::new(),
             fds: VecDeque::new(),
         };

@@ -3,7 +3,7 @@
 //! Left out of the unit-test binary, where they would replace that binary's own malloc.
 #![cfg(not(test))]
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 use libc::{off_t, pthread_attr_t, pthread_t, size_t};
 
@@ -215,4 +215,82 @@ pub unsafe extern "C" fn pthread_create(
 ) -> c_int {
     // SAFETY: see the module comment above.
     unsafe { fmp_pthread_create(t, attr, start, arg) }
+}
+
+/// close(2). A descriptor of farmem's that the program closes stays open and the call
+/// succeeds ([`crate::fdguard`]).
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    match crate::fdguard::close(fd) {
+        crate::fdguard::Close::Keep => 0,
+        // SAFETY: close(2) of a number; the caller owns it (or farmem closes its own).
+        crate::fdguard::Close::Close => unsafe { libc::syscall(libc::SYS_close, fd) as c_int },
+    }
+}
+
+/// close_range(2): the range but farmem's descriptors ([`crate::fdguard`]). With
+/// CLOSE_RANGE_CLOEXEC nothing closes now, and farmem's are close-on-exec already.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags as c_uint & libc::CLOSE_RANGE_CLOEXEC != 0 {
+        // SAFETY: close_range(2) takes three integers.
+        return unsafe { close_range_syscall(first, last, flags) };
+    }
+    if first > last {
+        // SAFETY: as above (the kernel answers EINVAL).
+        return unsafe { close_range_syscall(first, last, flags) };
+    }
+    // close_range fails only for bad flags, the same for every sub-range: the first failure
+    // is the answer.
+    let (ranges, n) = crate::fdguard::ranges_to_close(first, last);
+    for &(a, b) in &ranges[..n] {
+        // SAFETY: as above; each sub-range is the caller's to close.
+        let rc = unsafe { close_range_syscall(a, b, flags) };
+        if rc != 0 {
+            return rc;
+        }
+    }
+    0
+}
+
+/// closefrom(3): as `close_range(lowfd, ~0U, 0)` ([`crate::fdguard`]). glibc's own reaches
+/// the system call internally, past [`close_range`].
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    // SAFETY: as close_range.
+    unsafe { close_range(lowfd.max(0) as c_uint, c_uint::MAX, 0) };
+}
+
+/// dup2(2): fails with EBUSY when `new` is farmem's descriptor ([`crate::fdguard`]).
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if old != new && !crate::fdguard::may_replace(new) {
+        set_errno(libc::EBUSY);
+        return -1;
+    }
+    // SAFETY: dup2(2) takes two integers.
+    unsafe { libc::syscall(libc::SYS_dup2, old, new) as c_int }
+}
+
+/// dup3(2): as [`dup2`].
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if old != new && !crate::fdguard::may_replace(new) {
+        set_errno(libc::EBUSY);
+        return -1;
+    }
+    // SAFETY: dup3(2) takes three integers.
+    unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) as c_int }
+}
+
+/// # Safety
+/// close_range(2) with the caller's arguments.
+unsafe fn close_range_syscall(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: close_range(2) takes three integers; see the caller.
+    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno, always valid.
+    unsafe { *libc::__errno_location() = e };
 }

@@ -36,6 +36,7 @@
 
 pub mod config;
 mod exports;
+mod fdguard;
 mod glue;
 mod tree;
 pub mod unmanaged;
@@ -99,6 +100,7 @@ pub(crate) mod shim {
         pub fn fmp_heap_bounds(lo: *mut usize, span: *mut usize);
         pub fn fmp_counters(out: *mut super::ShimCounters);
         pub fn fmp_resolve_symbols();
+        pub fn fmp_uses_glibc() -> c_int;
     }
 }
 

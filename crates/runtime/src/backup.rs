@@ -91,6 +91,7 @@ impl Backup {
             .create_new(true)
             .mode(0o600)
             .open(path)
+            .map(farmem_fds::protect)
             .map_err(|source| RuntimeError::BackupFile {
                 path: path.to_path_buf(),
                 source,

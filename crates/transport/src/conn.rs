@@ -257,8 +257,8 @@ impl Conn {
             });
         }
 
-        let reader_stream = stream.try_clone().map_err(setup)?;
-        let control = stream.try_clone().map_err(setup)?;
+        let reader_stream = farmem_fds::protect(stream.try_clone().map_err(setup)?);
+        let control = farmem_fds::protect(stream.try_clone().map_err(setup)?);
         let conn = Arc::new(Conn {
             addr: addr.clone(),
             writer: Mutex::new(Writer {
@@ -590,7 +590,7 @@ fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, TransportError> {
     let mut last = None;
     for a in &addrs {
         match TcpStream::connect_timeout(a, timeout) {
-            Ok(s) => return Ok(s),
+            Ok(s) => return Ok(farmem_fds::protect(s)),
             Err(e) => last = Some(e),
         }
     }

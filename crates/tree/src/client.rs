@@ -49,6 +49,7 @@ impl TreeClient {
     /// returns the client and that grant in pages.
     pub fn connect(path: &Path, pid: u32, min_pages: u64) -> io::Result<(TreeClient, u64)> {
         let stream = UnixStream::connect(path)
+            .map(farmem_fds::protect)
             .map_err(|e| err(path, e.kind(), format_args!("cannot connect: {e}")))?;
         let mut client = TreeClient {
             stream,

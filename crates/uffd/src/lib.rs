@@ -282,7 +282,7 @@ fn create_fd() -> Result<OwnedFd, UffdError> {
             return Err(classify_open(e));
         }
         // SAFETY: `fd` is a new userfaultfd the kernel just returned to us.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        return Ok(farmem_fds::protect(unsafe { OwnedFd::from_raw_fd(fd) }));
     }
     let dev_err = errno();
     // No /dev/userfaultfd (or no access to it): try the system call, which root may use.
@@ -298,7 +298,9 @@ fn create_fd() -> Result<OwnedFd, UffdError> {
         return Err(classify_open(e));
     }
     // SAFETY: `fd` is a new userfaultfd the kernel just returned to us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    Ok(farmem_fds::protect(unsafe {
+        OwnedFd::from_raw_fd(fd as RawFd)
+    }))
 }
 
 fn classify_open(e: io::Error) -> UffdError {
