@@ -57,8 +57,10 @@ pub struct TreeRssReport {
 /// What the sampler knows of one process.
 #[derive(Default)]
 struct Seen {
-    /// Whether its mappings include the preload library (None: not looked yet).
-    paged: Option<bool>,
+    /// Its mappings included the preload library at some sample.
+    paged: bool,
+    /// Samples in a row, from its second, whose mappings did not include the library.
+    misses: u32,
     samples: u32,
     peak_rss: u64,
     /// Its command name, read when it is found unpaged (later it may be gone).
@@ -92,12 +94,20 @@ impl TreeRss {
                         let p = seen.entry(pid).or_default();
                         p.samples += 1;
                         p.peak_rss = p.peak_rss.max(rss);
-                        // Looked at from its second sample: a process seen in the middle of
-                        // an exec may not have mapped its libraries yet.
-                        if p.paged.is_none() && p.samples >= 2 {
-                            p.paged = has_library(pid);
-                            if p.paged == Some(false) {
-                                p.name = command_name(pid);
+                        // Looked at from its second sample, until the library is seen: a
+                        // process caught between `exec` and the loader mapping its libraries
+                        // has none yet (a pyenv shim's `env` exec'ing bash was reported as
+                        // unpaged, about one run in five), so it takes two misses in a row.
+                        if !p.paged && p.samples >= 2 {
+                            match has_library(pid) {
+                                Some(true) => p.paged = true,
+                                Some(false) => {
+                                    p.misses += 1;
+                                    if p.misses == 2 {
+                                        p.name = command_name(pid);
+                                    }
+                                }
+                                None => {}
                             }
                         }
                     }
@@ -109,7 +119,7 @@ impl TreeRss {
                 }
                 report.unpaged = seen
                     .into_iter()
-                    .filter(|(_, p)| p.paged == Some(false))
+                    .filter(|(_, p)| !p.paged && p.misses >= 2)
                     .map(|(pid, p)| UnpagedProcess {
                         pid,
                         name: p.name,
