@@ -1,8 +1,9 @@
 //! This process's share of its tree's budget: under `farmem run` every process of the program's
 //! tree has a runtime of its own, and together they stay within `--local-mem`. A coordinator
 //! in `farmem run` (crate farmem-tree) grants each a number of local pages; this module joins
-//! it when the runtime starts, then reports what the runtime uses and moves every
-//! [`PERIOD`] from a thread of its own and applies the grants it gets back.
+//! it when the runtime starts, then reports what the runtime uses and moves from a thread of
+//! its own, every [`PERIOD`] while that changes and up to every [`IDLE_PERIOD`] while it does
+//! not, and applies the grants it gets back (read as soon as the coordinator pushes one).
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -20,8 +21,13 @@ pub(crate) const POOL_BYTES: u64 = 4 << 20;
 /// The least budget of region pages a process asks for beside its pool (1 MiB).
 const MIN_SHARE_PAGES: u64 = 256;
 
-/// How often the process reports to the coordinator (and so how soon a grant takes effect).
+/// How often the process reports to the coordinator while what it uses or moves changes.
 const PERIOD: Duration = Duration::from_millis(50);
+
+/// The longest it waits between reports while nothing changes: each unchanged report doubles
+/// the wait up to this (an idle process woke 20 times a second for them). A grant the
+/// coordinator pushes (it rebalances when a process joins, leaves or reports) is read at once.
+const IDLE_PERIOD: Duration = Duration::from_secs(1);
 
 /// The coordinator connection's descriptor, so a forked child can close its copy: otherwise
 /// the parent's share would not come back when the parent exits while the child lives.
@@ -49,14 +55,18 @@ pub(crate) fn join(rt: &'static Arc<Runtime>, dir: &Path) -> Result<(), String> 
         .name("farmem-tree".into())
         .spawn(move || {
             crate::mark_runtime_thread();
+            let mut wait = PERIOD;
+            let mut last = None;
             loop {
-                std::thread::sleep(PERIOD);
+                let pushed = client.wait(wait);
                 let u = rt.usage();
                 let report = Report {
                     used_pages: u.used_pages,
                     fetched_pages: u.fetched_pages,
                     evicted_pages: u.evicted_pages,
                 };
+                wait = next_wait(wait, pushed, last == Some(report));
+                last = Some(report);
                 match client.exchange(report) {
                     Ok(Some(grant)) => apply(rt, grant),
                     Ok(None) => {}
@@ -73,7 +83,35 @@ pub(crate) fn join(rt: &'static Arc<Runtime>, dir: &Path) -> Result<(), String> 
     Ok(())
 }
 
+/// The wait before the next report: [`PERIOD`] after a change or a pushed grant, else twice
+/// the last, at most [`IDLE_PERIOD`].
+fn next_wait(wait: Duration, pushed: bool, unchanged: bool) -> Duration {
+    if pushed || !unchanged {
+        PERIOD
+    } else {
+        (wait * 2).min(IDLE_PERIOD)
+    }
+}
+
 /// A grant covers the pool and the resident region pages.
 fn apply(rt: &Runtime, grant_pages: u64) {
     rt.set_budget_pages(grant_pages.saturating_sub(rt.pool_pages()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_slow_down_while_nothing_changes_and_speed_up_at_once() {
+        let mut w = PERIOD;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            w = next_wait(w, false, true);
+            waits.push(w.as_millis());
+        }
+        assert_eq!(waits, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(next_wait(IDLE_PERIOD, false, false), PERIOD);
+        assert_eq!(next_wait(IDLE_PERIOD, true, true), PERIOD);
+    }
 }

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use farmem_uffd::UffdError;
 
+use crate::doorbell::IDLE_WAIT;
 use crate::far::Home;
 use crate::pages::PageState;
 use crate::shared::{Shared, Staged, State};
@@ -102,7 +103,11 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         }
         if st.paused || !ev.draining || resident <= sh.budget.low_water() {
             ev.draining = false;
-            sh.evict_cv.wait_for(&mut st, Duration::from_millis(50));
+            // Woken by an install reaching the high watermark, a fault finding no room, a
+            // lowered budget, the end of a fork or shutdown (see crate::doorbell).
+            if !sh.shutdown.load(Ordering::Relaxed) {
+                sh.evict_cv.wait_for(&mut st, IDLE_WAIT);
+            }
             continue;
         }
         let want = ((resident - sh.budget.low_water()) as usize).min(EVICT_BATCH);

@@ -26,6 +26,9 @@
 //! - One thread serves every fault; a remote read blocks the faults behind it in its batch
 //!   (they are submitted together, so they wait for the slowest of them).
 
+use rustix::event::{PollFd, PollFlags};
+
+use crate::doorbell::IDLE_WAIT;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -94,12 +97,15 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
         // Busy: look for the next events without sleeping first.
         if !(busy && spin_for_events(&sh, &mut events)) {
             let timeout = if q.retry.is_empty() && q.installs.is_empty() {
-                100
+                IDLE_WAIT
             } else {
-                1
+                Duration::from_millis(1)
             };
-            if let Err(e) = sh.uffd.wait_readable(timeout) {
-                sh.report(format!("fault loop: {e}"), true);
+            if let Err(e) = wait_for_events(&sh, timeout) {
+                sh.report(
+                    format!("fault loop: waiting for userfaultfd events: {e}"),
+                    true,
+                );
                 std::thread::sleep(Duration::from_millis(10));
             }
             if let Err(e) = sh.uffd.read_events(&mut events) {
@@ -124,6 +130,22 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
         }
         complete_fetches(&sh, &mut q);
         sh.loop_seq.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Sleeps until the userfaultfd has events, shutdown rings the doorbell, or `timeout` passes.
+fn wait_for_events(sh: &Shared, timeout: Duration) -> rustix::io::Result<()> {
+    let timeout = rustix::event::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    let mut fds = [
+        PollFd::new(&sh.uffd, PollFlags::IN),
+        PollFd::from_borrowed_fd(sh.doorbell.fd(), PollFlags::IN),
+    ];
+    match rustix::event::poll(&mut fds, Some(&timeout)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

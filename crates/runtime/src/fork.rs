@@ -295,6 +295,9 @@ fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, u32)>) -> Opt
     let slab_pages = sh.far.slab_pages;
     // By far slab: the child looks pages up by it (`Lent::source`).
     let mut slabs: BTreeMap<u64, LentSlab> = BTreeMap::new();
+    if let Some(t) = &sh.far.tier {
+        t.frozen();
+    }
     for &(_, far, m) in &pages {
         st.far_pages.freeze(far);
         if let Some(s) = st.mem.get(m) {

@@ -62,9 +62,15 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
     let mut deaths_seen: Vec<Option<Instant>> = vec![None; far.donors.len()];
     while !sh.shutdown.load(Ordering::Relaxed) {
         {
+            // Until the next reclaim poll or dead-donor probe is due, unless woken (a donor
+            // suspected or declared dead, a probe done, shutdown): it used to wake every
+            // 100 ms.
+            let due = next_reclaim_poll.min(next_dead_probe);
             let mut woken = far.heal_mu.lock();
-            if !*woken && !more {
-                far.heal_cv.wait_for(&mut woken, Duration::from_millis(100));
+            if !*woken && !more && !sh.shutdown.load(Ordering::Relaxed) {
+                let wait = due.saturating_duration_since(Instant::now());
+                far.heal_cv
+                    .wait_for(&mut woken, wait.max(Duration::from_millis(1)));
             }
             *woken = false;
         }

@@ -59,6 +59,7 @@ mod budget;
 mod config;
 mod cow;
 mod dontfork;
+mod doorbell;
 mod embedded;
 mod events;
 mod evict;
@@ -119,6 +120,8 @@ pub const PAGE_SIZE: usize = 4096;
 pub enum RuntimeError {
     #[error("invalid runtime configuration: {0}")]
     Config(String),
+    #[error("creating the runtime's wake-up eventfd failed")]
+    Doorbell(#[source] std::io::Error),
     #[error("userfaultfd: {step}")]
     Uffd {
         step: &'static str,
@@ -578,6 +581,9 @@ impl Runtime {
     /// evictor, which brings resident pages down at once; returns the budget now in force.
     pub fn set_budget_pages(&self, pages: u64) -> u64 {
         let set = self.sh.budget.set(pages);
+        // Under the lock: an evictor between its look at the budget and its wait would
+        // otherwise miss this wake-up and sleep over the budget for up to a second.
+        drop(self.sh.state.lock());
         self.sh.evict_cv.notify_one();
         set
     }
@@ -696,6 +702,12 @@ impl Drop for Runtime {
             return;
         }
         self.sh.shutdown.store(true, Ordering::SeqCst);
+        // Each lock once: a thread that looked at the flag before the store and has not
+        // waited yet holds its lock, so the notifications below come after its wait began.
+        drop(self.sh.state.lock());
+        drop(self.sh.pf.queue.lock());
+        self.sh.doorbell.ring();
+        self.sh.far.wake_healer();
         self.sh.evict_cv.notify_all();
         self.sh.stage_cv.notify_all();
         self.sh.slots_cv.notify_all();

@@ -16,7 +16,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::sync::MutexGuard;
 use farmem_policy::Origin;
@@ -80,8 +80,9 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
     while !sh.shutdown.load(Ordering::Relaxed) {
         {
             let mut q = pf.queue.lock();
-            if q.is_empty() {
-                pf.queue_cv.wait_for(&mut q, Duration::from_millis(50));
+            // Woken by each queued fetch, and at shutdown (crate::doorbell).
+            if q.is_empty() && !sh.shutdown.load(Ordering::Relaxed) {
+                pf.queue_cv.wait_for(&mut q, crate::doorbell::IDLE_WAIT);
             }
             reqs.extend(q.drain(..));
         }

@@ -44,7 +44,10 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
         if st.staging.is_empty() {
-            sh.stage_cv.wait_for(&mut st, Duration::from_millis(50));
+            // Woken by each commit that stages pages, and at shutdown (crate::doorbell).
+            if !sh.shutdown.load(Ordering::Relaxed) {
+                sh.stage_cv.wait_for(&mut st, crate::doorbell::IDLE_WAIT);
+            }
             continue;
         }
         // Take up to 256 still-wanted pages, oldest first.

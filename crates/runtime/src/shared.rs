@@ -16,6 +16,7 @@ use farmem_mm::{Advice, Mapping};
 use farmem_uffd::{Features, Uffd};
 
 use crate::budget::Budget;
+use crate::doorbell::Doorbell;
 use crate::far::Far;
 use crate::farpages::FarPages;
 use crate::memslabs::MemSlabs;
@@ -119,6 +120,8 @@ pub(crate) struct Shared {
     pub(crate) dropping: AtomicBool,
     /// Prefetching and the access trace ([`crate::prefetch`]).
     pub(crate) pf: Prefetch,
+    /// Rung at shutdown: wakes the threads that wait on file descriptors and channels.
+    pub(crate) doorbell: Doorbell,
 }
 
 fn required_features() -> Features {
@@ -226,6 +229,7 @@ impl Shared {
             evictor_blocked: AtomicBool::new(false),
             dropping: AtomicBool::new(false),
             pf,
+            doorbell: Doorbell::new().map_err(RuntimeError::Doorbell)?,
         }))
     }
 

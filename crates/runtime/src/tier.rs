@@ -44,6 +44,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::doorbell::IDLE_WAIT;
 use crate::sync::Mutex;
 use farmem_mm::{Advice, Mapping};
 use farmem_node::{NodeClient, NodeClientConfig, NodeError, SlabHold, TierSlab};
@@ -66,6 +67,12 @@ pub(crate) struct Tier {
     /// Holds taken for forks ([`crate::fork`]): mapped here until the fork is done, then alive
     /// while a child maps them.
     holds: Mutex<Vec<SlabHold>>,
+    /// Wakes the tier thread when far pages are frozen for a fork: it may sleep for
+    /// [`IDLE_WAIT`] while nothing is frozen, and then looks for dead holds every 100 ms.
+    kick: (
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    ),
     /// Kept alive for as long as the runtime: dropping it stops a private node.
     _private: Option<crate::embedded::PrivateNode>,
 }
@@ -125,8 +132,14 @@ impl Tier {
             path: path.to_path_buf(),
             full_until: Mutex::new(None),
             holds: Mutex::new(Vec::new()),
+            kick: crossbeam_channel::bounded(1),
             _private: private,
         })
+    }
+
+    /// Far pages were frozen for a fork: the tier thread starts looking for dead holds.
+    pub(crate) fn frozen(&self) {
+        let _ = self.kick.0.try_send(());
     }
 
     pub(crate) fn slab_bytes(&self) -> u64 {
@@ -265,19 +278,33 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
     let mut next_round = Instant::now();
     let mut backoff = Duration::from_millis(100);
     let mut busy = false;
+    let mut node_gone = false;
     while !sh.shutdown.load(Ordering::Relaxed) {
-        let wait = if busy { 10 } else { 100 };
-        match tier
-            .client
-            .reclaims()
-            .recv_timeout(Duration::from_millis(wait))
-        {
-            Ok(r) => give_back(&sh, tier, r.slabs as usize),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-            // The node is gone: nothing more will be asked; the write-through goes on.
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(Duration::from_millis(wait))
-            }
+        // Busy writing through: 10 ms rounds. Idle with donors to write through to, or with
+        // far pages frozen for a forked child (thawed when its hold is gone): 100 ms, so a
+        // page reaches a donor, and frozen pages are reused, soon. Otherwise only the node's
+        // reclaims wake it (or shutdown: crate::doorbell).
+        let wait = if busy {
+            Duration::from_millis(10)
+        } else if !sh.far.donors.is_empty() || sh.state.lock().far_pages.any_frozen() {
+            Duration::from_millis(100)
+        } else {
+            IDLE_WAIT
+        };
+        let reclaims = if node_gone {
+            crossbeam_channel::never()
+        } else {
+            tier.client.reclaims().clone()
+        };
+        crossbeam_channel::select! {
+            recv(reclaims) -> r => match r {
+                Ok(r) => give_back(&sh, tier, r.slabs as usize),
+                // The node is gone: nothing more will be asked; the write-through goes on.
+                Err(_) => node_gone = true,
+            },
+            recv(tier.kick.1) -> _ => {}
+            recv(sh.doorbell.receiver()) -> _ => break,
+            default(wait) => {}
         }
         thaw_if_no_child(&sh, tier);
         if sh.far.donors.is_empty() || Instant::now() < next_round {

@@ -1,5 +1,6 @@
 //! What a process of the tree runs (from the preload library): connect to the coordinator,
-//! then every ~50 ms send a report and pick up the newest grant, never blocking.
+//! then send a report every 50 ms to a second (the caller's pace) and pick up the newest grant,
+//! never blocking; [`TreeClient::wait`] sleeps until the coordinator pushes one.
 //!
 //! # Design
 //! [`TreeClient::connect`] blocks (at most [`CONNECT_TIMEOUT`]) for the Hello and the first
@@ -199,6 +200,21 @@ impl TreeClient {
             Ok(ToProcess::Grant { pages }) => Ok(pages),
             Err(e) => Err(err(&self.socket_path, ErrorKind::InvalidData, e)),
         }
+    }
+
+    /// Sleeps until the coordinator sends something (a grant it pushes when it rebalances) or
+    /// `timeout` passes; returns whether something arrived. Errors end up in the next
+    /// [`TreeClient::exchange`].
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let t = rustix::event::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &self.stream,
+            rustix::event::PollFlags::IN,
+        )];
+        matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
     }
 
     /// Writes what the socket takes now of the pending report.
