@@ -20,6 +20,9 @@
 //!   `PR_SET_PDEATHSIG`). The kernel sends that signal when the *thread* that spawned the child
 //!   ends, so a caller whose server must outlive the current thread spawns it from a thread that
 //!   lives as long as it needs the server (the runtime does, from a keeper thread).
+//! - The child is the leader of a process group of its own, so signals sent to the caller's
+//!   group (a terminal's Ctrl-C, `timeout`) do not reach it: it serves the pages of processes
+//!   that may be handling those very signals.
 //! - The banner is read by polling the stdout pipe until the deadline, on the calling thread.
 //!   With the child's stderr inherited ([`ServerStderr::Inherit`]) no thread is started: that
 //!   matters inside a program under farmem, where every thread must be marked by the runtime's
@@ -41,6 +44,7 @@ use std::fmt;
 use std::io::Read;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::str::FromStr;
@@ -325,6 +329,11 @@ impl<B: ServerBanner> ChildServerCommand<B> {
             .args(&self.args)
             .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
+            // A process group of its own: a terminal's Ctrl-C, `timeout` or `kill -- -PGID`
+            // meant for the program must not stop the server its pages live on (a SIGTERM to
+            // `farmem run`'s group stopped the private node, and the program read zeros); it
+            // ends with its parent instead. posix_spawn sets it (no fork).
+            .process_group(0)
             .stdout(Stdio::piped())
             .stderr(match self.stderr {
                 ServerStderr::Inherit => Stdio::inherit(),

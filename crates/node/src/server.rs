@@ -41,8 +41,9 @@
 //! A FREE of a held slab counts as reclaimed though its memory returns only when its holds die.
 //! Holds are bounded per connection, not in all: a client that reconnects may make more, each
 //! costing the node one fd and one page, and pinning only slabs that were that client's.
-//! Kept slabs are never punched when the node stops: its fds close, and the pages live as long
-//! as a process maps them.
+//! Kept slabs, and the slabs of clients still connected, are never punched when the node stops:
+//! its fds close, and the pages live as long as a process maps them (a client can read and
+//! write the slabs it has, but gets no new ones).
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, IoSlice, Read};
 use std::mem::MaybeUninit;
@@ -766,8 +767,9 @@ impl NodeServer {
         self.shared.snapshot()
     }
 
-    /// Serves until [`ShutdownHandle::shutdown`]; then disconnects every client (their slabs
-    /// are freed) and removes the socket file.
+    /// Serves until [`ShutdownHandle::shutdown`]; then disconnects every client (their slabs are
+    /// not punched: the clients map them, and may still be reading their pages there) and
+    /// removes the socket file.
     pub fn run(self) -> Result<(), NodeServerError> {
         let sh = Arc::clone(&self.shared);
         let watcher = std::thread::Builder::new()
@@ -988,6 +990,13 @@ impl Connection {
 
     fn serve(self) {
         let end = self.read_loop();
+        // A stopping node shuts every client's stream down, which its read sees as the client
+        // gone: it is the node that goes.
+        let end = if self.sh.stop.load(Ordering::Acquire) {
+            End::Stopping
+        } else {
+            end
+        };
         let (welcomed, slabs, kept) = {
             let mut st = lock(&self.sh.state);
             let client = st.clients.remove(&self.id);
@@ -1009,7 +1018,15 @@ impl Connection {
             (welcomed, slabs, kept)
         };
         let freed = slabs.len();
-        self.sh.release(slabs);
+        if matches!(end, End::Stopping) {
+            // The node stops, the client lives on: its slabs are not punched (it maps them and
+            // reads its pages there; punched, a program stopped with its process group read
+            // zeros). Closing the node's fds leaves the memory to the client's mappings, as
+            // for kept slabs.
+            drop(slabs);
+        } else {
+            self.sh.release(slabs);
+        }
         // Its holds outlive it, but the unarmed ones (never mapped) die with it.
         self.sh.prune_holds();
         let Peer { pid, uid, gid } = self.peer;

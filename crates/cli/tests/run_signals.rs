@@ -1,0 +1,128 @@
+//! A program stopped by a signal keeps its memory: a terminal's Ctrl-C (SIGINT to the whole
+//! process group), `timeout` (SIGTERM to the group) and a SIGTERM to the host tier's node
+//! itself. tests/c/sig_check.c fills 192 MiB at a 64 MiB budget, rewrites it in passes until
+//! the signal and then checks every word. Before, the signal also stopped the private node (or
+//! the embedded donor), which punched the program's slabs on its way out: the program read
+//! zeros (or got SIGBUS) in its own signal handler's wake.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use farmem_testkit::run::*;
+
+/// Starts sig_check under `farmem run ARGS` and waits until its memory is filled.
+fn started(dir: &Scratch, args: &[&str]) -> Running {
+    let prog = dir.path("sig_check");
+    compile_c(&c_source("sig_check.c"), &prog, &[]);
+    let mut all = vec!["--local-mem", "64MiB"];
+    all.extend_from_slice(args);
+    let mut run = farmem_spawn(
+        &all,
+        &[prog.to_str().unwrap(), "192", dir.0.to_str().unwrap()],
+        &dir.path("run.log"),
+    );
+    let start = Instant::now();
+    while !dir.path("filled").exists() {
+        assert!(
+            run.child.try_wait().unwrap().is_none(),
+            "ended before filling: {}",
+            run.log_text()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "not filled within 2 minutes: {}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A few passes in and out of far memory.
+    std::thread::sleep(Duration::from_secs(2));
+    run
+}
+
+/// Sends `sig` to every process of `farmem run`'s process group (it leads its own).
+fn signal_group(run: &Running, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), "--", &format!("-{}", run.child.id())])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// The program checked every word after the signal and ended with its own status (4).
+fn checked_all(run: &mut Running) {
+    let status = run.wait(Duration::from_secs(120));
+    let log = run.log_text();
+    assert!(log.contains("ok passes="), "{log}");
+    assert_eq!(status.code(), Some(4), "the program's status: {log}");
+    assert!(!log.contains("BAD"), "{log}");
+}
+
+#[test]
+fn sigterm_to_the_process_group_leaves_the_program_its_pages() {
+    let dir = Scratch::new("sig-term-group");
+    let mut run = started(&dir, &[]);
+    signal_group(&run, "TERM");
+    checked_all(&mut run);
+}
+
+#[test]
+fn ctrl_c_leaves_the_program_its_pages() {
+    let dir = Scratch::new("sig-int-group");
+    let mut run = started(&dir, &[]);
+    signal_group(&run, "INT");
+    checked_all(&mut run);
+}
+
+#[test]
+fn sigterm_to_the_process_group_leaves_the_embedded_donor_serving() {
+    let dir = Scratch::new("sig-term-tcp");
+    let mut run = started(&dir, &["--local-donor", "tcp"]);
+    signal_group(&run, "TERM");
+    checked_all(&mut run);
+}
+
+#[test]
+fn a_node_stopped_under_a_running_program_leaves_it_its_pages() {
+    let dir = Scratch::new("sig-node");
+    let mut run = started(&dir, &[]);
+    // The private node: a descendant of `farmem run` (its child, or the program's) whose command
+    // line says `node`.
+    let node = descendants(run.child.id())
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"node"))
+        })
+        .unwrap_or_else(|| panic!("no node under farmem run: {}", run.log_text()))
+        .to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &node])
+        .status()
+        .unwrap()
+        .success());
+    // The program goes on paging with the slabs it has, then is stopped.
+    std::thread::sleep(Duration::from_secs(2));
+    run.signal("TERM");
+    checked_all(&mut run);
+}
+
+/// The processes under `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        // Children are listed per thread: the node is spawned from a keeper thread.
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten();
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
