@@ -322,3 +322,37 @@ fn memory_kept_read_only_is_paged_within_the_budget() {
         "peak resident over the budget: {s}"
     );
 }
+
+#[test]
+fn memory_the_program_locks_is_paged_within_the_budget() {
+    // mlockall(MCL_CURRENT) faulted in every region page and the write-back pool, and locked
+    // pages cannot be evicted (memcached -k held 1.08 GB at a 64 MiB budget, with thousands of
+    // warnings). The library skips the locks over memory farmem manages, and says so once.
+    let dir = Scratch::new("managed-mlock");
+    let prog = dir.path("mlock_all");
+    compile_c(&c_source("mlock_all.c"), &prog, &[]);
+    let plain = output_within(Command::new(&prog).arg("64"), Duration::from_secs(120));
+    assert!(plain.status.success(), "without farmem: {}", text(&plain));
+    let want = String::from_utf8(plain.stdout).unwrap();
+    let run = run_sampled(
+        &dir,
+        &["--local-mem", "32MiB"],
+        &[prog.to_str().unwrap(), "64"],
+        "mlock_all",
+    );
+    assert!(run.log.contains(want.trim()), "want {want}: {}", run.log);
+    assert_eq!(
+        run.log.matches("asked to lock its memory").count(),
+        1,
+        "one warning: {}",
+        run.log
+    );
+    assert!(!run.log.contains("WARN"), "{}", run.log);
+    // 128 MiB written; 32 MiB of pages plus the runtime's own (measured 6 MiB).
+    assert!(
+        run.peak_rss_anon_kib <= 48 << 10,
+        "RssAnon peaked at {} MiB at a 32 MiB budget: {}",
+        run.peak_rss_anon_kib >> 10,
+        run.log
+    );
+}

@@ -294,3 +294,34 @@ fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno, always valid.
     unsafe { *libc::__errno_location() = e };
 }
+
+/// mlockall(2): skipped (success) while farmem manages the process's memory
+/// ([`crate::glue::skip_lock`]).
+#[no_mangle]
+pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
+    if crate::glue::skip_lock(None) {
+        return 0;
+    }
+    // SAFETY: mlockall(2) takes flags only.
+    unsafe { libc::syscall(libc::SYS_mlockall, flags) as c_int }
+}
+
+/// mlock(2): skipped (success) over memory farmem manages ([`crate::glue::skip_lock`]).
+#[no_mangle]
+pub unsafe extern "C" fn mlock(addr: *const c_void, len: size_t) -> c_int {
+    if crate::glue::skip_lock(Some((addr.cast_mut().cast(), len))) {
+        return 0;
+    }
+    // SAFETY: mlock(2) of the caller's range; the kernel checks it.
+    unsafe { libc::syscall(libc::SYS_mlock, addr, len) as c_int }
+}
+
+/// mlock2(2): as [`mlock`].
+#[no_mangle]
+pub unsafe extern "C" fn mlock2(addr: *const c_void, len: size_t, flags: c_uint) -> c_int {
+    if crate::glue::skip_lock(Some((addr.cast_mut().cast(), len))) {
+        return 0;
+    }
+    // SAFETY: mlock2(2) of the caller's range; the kernel checks it.
+    unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) as c_int }
+}

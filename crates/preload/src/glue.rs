@@ -172,6 +172,30 @@ pub(crate) fn overlaps_region(addr: *mut u8, len: usize) -> bool {
     !IN_FORK_CHILD.load(Ordering::Relaxed) && rt.overlaps_region(addr, len)
 }
 
+/// Whether a memory lock the program asks for (`mlockall`, or `mlock` over `addr..+len`, all
+/// of memory when `None`) is to be skipped: pages farmem manages cannot be locked in RAM and
+/// stay within `--local-mem` (`mlockall(MCL_CURRENT)` faulted in every region page and the
+/// write-back pool, and locked pages cannot be evicted: memcached -k held 1.08 GB at a 64 MiB
+/// budget). Warns once.
+pub(crate) fn skip_lock(range: Option<(*mut u8, usize)>) -> bool {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let managed = match range {
+        None => runtime().is_some() && !IN_FORK_CHILD.load(Ordering::Relaxed),
+        Some((addr, len)) => overlaps_region(addr, len),
+    };
+    if managed && !WARNED.swap(true, Ordering::Relaxed) {
+        crate::internal(|| {
+            eprintln!(
+                "farmem: warning: process {} asked to lock its memory in RAM (mlock/mlockall); \
+                 farmem pages it within --local-mem instead, so the lock is not applied to the \
+                 memory farmem manages",
+                std::process::id()
+            )
+        });
+    }
+    managed
+}
+
 thread_local! {
     /// The fork this thread is making ([`Runtime::prepare_fork`]): the child (this thread,
     /// there) registers its regions and borrows what was lent without asking its copy of the
