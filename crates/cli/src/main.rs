@@ -61,7 +61,10 @@ fn main() -> std::process::ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("farmem: error: {err:#}");
-            std::process::ExitCode::from(1)
+            let code = err
+                .downcast_ref::<cmd::run::CommandError>()
+                .map_or(1, |c| c.exit_code);
+            std::process::ExitCode::from(code)
         }
     }
 }

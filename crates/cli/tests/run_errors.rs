@@ -21,6 +21,44 @@ fn budget_below_minimum_is_refused() {
 }
 
 #[test]
+fn budget_below_one_process_least_share_is_refused() {
+    // 128 KiB used to run with a 1 MiB budget: the tree's least share per process.
+    for small in ["128KiB", "1MiB"] {
+        let o = farmem_run(&["--local-mem", small], &["true"]);
+        assert!(!o.status.success(), "{}", text(&o));
+        assert!(
+            stderr(&o).contains("below the minimum") && stderr(&o).contains("2.0 MiB"),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = farmem_run(&["--local-mem", "2MiB"], &["true"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("of 2.0 MiB") || stderr(&o).contains("budget"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_127_or_126_as_shells_do() {
+    let o = farmem_run(&["--local-mem", "64MiB"], &["/no/such/program"]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    let o = farmem_run(&["--local-mem", "64MiB"], &["no-such-program-on-path"]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    let dir = Scratch::new("not-executable");
+    let data = dir.path("data.txt");
+    std::fs::write(&data, "not a program\n").unwrap();
+    let o = farmem_run(&["--local-mem", "64MiB"], &[data.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126), "not executable: {}", text(&o));
+    // Executable, but neither ELF nor a script: exec would fail with ENOEXEC.
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let o = farmem_run(&["--local-mem", "64MiB"], &[data.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126), "not a program: {}", text(&o));
+}
+
+#[test]
 fn bad_size_is_refused() {
     let o = farmem_run(&["--local-mem", "lots"], &["true"]);
     assert!(!o.status.success());

@@ -493,6 +493,13 @@ impl<W: Wire> Connection<W> {
 
     fn log_refusal(&mut self, op: u8, status: Status, message: &str) {
         self.errors += 1;
+        if self.client.is_none() && status == Status::ClientIdTaken {
+            // The handshake's normal answer to a client's second connection (it then attaches
+            // with its reconnect key): `farmem run --local-donor tcp` printed two such warnings
+            // on every run.
+            tracing::debug!(peer = %self.peer, "{message}");
+            return;
+        }
         if self.client.is_none() {
             let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
             self.warn(&format!(

@@ -18,8 +18,8 @@ use farmem_tree::{Report, TreeClient};
 /// budget per process would overcommit it with a few processes.
 pub(crate) const POOL_BYTES: u64 = 4 << 20;
 
-/// The least budget of region pages a process asks for beside its pool (1 MiB).
-const MIN_SHARE_PAGES: u64 = 256;
+/// The least budget of region pages a process asks for beside its pool.
+const MIN_SHARE_PAGES: u64 = farmem_tree::LEAST_SHARE_BYTES / 4096;
 
 /// How often the process reports to the coordinator while what it uses or moves changes.
 const PERIOD: Duration = Duration::from_millis(50);

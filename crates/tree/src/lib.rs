@@ -33,6 +33,10 @@ pub mod coordinator;
 pub mod policy;
 pub mod wire;
 
+/// The least budget of region pages a process of the tree asks for beside its write-back pool
+/// (the preload library's `Hello`): `farmem run` refuses a `--local-mem` that cannot hold one.
+pub const LEAST_SHARE_BYTES: u64 = 1 << 20;
+
 pub use client::TreeClient;
 pub use coordinator::{Coordinator, TreeSnapshot};
 pub use policy::{Budget, ProcessShare};

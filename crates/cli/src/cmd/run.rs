@@ -13,7 +13,8 @@
 //! this command hosts (crate farmem-tree). The library (crates/preload) starts the runtime inside the program
 //! and rewrites the stats file every second and at exit; this command reads that file after the
 //! program ends to print the summary line. The exit status is the program's (128 + n for a
-//! program killed by signal n).
+//! program killed by signal n); 127 when COMMAND is not found, 126 when it cannot be run (not
+//! executable, not a program), as shells and `env` answer; 1 for farmem's own errors.
 //!
 //! # Limitations
 //!
@@ -167,6 +168,26 @@ pub fn fmt_bytes(n: u64) -> String {
 // ---------------------------------------------------------------------------------------------
 // finding and checking the program
 
+/// COMMAND cannot be run: `farmem run` exits 127 (not found) or 126 (not executable), as
+/// shells, `env` and `timeout` do, so scripts can tell it from a program that failed.
+#[derive(Debug)]
+pub struct CommandError {
+    pub exit_code: u8,
+    message: String,
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+fn command_error(exit_code: u8, message: String) -> anyhow::Error {
+    anyhow::Error::new(CommandError { exit_code, message })
+}
+
 /// Finds COMMAND like execvp would: a name with a `/` as is, otherwise the first executable
 /// match in PATH.
 pub fn resolve_command(cmd: &OsStr, path_var: Option<&OsStr>) -> anyhow::Result<PathBuf> {
@@ -178,10 +199,16 @@ pub fn resolve_command(cmd: &OsStr, path_var: Option<&OsStr>) -> anyhow::Result<
     };
     if cmd.as_encoded_bytes().contains(&b'/') {
         if !p.exists() {
-            bail!("COMMAND not found: {} does not exist", p.display());
+            return Err(command_error(
+                127,
+                format!("COMMAND not found: {} does not exist", p.display()),
+            ));
         }
         if !is_exec(p) {
-            bail!("COMMAND {} is not an executable file", p.display());
+            return Err(command_error(
+                126,
+                format!("COMMAND {} is not an executable file", p.display()),
+            ));
         }
         return Ok(p.to_path_buf());
     }
@@ -192,11 +219,14 @@ pub fn resolve_command(cmd: &OsStr, path_var: Option<&OsStr>) -> anyhow::Result<
             return Ok(cand);
         }
     }
-    bail!(
-        "COMMAND not found: no executable {:?} in PATH ({})",
-        cmd,
-        path_var.to_string_lossy()
-    )
+    Err(command_error(
+        127,
+        format!(
+            "COMMAND not found: no executable {:?} in PATH ({})",
+            cmd,
+            path_var.to_string_lossy()
+        ),
+    ))
 }
 
 /// What kind of executable a file is, as far as LD_PRELOAD is concerned.
@@ -284,16 +314,26 @@ fn check_preloadable(path: &Path) -> anyhow::Result<()> {
                  memory (rebuild it dynamically linked, or use farmem's C API)",
                 cur.display()
             ),
-            ExecKind::ForeignElf { class64, machine } => bail!(
-                "{} is an ELF program for another machine ({}-bit, e_machine {machine}); farmem's \
-                 preload library is 64-bit for this machine",
-                cur.display(),
-                if class64 { 64 } else { 32 }
-            ),
-            ExecKind::Unknown => bail!(
-                "{} is neither an ELF program nor a #! script; farmem cannot run it",
-                cur.display()
-            ),
+            ExecKind::ForeignElf { class64, machine } => {
+                return Err(command_error(
+                    126,
+                    format!(
+                        "{} is an ELF program for another machine ({}-bit, e_machine \
+                         {machine}); farmem's preload library is 64-bit for this machine",
+                        cur.display(),
+                        if class64 { 64 } else { 32 }
+                    ),
+                ))
+            }
+            ExecKind::Unknown => {
+                return Err(command_error(
+                    126,
+                    format!(
+                        "{} is neither an ELF program nor a #! script; farmem cannot run it",
+                        cur.display()
+                    ),
+                ))
+            }
             ExecKind::Script { interpreter, arg } => {
                 let name = interpreter
                     .file_name()
@@ -814,8 +854,11 @@ mod preflight {
     use super::*;
 
     pub fn check_budget(budget_bytes: u64) -> anyhow::Result<()> {
-        // The smallest region budget plus the smallest write-back pool.
-        let min = farmem_runtime::MIN_LOCAL_BYTES;
+        // Each process of the tree asks for its pool plus a least share
+        // (`farmem_tree::LEAST_SHARE_BYTES`); below that the coordinator grants the least
+        // share anyway, over the limit (128 KiB ran with 1 MiB): the limit must hold at least
+        // one process's, pool included (a fifth of the limit, 64 KiB at least).
+        let min = farmem_runtime::MIN_LOCAL_BYTES.max(2 * farmem_tree::LEAST_SHARE_BYTES);
         if budget_bytes < min {
             bail!(
                 "--local-mem {} is below the minimum the runtime needs ({}): give at least {}",
