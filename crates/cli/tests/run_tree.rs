@@ -165,6 +165,25 @@ fn bash_c_runs_python_under_farmem() {
 }
 
 #[test]
+fn a_background_job_that_outlives_the_program_is_still_paged() {
+    // The shell exits at once; its background job starts a second later. farmem run used to
+    // stop its coordinator and node with the shell, and the job's runtime could not start
+    // (exit 125). It now waits for the tree, as a service manager's scope does.
+    let job = format!("{PYTHON} {} 96", script("job.py").display());
+    let sh = format!("(sleep 1; {job}) & echo main-exit");
+    let run = run_tree(48, &["sh", "-c", &sh], None);
+    expect_ok_lines(&run, 1);
+    assert!(run.stdout().contains("main-exit"), "{}", text(&run.out));
+    assert!(
+        String::from_utf8_lossy(&run.out.stderr).contains("still run under farmem"),
+        "{}",
+        text(&run.out)
+    );
+    assert!(run.paged() >= 1, "the job was not paged: {}", run.stats);
+    run.check_budget();
+}
+
+#[test]
 fn a_script_runs_pythons_in_sequence_and_in_parallel_within_one_budget() {
     let job = format!("{PYTHON} {} 96", script("job.py").display());
     let sh = format!("{job}; {job}; {job} & {job} & wait");

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -746,6 +746,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(sig, interrupted.clone())
             .context("installing the SIGINT/SIGQUIT handlers")?;
     }
+    // The program's orphans (a background job whose shell exited, a daemon's double fork)
+    // become our children rather than init's, so the wait for the tree sees them.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::debug!("PR_SET_CHILD_SUBREAPER: {e}");
+    }
     let mut child = command
         .spawn()
         .with_context(|| format!("starting {}", program.display()))?;
@@ -756,8 +761,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     ])
     .context("installing the SIGTERM/SIGHUP handlers")?;
     let forward_handle = forward.handle();
+    let stop_waiting = interrupted.clone();
     let forwarder = std::thread::spawn(move || {
         for sig in forward.forever() {
+            stop_waiting.store(true, Ordering::Relaxed);
             if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
             }
@@ -785,6 +792,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let status = std::thread::scope(|s| {
         let w = writer.map(|w| s.spawn(w));
         let status = child.wait();
+        // Only a signal from now on stops the wait for the rest of the tree.
+        interrupted.store(false, Ordering::Relaxed);
+        wait_for_the_tree(&coordinator, &interrupted, args.quiet);
         writing.store(false, Ordering::Relaxed);
         if let Some(w) = w {
             let _ = w.join();
@@ -847,6 +857,105 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(code))
+}
+
+/// After the program exits: the processes of its tree that outlive it (a daemon, a background
+/// job) are paged through this process (the budget's coordinator, the private node or the
+/// embedded donor): waits until they are gone too, like a service manager's scope. They used to
+/// lose all three at once (a background job failed to start its runtime; `redis-server
+/// --daemonize yes` ran unbounded). A SIGINT, SIGTERM or SIGHUP ends the wait: they go on
+/// with the memory they have, without a coordinator or new host-tier memory.
+fn wait_for_the_tree(coordinator: &Coordinator, stop: &AtomicBool, quiet: bool) {
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        // Processes still connected to the coordinator (a process that just exited may not have
+        // been seen leaving yet: it has no /proc entry), and our children but the servers we
+        // started (orphans of the tree are ours: we are their subreaper; a forked child may
+        // not have joined the coordinator yet).
+        let mut live: Vec<u32> = coordinator
+            .snapshot()
+            .processes
+            .iter()
+            .filter(|p| p.running && Path::new(&format!("/proc/{}", p.pid)).exists())
+            .map(|p| p.pid)
+            .collect();
+        for c in adopted_children() {
+            if !live.contains(&c) {
+                live.push(c);
+            }
+        }
+        if live.is_empty() {
+            return;
+        }
+        if stop.load(Ordering::Relaxed) {
+            if !quiet {
+                eprintln!(
+                    "farmem: stopped waiting for {} process(es) of the program's tree (pids {}): \
+                     they go on with the memory they have, without a budget coordinator or new \
+                     host-tier memory",
+                    live.len(),
+                    pids_list(&live)
+                );
+            }
+            return;
+        }
+        // Not for a process that is only slow to be seen leaving.
+        if !said && !quiet && started.elapsed() >= Duration::from_millis(500) {
+            eprintln!(
+                "farmem: the program exited; {} process(es) it started still run under farmem \
+                 (pids {}): waiting for them to end (Ctrl-C stops waiting)",
+                live.len(),
+                pids_list(&live)
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// This process's living children other than the servers it started (which run with
+/// `--exit-with-parent`); exited ones are reaped.
+fn adopted_children() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{me}/task"))
+        .into_iter()
+        .flatten();
+    for t in tasks.flatten() {
+        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+        {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline
+                .split(|b| *b == 0)
+                .any(|a| a == b"--exit-with-parent")
+            {
+                continue;
+            }
+            let reaped = matches!(
+                nix::sys::wait::waitpid(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG)
+                ),
+                Ok(s) if s != nix::sys::wait::WaitStatus::StillAlive
+            );
+            if !reaped {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn pids_list(pids: &[u32]) -> String {
+    let mut s: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
+    if pids.len() > 8 {
+        s.push("…".into());
+    }
+    s.join(", ")
 }
 
 /// Checks made before the program starts, each with a message saying what to do.

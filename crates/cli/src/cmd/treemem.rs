@@ -20,7 +20,8 @@
 //!
 //! - Peaks shorter than the sampling period can be missed; processes living less than it may
 //!   not be seen at all.
-//! - A process reparented to init (its parent died first, a daemon) leaves the tree.
+//! - A process reparented to `farmem run` (the tree's subreaper: its parent died first, a
+//!   daemon) leaves the tree this samples, which is rooted at COMMAND.
 //! - A process that maps the preload library counts as paged; one that does not (statically
 //!   linked, setuid, a cleared environment) is listed in [`TreeRssReport::unpaged`] (its name
 //!   read at the end, so a process gone by then has none).
