@@ -482,6 +482,34 @@ fn fork_part(v: &farmem_runtime::StatsSummary) -> String {
     )
 }
 
+/// The warning that the budget did not hold, with the last error, if it did not: faults stop
+/// waiting for the evictor when write-back fails (every donor full or gone) or nothing can be
+/// evicted, and resident memory then grows past the budget rather than the program stopping.
+/// A run against a full external donor printed "peak resident 300.0 MiB of 96.0 MiB budget"
+/// with nothing else to say it was wrong.
+pub fn over_budget_warning(stats: &StatsFile) -> Option<String> {
+    let v = stats.summary.as_ref()?;
+    let tree = stats.tree.as_ref().is_some_and(|t| t.processes.len() > 1);
+    let limit = if tree {
+        v.budget_bytes + v.pool_bytes
+    } else {
+        v.budget_bytes
+    };
+    // A page of slack: the count is sampled while faults and evictions run.
+    if v.peak_resident_bytes <= limit + 4096 {
+        return None;
+    }
+    let why = match &v.last_error {
+        Some(e) if v.send_errors > 0 || v.fetch_errors > 0 => format!(": the last error was: {e}"),
+        _ => String::new(),
+    };
+    Some(format!(
+        "farmem: warning: the budget did not hold: peak {} against {}{why}",
+        fmt_bytes(v.peak_resident_bytes),
+        fmt_bytes(limit)
+    ))
+}
+
 /// The warning naming the processes of the tree that ran without farmem, if any did.
 pub fn unpaged_warning(stats: &StatsFile) -> Option<String> {
     let t = stats.tree.as_ref()?;
@@ -845,6 +873,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     eprintln!("{w}");
                 }
                 if let Some(w) = unpaged_warning(v) {
+                    eprintln!("{w}");
+                }
+                if let Some(w) = over_budget_warning(v) {
                     eprintln!("{w}");
                 }
             }
@@ -1259,6 +1290,30 @@ mod tests {
         });
         assert!(none.contains("accuracy n/a"), "{none}");
         assert!(!none.contains("RSS"), "not measured, not shown: {none}");
+    }
+
+    #[test]
+    fn a_budget_that_did_not_hold_is_said_with_the_last_error() {
+        let at = |peak: u64, send_errors: u64| StatsFile {
+            summary: Some(StatsSummary {
+                peak_resident_bytes: peak,
+                budget_bytes: 96 << 20,
+                pool_bytes: 4 << 20,
+                send_errors,
+                last_error: Some("write-back failed: the donors are full".into()),
+                ..StatsSummary::default()
+            }),
+            ..StatsFile::default()
+        };
+        assert_eq!(over_budget_warning(&at(96 << 20, 0)), None);
+        let w = over_budget_warning(&at(300 << 20, 3)).unwrap();
+        assert!(
+            w.contains("did not hold: peak 300.0 MiB against 96.0 MiB")
+                && w.contains("the donors are full"),
+            "{w}"
+        );
+        let w = over_budget_warning(&at(300 << 20, 0)).unwrap();
+        assert!(!w.contains("last error"), "no error to blame: {w}");
     }
 
     /// A measured process whose unmanaged memory peaked at `peak_unmanaged_bytes`, of which
