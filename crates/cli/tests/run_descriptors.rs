@@ -3,27 +3,11 @@
 //! closes everything before `exec` (tests/c/fd_hostile.c), and a shell's `exec N>file`. Before,
 //! the runtime's userfaultfd was the lowest free number (3 to 8): a program that `dup2`ed a file
 //! onto it crashed at its next fault.
-
-use std::process::Command;
-use std::time::Duration;
-
 use farmem_testkit::run::*;
 
 #[test]
 fn a_program_that_closes_or_replaces_every_descriptor_keeps_its_far_pages() {
-    let dir = Scratch::new("fd-hostile");
-    let prog = dir.path("fd_hostile");
-    compile_c(&c_source("fd_hostile.c"), &prog, &[]);
-    let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
-    assert!(plain.status.success(), "without farmem: {}", text(&plain));
-    let want = String::from_utf8(plain.stdout).unwrap();
-    let stats = dir.path("stats.json");
-    let o = farmem_run(
-        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
-        &[prog.to_str().unwrap(), "96"],
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
+    let (o, s) = c_program_same_both_ways("fd_hostile", "96", "32MiB");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("ERROR"), "{}", text(&o));
     // Every dup2 onto a number of farmem's was refused (EBUSY), and only those.
@@ -38,12 +22,7 @@ fn a_program_that_closes_or_replaces_every_descriptor_keeps_its_far_pages() {
         "{refused} dup2 calls refused: {}",
         text(&o)
     );
-    let s = read_stats(&stats);
-    assert!(far_bytes_out(&s) > 64 << 20, "pages went far: {s}");
-    assert!(
-        counter(&s, "faults_tier") + counter(&s, "faults_remote") > 0,
-        "pages came back: {s}"
-    );
+    assert_went_far_and_came_back(&s, 64 << 20);
 }
 
 #[test]

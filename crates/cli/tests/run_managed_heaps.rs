@@ -230,20 +230,7 @@ fn a_java_heap_three_times_the_budget_is_paged_within_it() {
 /// Runs tests/c/NAME.c with 96 (MiB) without farmem and under farmem at 32 MiB, checks that
 /// both succeed with the same output, and returns farmem's stats.
 fn same_output_at_32mib(name: &str) -> serde_json::Value {
-    let dir = Scratch::new(&format!("managed-{name}"));
-    let prog = dir.path(name);
-    compile_c(&c_source(&format!("{name}.c")), &prog, &[]);
-    let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
-    assert!(plain.status.success(), "without farmem: {}", text(&plain));
-    let want = String::from_utf8(plain.stdout).unwrap();
-    let stats = dir.path("stats.json");
-    let o = farmem_run(
-        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
-        &[prog.to_str().unwrap(), "96"],
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
-    read_stats(&stats)
+    c_program_same_both_ways(name, "96", "32MiB").1
 }
 
 #[test]
@@ -260,11 +247,7 @@ fn reservations_committed_by_mprotect_and_map_fixed_keep_every_byte() {
         s["preload"]["fixed_reregistered"].as_u64().unwrap_or(0) >= 1024,
         "each 4 KiB mmap(MAP_FIXED) commit inside a reservation was registered: {s}"
     );
-    assert!(far_bytes_out(&s) > 64 << 20, "{s}");
-    assert!(
-        counter(&s, "faults_tier") + counter(&s, "faults_remote") > 0,
-        "{s}"
-    );
+    assert_went_far_and_came_back(&s, 64 << 20);
 }
 
 #[test]
@@ -289,11 +272,7 @@ fn memory_kept_read_only_is_paged_within_the_budget() {
     // PROT_NONE) used to stay resident, 96 MiB of it at a 32 MiB budget. Such pages are now
     // copied out and dropped, and come back on the next read.
     let dir = Scratch::new("managed-readonly");
-    let prog = dir.path("readonly_scan");
-    compile_c(&c_source("readonly_scan.c"), &prog, &[]);
-    let plain = output_within(Command::new(&prog).arg("96"), Duration::from_secs(120));
-    assert!(plain.status.success(), "without farmem: {}", text(&plain));
-    let want = String::from_utf8(plain.stdout).unwrap();
+    let (prog, want) = c_program_with_plain_output(&dir, "readonly_scan", "96");
     let stats = dir.path("stats.json");
     let run = run_sampled(
         &dir,
@@ -329,11 +308,7 @@ fn memory_the_program_locks_is_paged_within_the_budget() {
     // pages cannot be evicted (memcached -k held 1.08 GB at a 64 MiB budget, with thousands of
     // warnings). The library skips the locks over memory farmem manages, and says so once.
     let dir = Scratch::new("managed-mlock");
-    let prog = dir.path("mlock_all");
-    compile_c(&c_source("mlock_all.c"), &prog, &[]);
-    let plain = output_within(Command::new(&prog).arg("64"), Duration::from_secs(120));
-    assert!(plain.status.success(), "without farmem: {}", text(&plain));
-    let want = String::from_utf8(plain.stdout).unwrap();
+    let (prog, want) = c_program_with_plain_output(&dir, "mlock_all", "64");
     let run = run_sampled(
         &dir,
         &["--local-mem", "32MiB"],

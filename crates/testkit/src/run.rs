@@ -210,6 +210,36 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// Compiles tests/c/NAME.c into `dir` and runs it once without farmem with `arg`: its path and
+/// what it printed, which the run under farmem must print too.
+pub fn c_program_with_plain_output(dir: &Scratch, name: &str, arg: &str) -> (PathBuf, String) {
+    let prog = dir.path(name);
+    compile_c(&c_source(&format!("{name}.c")), &prog, &[]);
+    let plain = output_within(Command::new(&prog).arg(arg), Duration::from_secs(120));
+    assert!(
+        plain.status.success(),
+        "{name} without farmem: {}",
+        text(&plain)
+    );
+    (prog, String::from_utf8(plain.stdout).expect("UTF-8 output"))
+}
+
+/// Runs tests/c/NAME.c with `arg` without farmem, then under `farmem run --local-mem LOCAL`;
+/// checks that both succeed and print the same, and returns farmem's run and its stats.
+pub fn c_program_same_both_ways(name: &str, arg: &str, local: &str) -> (Output, serde_json::Value) {
+    let dir = Scratch::new(&format!("c-{name}"));
+    let (prog, want) = c_program_with_plain_output(&dir, name, arg);
+    let stats = dir.path("stats.json");
+    let o = farmem_run(
+        &["--local-mem", local, "--stats", stats.to_str().unwrap()],
+        &[prog.to_str().unwrap(), arg],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{}", text(&o));
+    let s = read_stats(&stats);
+    (o, s)
+}
+
 /// The stats file written by the library, as JSON.
 pub fn read_stats(path: &Path) -> serde_json::Value {
     let s = std::fs::read_to_string(path)
@@ -227,6 +257,18 @@ pub fn counter(stats: &serde_json::Value, key: &str) -> u64 {
 /// Page bytes that left the program's memory: to donors and into the host tier.
 pub fn far_bytes_out(stats: &serde_json::Value) -> u64 {
     counter(stats, "remote_bytes_out") + counter(stats, "tier_bytes_out")
+}
+
+/// Checks that more than `min_out` page bytes went far and that some faulted back.
+pub fn assert_went_far_and_came_back(stats: &serde_json::Value, min_out: u64) {
+    assert!(
+        far_bytes_out(stats) > min_out,
+        "more than {min_out} bytes should have gone far: {stats}"
+    );
+    assert!(
+        counter(stats, "faults_tier") + counter(stats, "faults_remote") > 0,
+        "pages should have come back from far memory: {stats}"
+    );
 }
 
 /// Page bytes brought back into the program's memory: from donors and from the host tier.
