@@ -275,6 +275,8 @@ extern "C" fn fork_child() {
 fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
     let mut rc = runtime_config(cfg)?;
     rc.far_floor = plan.lent.as_ref().map_or(0, |l| l.floor());
+    // Pages the parent left on donors: read as the parent's client there.
+    rc.lent_donors = plan.lent.as_ref().and_then(|l| l.donors().cloned());
     let rt = Runtime::start(rc).map_err(|e| error_chain("starting its farmem runtime", &e))?;
     if let Some(lent) = &plan.lent {
         // Before registering: pages shared with the parent that equal their far copy are
@@ -290,8 +292,8 @@ fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
     if let Some(lent) = &plan.lent {
         if let Err(e) = rt.borrow(lent) {
             eprintln!(
-                "farmem: warning: process {} (forked) copies the {} pages its parent left in \
-                 the host tier: {}",
+                "farmem: warning: process {} (forked) copies the {} pages its parent left far \
+                 (host tier or donors): {}",
                 std::process::id(),
                 lent.pages(),
                 error_chain("borrowing them", &e)

@@ -86,6 +86,9 @@ pub struct RuntimeConfig {
     /// ([`crate::Lent::floor`]), which it borrows with [`crate::Runtime::borrow`] and never
     /// writes; its own start here. 0 elsewhere.
     pub far_floor: u64,
+    /// A forked child's runtime whose parent left pages on donors ([`crate::Lent::donors`]):
+    /// it reads them as the parent's client. `None` elsewhere.
+    pub lent_donors: Option<crate::LentDonors>,
 }
 
 /// Where the host tier comes from ([`crate::tier`]).
@@ -154,6 +157,7 @@ impl Default for RuntimeConfig {
             backup_file: None,
             heal_rate_bytes: 256 << 20,
             far_floor: 0,
+            lent_donors: None,
         }
     }
 }

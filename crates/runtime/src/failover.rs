@@ -111,17 +111,17 @@ impl ReplicaRead {
             };
             let why = match result {
                 None => {
-                    if sh.far.donors[d].health.slow() {
+                    if sh.far.donor(d).health.slow() {
                         sh.far.suspect(d);
                     }
                     format!(
                         "donor {} did not answer within the failover delay",
-                        sh.far.donors[d].read.addr()
+                        sh.far.donor(d).read.addr()
                     )
                 }
                 Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
                     sh.far.read_times.record(sent.elapsed());
-                    sh.far.donors[d].health.answered();
+                    sh.far.donor(d).health.answered();
                     sh.stats.lock().s.bytes_received += PAGE_SIZE as u64;
                     match sh.far.open(self.far, &mut data) {
                         Ok(()) => return Ok((data, self.failed_over)),
@@ -134,7 +134,7 @@ impl ReplicaRead {
                 }
                 Some(Ok(_)) => format!(
                     "donor {} answered a page read with no page",
-                    sh.far.donors[d].read.addr()
+                    sh.far.donor(d).read.addr()
                 ),
                 Some(Err(e)) => {
                     sh.far.on_error(d, &e);

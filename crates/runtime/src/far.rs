@@ -39,6 +39,7 @@ use crate::backup::Backup;
 use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
 use crate::failover::ReadTimes;
 use crate::health::Health;
+use crate::lentdonors::LentDonors;
 use crate::replicas::{Replica, Replicas, MAX_REPLICAS};
 use crate::seal::{SealError, Sealer};
 use crate::tier::Tier;
@@ -61,11 +62,23 @@ pub(crate) enum Home {
     Donors(Replicas),
     /// In memory slab `m` ([`crate::memslabs`]: the host tier, or local memory).
     Memory(u32),
+    /// A slab a forked child's parent lent it on donors ([`crate::fork`]): read through
+    /// [`Far::borrowed`] connections (donor indexes past [`Far::donors`]), never written,
+    /// healed or moved.
+    Borrowed(Replicas),
 }
 
 /// Donors, the host tier and the placement of far slabs on them.
 pub(crate) struct Far {
     pub(crate) donors: Vec<Donor>,
+    /// In a forked child that borrowed pages its parent left on donors: connections attached
+    /// as the parent's client (read only), numbered after [`Far::donors`] ([`Far::donor`]).
+    pub(crate) borrowed: Vec<Donor>,
+    /// Far pages below this are the parent's (a forked child; 0 elsewhere).
+    far_floor: u64,
+    /// What the parent lent on donors (a forked child): how to open those pages, and what
+    /// the child lends in turn.
+    lent: Option<LentDonors>,
     /// Pages per far slab (the smallest slab size among the donors).
     pub(crate) slab_pages: u64,
     /// Copies of each slab kept on distinct donors (`--replicas`).
@@ -238,8 +251,15 @@ impl Far {
             Some(path) => Some(Backup::create(path)?),
             None => None,
         };
-        Ok(Far {
+        let (borrowed, borrowed_homes) = match &cfg.lent_donors {
+            Some(l) => l.connect(&ccfg, donors.len()),
+            None => (Vec::new(), Vec::new()),
+        };
+        let far = Far {
             donors,
+            borrowed,
+            far_floor: cfg.far_floor,
+            lent: cfg.lent_donors.clone(),
             slab_pages: slab_bytes / PAGE_SIZE as u64,
             replicas,
             placement: Mutex::new(Vec::new()),
@@ -253,12 +273,45 @@ impl Far {
             read_times: ReadTimes::default(),
             batch_times: ReadTimes::default(),
             _embedded: embedded,
-        })
+        };
+        if cfg
+            .lent_donors
+            .as_ref()
+            .is_some_and(|l| l.slab_pages() != far.slab_pages)
+        {
+            return Err(RuntimeError::Config(format!(
+                "borrowing pages lent on donors: the parent's slabs are {} pages, this \
+                 runtime's {}",
+                cfg.lent_donors.as_ref().map_or(0, LentDonors::slab_pages),
+                far.slab_pages
+            )));
+        }
+        for (idx, r) in borrowed_homes {
+            far.set_home(idx, Some(Home::Borrowed(r)));
+        }
+        Ok(far)
+    }
+
+    /// What the parent lent this forked child on donors, if anything.
+    pub(crate) fn lent(&self) -> Option<&LentDonors> {
+        self.lent.as_ref()
+    }
+
+    /// Donor `d`: one of [`Far::donors`], or past them one of [`Far::borrowed`].
+    pub(crate) fn donor(&self, d: usize) -> &Donor {
+        match d.checked_sub(self.donors.len()) {
+            Some(b) => &self.borrowed[b],
+            None => &self.donors[d],
+        }
     }
 
     /// Opens, in place, a page fetched for far page `far` when pages are sealed; on an error
     /// the bytes are not the page and must not be installed.
     pub(crate) fn open(&self, far: u64, page: &mut [u8]) -> Result<(), SealError> {
+        if far < self.far_floor {
+            // Lent by the parent: sealed (or not) by it, under its key.
+            return self.lent.as_ref().map_or(Ok(()), |l| l.open(far, page));
+        }
         match &self.sealer {
             Some(s) => s.open(far, page),
             None => Ok(()),
@@ -430,16 +483,17 @@ impl Far {
     /// with a backup file, the file has every page those have, and asking a cut-off donor
     /// would cost a connect timeout a fault).
     pub(crate) fn read_sources(&self, far: u64) -> Vec<(usize, PageAddr)> {
-        let Some((Home::Donors(r), page)) = self.home(far) else {
+        let (Some((Home::Donors(r), page)) | Some((Home::Borrowed(r), page))) = self.home(far)
+        else {
             return Vec::new();
         };
         let mut out: Vec<(usize, PageAddr)> = r
             .readable()
-            .filter(|x| self.backup.is_none() || !self.donors[x.donor].health.is_dead())
+            .filter(|x| self.backup.is_none() || !self.donor(x.donor).health.is_dead())
             .map(|x| (x.donor, PageAddr { slab: x.slab, page }))
             .collect();
         out.sort_by_key(|(d, _)| {
-            let h = &self.donors[*d].health;
+            let h = &self.donor(*d).health;
             (!h.is_live(), h.is_dead())
         });
         out
@@ -447,11 +501,11 @@ impl Far {
 
     /// Starts the read of one far page from donor `d` on its fault-path connection.
     pub(crate) fn submit_read_on(&self, d: usize, addr: PageAddr) -> Result<Pending, RuntimeError> {
-        self.donors[d]
+        self.donor(d)
             .read
             .submit_read(&[addr])
             .map_err(|source| RuntimeError::Donor {
-                addr: self.donors[d].read.addr().to_string(),
+                addr: self.donor(d).read.addr().to_string(),
                 step: "reading a page",
                 source,
             })
@@ -597,7 +651,7 @@ impl Far {
     /// Donor `d` failed a request: the heal thread probes it soon and declares it dead if it
     /// does not answer ([`crate::heal`]).
     pub(crate) fn suspect(&self, d: usize) {
-        if self.donors[d].health.suspect() {
+        if self.donor(d).health.suspect() {
             self.wake_healer();
         }
     }

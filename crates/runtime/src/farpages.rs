@@ -65,6 +65,11 @@ impl FarPages {
         self.frozen.get(w).is_some_and(|x| x & (1 << bit) != 0)
     }
 
+    /// Whether any far page in `first..end` is frozen now (the floor aside).
+    pub(crate) fn any_frozen_in(&self, first: u64, end: u64) -> bool {
+        (first..end).any(|f| f >= self.floor && self.is_frozen(f))
+    }
+
     /// Freezes `far` (lent to a child at fork).
     pub(crate) fn freeze(&mut self, far: u64) {
         let w = (far / 64) as usize;

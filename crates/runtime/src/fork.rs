@@ -21,6 +21,20 @@
 //! - A refused hold (an older node, too many holds) lends nothing: everything comes back, as
 //!   without a tree. A child that cannot start its runtime copies the lent pages in.
 //!
+//! # Lending pages on donors
+//!
+//! - Remote pages on donors stay there too (not with a backup file: the child could not read
+//!   that). The parent takes a [`ForkHold`] of its own (the same memfd lifetime signal, made
+//!   here) and freezes their far pages; the child's runtime connects to those donors *as the
+//!   parent's client* (its id and reconnect key, [`LentDonors`]), read only, and opens the
+//!   pages with the parent's key and the seals they had at the fork ([`crate::seal`]). The
+//!   donor keeps the parent's slabs while any connection of that client is open, so a child
+//!   outlives a parent that exits or is killed. The parent moves no slab a child reads
+//!   ([`crate::migrate`] waits for the thaw).
+//! - The child's borrowed donor slabs ([`Home::Borrowed`]) are read through those connections
+//!   only: never written, healed or moved, and not lent again to a grandchild (its fork
+//!   brings them back).
+//!
 //! No lock is held across `fork()`: the child must not touch its copy of the parent's runtime
 //! at all (its threads are gone, and any lock one of them held at the fork instant stays held
 //! there), so [`before_fork`] hands the forking thread what the child needs ([`ForkPlan`]) and
@@ -40,7 +54,9 @@
 //! - A page another thread of the parent releases in the instant of the fork may be borrowed
 //!   by the child with its old contents (what it read before the release).
 //! - While any child that borrowed pages lives, the parent's rewritten far pages are not
-//!   reused: its host-tier use grows by up to the pages lent.
+//!   reused: its host-tier (or donor) use grows by up to the pages lent.
+//! - A child knows the donor copies a lent slab had at the fork: if they all die, its reads of
+//!   those pages fail (SIGBUS), even when the parent has since healed the slab elsewhere.
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -50,8 +66,11 @@ use farmem_mm::Advice;
 use farmem_uffd::UffdError;
 
 use crate::far::Home;
+use crate::forkhold::{ForkHold, MAX_FORK_HOLDS};
+use crate::lentdonors::{Lender, LentDonors};
 use crate::memslabs::MemKind;
 use crate::pages::{Entry, PageState, NO_FAR};
+use crate::replicas::Replicas;
 use crate::shared::{Shared, State};
 use crate::{RuntimeError, PAGE_SIZE};
 
@@ -59,7 +78,7 @@ use crate::{RuntimeError, PAGE_SIZE};
 /// pages left there. The child's runtime borrows them ([`crate::Runtime::borrow`]); a child
 /// without one copies them in ([`Lent::copy_in`]). Made only by [`crate::Runtime::prepare_fork`]
 /// (its fields are private: the child's runtime takes the slabs' mappings as its own).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Lent {
     /// Pages per far slab (the child must use the same).
     slab_pages: u64,
@@ -67,9 +86,11 @@ pub struct Lent {
     floor: u64,
     /// The lent slabs, mapped at the same addresses in the child, by far slab.
     slabs: Vec<LentSlab>,
-    /// Region pages left in them, and resident pages with a copy there: (page address, far
-    /// page).
+    /// Region pages left in them (or on donors), and resident pages with a copy in a lent
+    /// slab: (page address, far page).
     pages: Vec<(usize, u64)>,
+    /// The donors pages were left on, if any.
+    donors: Option<LentDonors>,
 }
 
 /// One lent slab.
@@ -91,6 +112,11 @@ impl Lent {
     /// Pages lent.
     pub fn pages(&self) -> usize {
         self.pages.len()
+    }
+
+    /// What the child's runtime needs to read the pages lent on donors, if any were.
+    pub fn donors(&self) -> Option<&LentDonors> {
+        self.donors.as_ref()
     }
 
     /// Where far page `far` is in the lent slabs' memory.
@@ -118,12 +144,48 @@ impl Lent {
     }
 
     /// In a child that pages nothing itself: copies every lent page that is not mapped yet
-    /// into its region page (plain memory there). Returns the pages copied.
+    /// into its region page (plain memory there); those lent on donors are read from them.
+    /// Returns the pages copied; a page that cannot be read is reported on stderr (it reads
+    /// as zeros: every copy of it is gone).
     pub fn copy_in(&self) -> usize {
-        self.mapped(false).fold(0, |n, (addr, src)| {
+        let mut n = self.mapped(false).fold(0, |n, (addr, src)| {
             crate::mm::copy_inherited_page(addr, src);
             n + 1
-        })
+        });
+        let Some(donors) = &self.donors else {
+            return n;
+        };
+        let far_pages: Vec<(usize, u64)> = self
+            .pages
+            .iter()
+            .copied()
+            .filter(|&(addr, far)| {
+                let mut p = [0u8];
+                donors.has(far) && farmem_mm::mincore(addr, &mut p).is_ok() && p[0] & 1 == 0
+            })
+            .collect();
+        let fars: Vec<u64> = far_pages.iter().map(|(_, f)| *f).collect();
+        let mut lost: Option<(usize, String)> = None;
+        for (&(addr, _), data) in far_pages.iter().zip(donors.read(&fars)) {
+            match data {
+                Ok(d) => {
+                    crate::mm::copy_inherited_page(addr, d.as_ptr() as usize);
+                    n += 1;
+                }
+                Err(e) => {
+                    let l = lost.get_or_insert((0, e));
+                    l.0 += 1;
+                }
+            }
+        }
+        if let Some((count, why)) = lost {
+            eprintln!(
+                "farmem: error: process {}: {count} page(s) its parent left on donors could not \
+                 be read ({why}); they read as zeros",
+                std::process::id()
+            );
+        }
+        n
     }
 
     /// The lent pages whose region page is mapped here and present (`present`) or not, with
@@ -153,11 +215,36 @@ pub struct ForkPlan {
     pub node_fd: Option<RawFd>,
     /// The slab hold taken for this fork (unmapped here after the fork).
     hold: Option<u32>,
+    /// The hold over the pages this fork left on donors (unmapped here after the fork).
+    donor_hold: Option<u64>,
 }
 
-/// Memory slabs that may be lent, by index, with their kind at the time they were held (a
-/// slab the node took back meanwhile changes kind, and its pages are brought back instead).
-type Lendable = BTreeMap<u32, MemKind>;
+/// What a fork may leave far for the child.
+#[derive(Default)]
+struct Lendable {
+    /// Memory slabs, by index, with their kind at the time they were held (a slab the node
+    /// took back meanwhile changes kind, and its pages are brought back instead).
+    memory: BTreeMap<u32, MemKind>,
+    /// The hold for pages on donors, when they may be left there.
+    donors: Option<ForkHold>,
+}
+
+impl Lendable {
+    fn is_empty(&self) -> bool {
+        self.memory.is_empty() && self.donors.is_none()
+    }
+}
+
+/// Where a lent page's far copy is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LentAt {
+    /// In memory slab `m` (the host tier, or one this process borrowed).
+    Memory(u32),
+    /// On this process's donors.
+    Donors,
+    /// On donors, borrowed from this process's parent ([`Home::Borrowed`]).
+    Borrowed,
+}
 
 /// Before `fork()`: pauses eviction, brings evicted pages back and returns the regions (start,
 /// length in bytes) for a child that pages its own memory. With `lend`, pages in the host tier
@@ -171,10 +258,10 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
             sh.commit_cv.wait_for(&mut st, Duration::from_millis(5));
         }
     }
-    let (hold, lendable) = if lend {
+    let (hold, mut lendable) = if lend {
         hold_lendable(sh)
     } else {
-        (None, Lendable::new())
+        (None, Lendable::default())
     };
     let mut plan = ForkPlan {
         node_fd: sh.far.tier.as_ref().map(|t| t.socket_fd()),
@@ -210,7 +297,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
             .into_iter()
             .map(|(s, e)| (s, e - s))
             .collect();
-        plan.lent = lend_pages(sh, &mut st, pages);
+        (plan.lent, plan.donor_hold) = lend_pages(sh, &mut st, pages, lendable.donors.take());
         drop(st);
         if plan.lent.is_some() {
             sh.stats.lock().s.fork_pages_lent += remote as u64;
@@ -224,11 +311,16 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
 /// process borrowed itself) to be inherited; returns the hold and the slabs. A refused hold
 /// (a node without holds, or too many) lends nothing: everything is brought back as before.
 fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
-    let Some(tier) = &sh.far.tier else {
-        return (None, Lendable::new());
+    let mut lendable = Lendable {
+        donors: donor_hold(sh),
+        ..Lendable::default()
     };
-    let mut lendable: Lendable = sh.state.lock().mem.lendable().into_iter().collect();
+    let Some(tier) = &sh.far.tier else {
+        return (None, lendable);
+    };
+    lendable.memory = sh.state.lock().mem.lendable().into_iter().collect();
     let ids: Vec<u32> = lendable
+        .memory
         .values()
         .filter_map(|k| match k {
             MemKind::Tier { id } => Some(*id),
@@ -244,12 +336,12 @@ fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
                     "{}: no hold for a fork ({e}): its pages are brought back instead",
                     tier.describe()
                 );
-                lendable.retain(|_, k| *k == MemKind::Borrowed);
+                lendable.memory.retain(|_, k| *k == MemKind::Borrowed);
             }
         }
     }
     let mut st = sh.state.lock();
-    for (m, kind) in &lendable {
+    for (m, kind) in &lendable.memory {
         if let Some(s) = st.mem.get(*m).filter(|s| s.kind == *kind) {
             s.mapping.advise(Advice::DoFork);
         }
@@ -258,62 +350,165 @@ fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
     (hold, lendable)
 }
 
-/// Whether a page in `e` is left where it is for the child: remote in a lendable slab.
-fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<u32> {
+/// A hold for pages left on donors, when this fork may leave them there: this runtime has
+/// donors, no backup file (a child could not read it), and fewer than [`MAX_FORK_HOLDS`]
+/// forks' holds alive.
+fn donor_hold(sh: &Shared) -> Option<ForkHold> {
+    if sh.far.donors.is_empty() || sh.far.backup.is_some() {
+        return None;
+    }
+    let id = {
+        let mut st = sh.state.lock();
+        if st.fork_holds.len() >= MAX_FORK_HOLDS {
+            tracing::warn!(
+                "{MAX_FORK_HOLDS} forked children still read pages left on donors: this fork \
+                 brings its pages back instead"
+            );
+            return None;
+        }
+        st.next_fork_hold += 1;
+        st.next_fork_hold
+    };
+    match ForkHold::new(id) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!("no hold for a fork ({e}): its donor pages are brought back instead");
+            None
+        }
+    }
+}
+
+/// Whether a page in `e` is left where it is for the child: remote in a lendable slab, or on
+/// donors when those are lendable.
+fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<LentAt> {
     if e.state != PageState::Remote {
         return None;
     }
-    in_lendable(sh, st, lendable, e.far)
+    if let Some(m) = in_lendable(sh, st, lendable, e.far) {
+        return Some(LentAt::Memory(m));
+    }
+    // Donor pages are left far only with a hold to learn when the child is gone.
+    lendable.donors.as_ref()?;
+    match sh.far.home(e.far) {
+        Some((Home::Donors(r), _)) if r.readable().next().is_some() => Some(LentAt::Donors),
+        // Borrowed from this process's own parent: lent on (the child reads it as that
+        // parent's client, as this process does).
+        Some((Home::Borrowed(r), _)) if !r.is_empty() => Some(LentAt::Borrowed),
+        _ => None,
+    }
 }
 
 /// Whether a resident page in `e` has a copy in a lendable slab that the child may use instead
 /// of the page (if the page still equals it): not while that copy is being rewritten.
-fn has_lent_copy(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<u32> {
+fn has_lent_copy(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<LentAt> {
     if e.state == PageState::ResidentSending {
         return None;
     }
-    in_lendable(sh, st, lendable, e.far)
+    in_lendable(sh, st, lendable, e.far).map(LentAt::Memory)
 }
 
 /// The lendable memory slab far page `far` lives in, if any.
 fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option<u32> {
-    if far == NO_FAR || lendable.is_empty() {
+    if far == NO_FAR || lendable.memory.is_empty() {
         return None;
     }
     let Some((Home::Memory(m), _)) = sh.far.home(far) else {
         return None;
     };
     let kind = st.mem.get(m)?.kind;
-    (lendable.get(&m) == Some(&kind)).then_some(m)
+    (lendable.memory.get(&m) == Some(&kind)).then_some(m)
 }
 
-/// Freezes the far pages of `pages` (lent) and describes what the child borrows.
-fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, u32)>) -> Option<Lent> {
+/// Freezes the far pages of `pages` (lent) and describes what the child borrows; keeps
+/// `donor_hold` (returning its id) when pages were left on donors.
+fn lend_pages(
+    sh: &Shared,
+    st: &mut State,
+    pages: Vec<(usize, u64, LentAt)>,
+    donor_hold: Option<ForkHold>,
+) -> (Option<Lent>, Option<u64>) {
     if pages.is_empty() {
-        return None;
+        return (None, None);
     }
     let slab_pages = sh.far.slab_pages;
     // By far slab: the child looks pages up by it (`Lent::source`).
     let mut slabs: BTreeMap<u64, LentSlab> = BTreeMap::new();
+    let mut donor_slabs: BTreeMap<u64, Replicas> = BTreeMap::new();
+    let mut donor_fars = Vec::new();
+    let mut borrowed_slabs = Vec::new();
     if let Some(t) = &sh.far.tier {
         t.frozen();
     }
-    for &(_, far, m) in &pages {
+    for &(_, far, at) in &pages {
         st.far_pages.freeze(far);
-        if let Some(s) = st.mem.get(m) {
-            slabs.entry(s.far_slab).or_insert(LentSlab {
-                far_slab: s.far_slab,
-                addr: s.mapping.addr(),
-                len: s.mapping.len(),
-            });
+        match at {
+            LentAt::Memory(m) => {
+                if let Some(s) = st.mem.get(m) {
+                    slabs.entry(s.far_slab).or_insert(LentSlab {
+                        far_slab: s.far_slab,
+                        addr: s.mapping.addr(),
+                        len: s.mapping.len(),
+                    });
+                }
+            }
+            LentAt::Donors => {
+                if let Some((Home::Donors(r), _)) = sh.far.home(far) {
+                    donor_slabs.entry(far / slab_pages).or_insert(r);
+                    donor_fars.push(far);
+                }
+            }
+            LentAt::Borrowed => borrowed_slabs.push(far / slab_pages),
         }
     }
-    Some(Lent {
+    borrowed_slabs.sort_unstable();
+    borrowed_slabs.dedup();
+    let mut lenders: Vec<Lender> = sh
+        .far
+        .lent()
+        .map(|l| l.only(&borrowed_slabs))
+        .unwrap_or_default();
+    let mut hold_id = None;
+    if let Some(hold) = donor_hold.filter(|_| !donor_fars.is_empty()) {
+        let seals = sh
+            .far
+            .sealer
+            .as_ref()
+            .map(|s| s.lend(donor_fars.iter().copied()));
+        if let Some(own) = Lender::new(&sh.far.donors, donor_slabs.into_iter().collect(), seals) {
+            // Pushed with the state lock held, as the pages are frozen: the thaw never sees
+            // these frozen pages without their hold.
+            hold_id = Some(hold.id);
+            st.fork_holds.push(hold);
+            lenders.push(own);
+        }
+    }
+    let donors = LentDonors::new(slab_pages, lenders);
+    let lent = Lent {
         slab_pages,
         floor: st.far_pages.end().div_ceil(slab_pages) * slab_pages,
         slabs: slabs.into_values().collect(),
         pages: pages.into_iter().map(|(a, far, _)| (a, far)).collect(),
-    })
+        donors,
+    };
+    (Some(lent), hold_id)
+}
+
+/// Thaws the far pages lent to forked children once no hold is alive: every child that
+/// borrowed them has exited or exec'd. Checked with the state lock held, so a fork taking a
+/// hold and freezing pages meanwhile is never thawed by mistake (it pushes its hold first).
+/// Called by the tier thread and the heal thread.
+pub(crate) fn thaw_if_no_child(sh: &Shared) {
+    let mut st = sh.state.lock();
+    if !st.far_pages.any_frozen() {
+        return;
+    }
+    st.fork_holds.retain(ForkHold::is_alive);
+    let tier_holds = sh.far.tier.as_ref().map_or(0, |t| t.live_holds());
+    if tier_holds == 0 && st.fork_holds.is_empty() {
+        st.far_pages.thaw();
+        drop(st);
+        tracing::debug!("every forked child that borrowed far pages is gone: thawed");
+    }
 }
 
 /// In a forked child's runtime: borrows what the parent lent (see [`crate::Runtime::borrow`]).
@@ -337,7 +532,15 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
             lent.floor
         ));
     }
-    if let Some(&(a, far)) = lent.pages.iter().find(|(_, f)| lent.source(*f).is_none()) {
+    let on_donors = |far: u64| {
+        lent.donors.as_ref().is_some_and(|d| d.has(far))
+            && matches!(sh.far.home(far), Some((Home::Borrowed(_), _)))
+    };
+    if let Some(&(a, far)) = lent
+        .pages
+        .iter()
+        .find(|(_, f)| lent.source(*f).is_none() && !on_donors(*f))
+    {
         return bad(format!("page {a:#x} is at far page {far}, in no lent slab"));
     }
     for s in &lent.slabs {
@@ -408,6 +611,11 @@ pub(crate) fn after_fork_parent(sh: &Shared, plan: Option<&ForkPlan>) {
         tier.fork_done(h);
     }
     let mut st = sh.state.lock();
+    if let Some(id) = plan.and_then(|p| p.donor_hold) {
+        if let Some(h) = st.fork_holds.iter_mut().find(|h| h.id == id) {
+            h.unmap();
+        }
+    }
     st.forks = st.forks.saturating_sub(1);
     if st.forks == 0 && st.dofork {
         // Lent slabs are inherited only by the fork they were lent to.
@@ -438,7 +646,7 @@ fn check_all_back(
     sh: &Shared,
     st: &mut State,
     lendable: &Lendable,
-) -> (Option<String>, Vec<(usize, u64, u32)>, usize) {
+) -> (Option<String>, Vec<(usize, u64, LentAt)>, usize) {
     let mut bad = 0usize;
     let mut first: Option<(usize, PageState, bool)> = None;
     let mut lent = Vec::new();

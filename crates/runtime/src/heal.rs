@@ -93,6 +93,9 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
             }
         }
         if Instant::now() >= next_reclaim_poll {
+            // Far pages frozen for forked children that read them on donors: reused once
+            // those children are gone.
+            crate::fork::thaw_if_no_child(&sh);
             crate::migrate::poll(&sh);
             next_reclaim_poll = Instant::now() + RECLAIM_POLL_EVERY;
         }

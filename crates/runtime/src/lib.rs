@@ -68,8 +68,10 @@ mod far;
 mod farpages;
 mod fault;
 mod fork;
+mod forkhold;
 mod heal;
 mod health;
+mod lentdonors;
 mod memslabs;
 mod migrate;
 mod mm;
@@ -101,6 +103,7 @@ pub use config::{
 };
 pub use embedded::PrivateNode;
 pub use fork::{ForkPlan, Lent};
+pub use lentdonors::LentDonors;
 pub use prefetch::PrefetchInstall;
 pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use seal::SealError;

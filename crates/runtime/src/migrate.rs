@@ -68,6 +68,23 @@ fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
         .donor_slabs()
         .into_iter()
         .find(|(_, r)| r.as_slice().iter().any(|x| x.donor == d && x.slab == slab));
+    if let Some((idx, _)) = found {
+        let first = idx * far.slab_pages;
+        if sh
+            .state
+            .lock()
+            .far_pages
+            .any_frozen_in(first, first + far.slab_pages)
+        {
+            // A forked child reads this slab's copies as they were at its fork: moved or
+            // freed under it, its reads would fail. Asked again once the child is gone.
+            tracing::debug!(
+                "donor {} asked for slab {slab} back: kept while a forked child reads it",
+                far.donors[d].write.addr()
+            );
+            return Ok(false);
+        }
+    }
     match found {
         Some((idx, r)) => move_slab(sh, idx, r, d, slab)?,
         None => {

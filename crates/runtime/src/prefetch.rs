@@ -223,6 +223,9 @@ impl Prefetch {
                     })?;
                 clients.push(c);
             }
+            // A forked child's connections to its parent's client (pages lent on donors):
+            // batches share the fault path's connection.
+            clients.extend(far.borrowed.iter().map(|d| d.read.clone()));
         }
         let trace =
             match &cfg.record_trace {

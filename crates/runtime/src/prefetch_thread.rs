@@ -109,7 +109,7 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         let mut lost = Vec::new();
         for r in reqs.drain(..) {
             match sh.far.read_sources(r.far).first() {
-                Some(&(d, a)) if d < groups.len() && sh.far.donors[d].health.is_live() => {
+                Some(&(d, a)) if d < groups.len() && sh.far.donor(d).health.is_live() => {
                     groups[d].push((a, r))
                 }
                 // No live copy: the demand path reads it (failing over, or from the backup).
@@ -155,7 +155,7 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
                             tracing::debug!(
                                 "donor {} did not answer a prefetch batch within {} ms; its \
                                  pages go to the demand path",
-                                sh.far.donors[d].read.addr(),
+                                sh.far.donor(d).read.addr(),
                                 delay.as_millis()
                             );
                             arrive(&sh, reqs, None);

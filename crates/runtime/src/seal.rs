@@ -83,6 +83,53 @@ pub struct Sealer {
     seals: Mutex<Seals>,
 }
 
+/// What a forked child needs to open the pages its parent lent it on donors: the parent's key
+/// and the seals of the lent far pages. Opens only (a child seals its own pages under its own
+/// key, so no nonce is ever used twice under the parent's).
+#[derive(Clone)]
+pub(crate) struct LentSeals {
+    cipher: LessSafeKey,
+    /// (far page, its last seal), sorted by far page.
+    seals: Vec<(u64, Seal)>,
+}
+
+impl std::fmt::Debug for LentSeals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentSeals")
+            .field("pages", &self.seals.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LentSeals {
+    /// Checks and decrypts `page` in place, as fetched for lent far page `far`.
+    pub(crate) fn open(&self, far: u64, page: &mut [u8]) -> Result<(), SealError> {
+        let seal = self
+            .seals
+            .binary_search_by_key(&far, |(f, _)| *f)
+            .map(|i| self.seals[i].1)
+            .map_err(|_| SealError::NeverSealed { far })?;
+        open_with(&self.cipher, seal, far, page)
+    }
+}
+
+/// Opens `page` (far page `far`) sealed as `seal` under `cipher`.
+fn open_with(cipher: &LessSafeKey, seal: Seal, far: u64, page: &mut [u8]) -> Result<(), SealError> {
+    if seal.version == 0 {
+        return Err(SealError::NeverSealed { far });
+    }
+    cipher
+        .open_in_place_separate_tag(
+            nonce(seal.version),
+            Aad::from(far.to_le_bytes()),
+            Tag::from(seal.tag),
+            page,
+            0..,
+        )
+        .map(|_| ())
+        .map_err(|_| SealError::Tampered { far })
+}
+
 /// The nonce of a seal: its version, unique under the key (see the module docs).
 fn nonce(version: u64) -> Nonce {
     let mut n = [0u8; 12];
@@ -142,19 +189,23 @@ impl Sealer {
             .get(far as usize)
             .copied()
             .unwrap_or_default();
-        if seal.version == 0 {
-            return Err(SealError::NeverSealed { far });
+        open_with(&self.cipher, seal, far, page)
+    }
+
+    /// The key and the seals of far pages `fars` (sorted), for a forked child that reads
+    /// those pages from donors ([`crate::fork`]).
+    pub(crate) fn lend(&self, fars: impl Iterator<Item = u64>) -> LentSeals {
+        let s = self.seals.lock();
+        let mut seals: Vec<(u64, Seal)> = fars
+            .filter_map(|f| s.by_far.get(f as usize).map(|x| (f, *x)))
+            .collect();
+        drop(s);
+        seals.sort_unstable_by_key(|(f, _)| *f);
+        seals.dedup_by_key(|(f, _)| *f);
+        LentSeals {
+            cipher: self.cipher.clone(),
+            seals,
         }
-        self.cipher
-            .open_in_place_separate_tag(
-                nonce(seal.version),
-                Aad::from(far.to_le_bytes()),
-                Tag::from(seal.tag),
-                page,
-                0..,
-            )
-            .map(|_| ())
-            .map_err(|_| SealError::Tampered { far })
     }
 }
 
@@ -253,5 +304,31 @@ mod tests {
         a.seal(0, &mut p);
         b.seal(0, &mut page(4));
         assert!(b.open(0, &mut p).is_err());
+    }
+
+    #[test]
+    fn lent_seals_open_the_lent_pages_only_and_only_as_they_were_lent() {
+        let s = Sealer::new().unwrap();
+        let mut a = page(1);
+        let mut b = page(2);
+        s.seal(3, &mut a);
+        s.seal(8, &mut b);
+        let lent = s.lend([8, 3].into_iter());
+        // The parent rewrites page 3 after the fork: the child still opens what was lent.
+        let mut newer = page(9);
+        s.seal(3, &mut newer);
+        let mut x = a.clone();
+        lent.open(3, &mut x).unwrap();
+        assert_eq!(x, page(1));
+        assert!(matches!(
+            lent.open(3, &mut newer.clone()),
+            Err(SealError::Tampered { far: 3 })
+        ));
+        lent.open(8, &mut b).unwrap();
+        assert_eq!(b, page(2));
+        assert!(matches!(
+            lent.open(5, &mut page(5)),
+            Err(SealError::NeverSealed { far: 5 })
+        ));
     }
 }

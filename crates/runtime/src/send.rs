@@ -105,6 +105,12 @@ fn write_batch(sh: &Shared, batch: &mut Vec<Staged>) -> Result<(), RuntimeError>
         match sh.place(s.far)? {
             (Home::Donors(r), page) => remote.push((r, page, i)),
             (Home::Memory(m), page) => memory.push((m, page, i)),
+            // Far pages below the floor are frozen for good: never written.
+            (Home::Borrowed(_), _) => {
+                return Err(RuntimeError::Internal(
+                    "a page was written back to a far page its parent lent",
+                ))
+            }
         }
     }
     if !memory.is_empty() {

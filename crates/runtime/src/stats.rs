@@ -165,11 +165,12 @@ pub struct Stats {
     /// Pages written to the backup file, and read back from it.
     pub backup_pages_written: u64,
     pub backup_pages_read: u64,
-    /// Far pages left in the host tier for forked children to borrow instead of being brought
-    /// back before a fork (summed over forks).
+    /// Far pages left in the host tier or on donors for forked children to borrow instead of
+    /// being brought back before a fork (summed over forks).
     #[serde(default)]
     pub fork_pages_lent: u64,
-    /// Pages this process (a forked child) borrowed from its parent's host-tier slabs at start.
+    /// Pages this process (a forked child) borrowed from its parent's host-tier slabs or donor
+    /// slabs at start.
     #[serde(default)]
     pub pages_borrowed: u64,
     /// Pages fetched from a donor that failed their integrity check (altered, swapped or an
@@ -354,10 +355,10 @@ pub struct StatsSummary {
     /// Pages read back from the backup file.
     #[serde(default)]
     pub backup_pages_read: u64,
-    /// Far pages left in the host tier for forked children (summed over forks).
+    /// Far pages left in the host tier or on donors for forked children (summed over forks).
     #[serde(default)]
     pub fork_pages_lent: u64,
-    /// Pages a forked child borrowed from its parent's host-tier slabs.
+    /// Pages a forked child borrowed from its parent's host-tier or donor slabs.
     #[serde(default)]
     pub pages_borrowed: u64,
 }

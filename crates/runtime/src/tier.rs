@@ -306,7 +306,7 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
             recv(sh.doorbell.receiver()) -> _ => break,
             default(wait) => {}
         }
-        thaw_if_no_child(&sh, tier);
+        crate::fork::thaw_if_no_child(&sh);
         if sh.far.donors.is_empty() || Instant::now() < next_round {
             continue;
         }
@@ -328,18 +328,6 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
-    }
-}
-
-/// Thaws the far pages lent to forked children once no hold is alive: every child that
-/// borrowed them has exited or exec'd. Checked with the state lock held, so a fork taking a
-/// hold and freezing pages meanwhile is never thawed by mistake (it pushes its hold first).
-fn thaw_if_no_child(sh: &Shared, tier: &Tier) {
-    let mut st = sh.state.lock();
-    if st.far_pages.any_frozen() && tier.live_holds() == 0 {
-        st.far_pages.thaw();
-        drop(st);
-        tracing::debug!("every forked child that borrowed host-tier pages is gone: thawed");
     }
 }
 

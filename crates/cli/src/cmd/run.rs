@@ -476,7 +476,7 @@ fn fork_part(v: &farmem_runtime::StatsSummary) -> String {
         return String::new();
     }
     format!(
-        "; forks left {} in the host tier for their children ({} borrowed)",
+        "; forks left {} far (host tier or donors) for their children ({} borrowed)",
         fmt_bytes(v.fork_pages_lent * 4096),
         fmt_bytes(v.pages_borrowed * 4096)
     )
@@ -1280,7 +1280,7 @@ mod tests {
         });
         assert!(
             forked.ends_with(
-                "; forks left 2.0 MiB in the host tier for their children (1.0 MiB borrowed)"
+                "; forks left 2.0 MiB far (host tier or donors) for their children (1.0 MiB borrowed)"
             ),
             "{forked}"
         );

@@ -1,0 +1,253 @@
+//! Pages a forked child borrows on donors ([`crate::fork`]): who lent them (a *lender*: a
+//! process's client on its donors), where they are, and how to open them.
+//!
+//! # Design
+//!
+//! - A lender is the parent's client id and reconnect key, its donors' addresses, the lent far
+//!   slabs with their copies (indexes into those addresses) and, when it sealed them, its key
+//!   and the lent pages' seals. The child attaches to each donor *as that client* (the donor
+//!   checks the key proof as for any connection of the client), reads only, and opens each
+//!   page as the lender sealed it at the fork: a copy the lender rewrote since, or one
+//!   altered, fails the check.
+//! - A child that forks again lends its grandchild both its own pages and those it borrowed:
+//!   the latter keep their first lender (so a [`LentDonors`] may name several). Their far
+//!   pages are disjoint: each process's own far pages start above everything it borrowed.
+//!
+//! # Limitations
+//!
+//! - A child knows the copies a slab had at the fork. A parent that heals a slab elsewhere
+//!   after a donor death does not tell its children.
+
+use farmem_transport::{ClientConfig, DonorClient, PageAddr, ReconnectKey};
+
+use crate::embedded::FAULT_PATH_SPIN;
+use crate::far::Donor;
+use crate::health::Health;
+use crate::replicas::Replicas;
+use crate::seal::{LentSeals, SealError};
+use crate::sync::Mutex;
+use crate::PAGE_SIZE;
+
+/// What a forked child needs to read the pages left for it on donors (see the module doc).
+/// Set as [`crate::RuntimeConfig::lent_donors`] for the child's runtime.
+#[derive(Clone, Debug)]
+pub struct LentDonors {
+    /// Pages per far slab.
+    slab_pages: u64,
+    lenders: Vec<Lender>,
+}
+
+/// One process's client and the slabs it lent on its donors.
+#[derive(Clone, Debug)]
+pub(crate) struct Lender {
+    client_id: u64,
+    reconnect_key: ReconnectKey,
+    /// Its donors (its indexes in the replicas below).
+    addrs: Vec<String>,
+    /// The lent far slabs and their copies, sorted by far slab.
+    slabs: Vec<(u64, Replicas)>,
+    /// The lent pages' seals and its key, when it sealed them.
+    seals: Option<LentSeals>,
+}
+
+impl Lender {
+    /// A process's client (the first donor's connection names it) lending `slabs`.
+    pub(crate) fn new(
+        donors: &[Donor],
+        slabs: Vec<(u64, Replicas)>,
+        seals: Option<LentSeals>,
+    ) -> Option<Lender> {
+        let first = &donors.first()?.read;
+        Some(Lender {
+            client_id: first.client_id(),
+            reconnect_key: first.reconnect_key().clone(),
+            addrs: donors.iter().map(|d| d.read.addr().to_string()).collect(),
+            slabs,
+            seals,
+        })
+    }
+
+    fn slab(&self, idx: u64) -> Option<&Replicas> {
+        self.slabs
+            .binary_search_by_key(&idx, |(i, _)| *i)
+            .ok()
+            .map(|i| &self.slabs[i].1)
+    }
+
+    /// This lender restricted to far slabs `keep` (sorted); `None` if none is its.
+    fn only(&self, keep: &[u64]) -> Option<Lender> {
+        let slabs: Vec<(u64, Replicas)> = self
+            .slabs
+            .iter()
+            .filter(|(i, _)| keep.binary_search(i).is_ok())
+            .copied()
+            .collect();
+        (!slabs.is_empty()).then(|| Lender {
+            slabs,
+            ..self.clone()
+        })
+    }
+
+    /// A configuration attaching as this lender's client.
+    fn client(&self, base: &ClientConfig) -> ClientConfig {
+        ClientConfig {
+            client_id: self.client_id,
+            reconnect_key: self.reconnect_key.clone(),
+            ..base.clone()
+        }
+    }
+}
+
+impl LentDonors {
+    pub(crate) fn new(slab_pages: u64, lenders: Vec<Lender>) -> Option<LentDonors> {
+        (!lenders.is_empty()).then_some(LentDonors {
+            slab_pages,
+            lenders,
+        })
+    }
+
+    pub(crate) fn slab_pages(&self) -> u64 {
+        self.slab_pages
+    }
+
+    fn lender_of(&self, far: u64) -> Option<(&Lender, &Replicas)> {
+        let idx = far / self.slab_pages;
+        self.lenders
+            .iter()
+            .find_map(|l| l.slab(idx).map(|r| (l, r)))
+    }
+
+    /// Whether far page `far` is in a slab lent on donors.
+    pub(crate) fn has(&self, far: u64) -> bool {
+        self.lender_of(far).is_some()
+    }
+
+    /// The lenders of far slabs `keep` (sorted), restricted to them: what a child that borrowed
+    /// these lends its own child in turn.
+    pub(crate) fn only(&self, keep: &[u64]) -> Vec<Lender> {
+        self.lenders.iter().filter_map(|l| l.only(keep)).collect()
+    }
+
+    /// Opens, in place, lent far page `far` as fetched: with its lender's key when it sealed
+    /// it, as is when it did not.
+    pub(crate) fn open(&self, far: u64, page: &mut [u8]) -> Result<(), SealError> {
+        match self.lender_of(far) {
+            Some((l, _)) => l.seals.as_ref().map_or(Ok(()), |s| s.open(far, page)),
+            None => Err(SealError::NeverSealed { far }),
+        }
+    }
+
+    /// In a forked child's runtime: connects to every donor a lent slab has a copy on, as
+    /// its lender's client (read only; `base` gives the timeouts and hooks), numbering the
+    /// connections from `first`; returns them with each lent far slab's copies renumbered to
+    /// them. A donor that cannot be reached is left out (reads fail over to the slab's other
+    /// copies; a page with none left fails as in the parent: SIGBUS rather than wrong data).
+    pub(crate) fn connect(
+        &self,
+        base: &ClientConfig,
+        first: usize,
+    ) -> (Vec<Donor>, Vec<(u64, Replicas)>) {
+        let mut borrowed = Vec::new();
+        let mut homes = Vec::new();
+        for l in &self.lenders {
+            let mut index: Vec<Option<usize>> = vec![None; l.addrs.len()];
+            for (p, addr) in l.addrs.iter().enumerate() {
+                if !l.slabs.iter().any(|(_, r)| r.has(p)) {
+                    continue;
+                }
+                let cfg = ClientConfig {
+                    spin: FAULT_PATH_SPIN,
+                    ..l.client(base)
+                };
+                match DonorClient::connect(addr, cfg) {
+                    Ok(c) => {
+                        index[p] = Some(first + borrowed.len());
+                        borrowed.push(Donor {
+                            capacity_bytes: c.info().capacity_bytes,
+                            read: c.clone(),
+                            write: c,
+                            slabs_placed: Mutex::new(0),
+                            health: Health::default(),
+                        });
+                    }
+                    Err(e) => tracing::warn!(
+                        "donor {addr}: cannot read the pages a parent process lent there \
+                         ({e}); reading their other copies"
+                    ),
+                }
+            }
+            for (idx, r) in &l.slabs {
+                let mut mine = Replicas::empty();
+                for x in r.readable() {
+                    if let Some(Some(d)) = index.get(x.donor) {
+                        mine.push(*d, x.slab, false);
+                    }
+                }
+                homes.push((*idx, mine));
+            }
+        }
+        (borrowed, homes)
+    }
+
+    /// In a child without a runtime of its own: reads lent far pages from the donors (as
+    /// their lender's client, failing over between copies) and opens them. Returns each
+    /// page's bytes, or why it could not be read.
+    pub(crate) fn read(&self, fars: &[u64]) -> Vec<Result<Vec<u8>, String>> {
+        // (lender, its donor index) → connection, made on first use.
+        let mut clients: Vec<((usize, usize), DonorClient)> = Vec::new();
+        let mut out = Vec::with_capacity(fars.len());
+        for &far in fars {
+            let Some((l, r)) = self.lender_of(far) else {
+                out.push(Err(format!("far page {far} is in no lent slab")));
+                continue;
+            };
+            let li = self
+                .lenders
+                .iter()
+                .position(|x| std::ptr::eq(x, l))
+                .unwrap_or(0);
+            let page = (far % self.slab_pages) as u32;
+            let mut errors = Vec::new();
+            let mut got = None;
+            for x in r.readable() {
+                let Some(addr) = l.addrs.get(x.donor) else {
+                    continue;
+                };
+                let key = (li, x.donor);
+                let c = match clients.iter().find(|(k, _)| *k == key) {
+                    Some((_, c)) => c,
+                    None => match DonorClient::connect(addr, l.client(&ClientConfig::default())) {
+                        Ok(c) => {
+                            clients.push((key, c));
+                            &clients.last().expect("pushed above").1
+                        }
+                        Err(e) => {
+                            errors.push(format!("{addr}: {e}"));
+                            continue;
+                        }
+                    },
+                };
+                let mut data = vec![0u8; PAGE_SIZE];
+                let read = c
+                    .read_pages(&[PageAddr { slab: x.slab, page }], &mut data)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| self.open(far, &mut data).map_err(|e| e.to_string()));
+                match read {
+                    Ok(()) => {
+                        got = Some(data);
+                        break;
+                    }
+                    Err(e) => errors.push(format!("{addr}: {e}")),
+                }
+            }
+            out.push(got.ok_or_else(|| {
+                if errors.is_empty() {
+                    "no copy of its slab is left".to_string()
+                } else {
+                    errors.join("; ")
+                }
+            }));
+        }
+        out
+    }
+}
