@@ -11,6 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use farmem_testkit::bins::{farmem, require_preload_lib};
+use farmem_testkit::donor::Donor;
 use farmem_testkit::run::{read_stats, require_program, text, Scratch};
 use farmem_testkit::tree_rss::TreeRssSampler;
 
@@ -34,13 +35,32 @@ struct TreeRun {
 
 /// `farmem run --local-mem LOCAL --stats … -- command`, with the tree's memory sampled.
 fn run_tree(local_mib: u64, command: &[&str], cwd: Option<&Path>) -> TreeRun {
+    run_tree_with(local_mib, FarMem::HostTier, command, cwd)
+}
+
+/// Where the tree's far pages go.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum FarMem {
+    /// The embedded default: a private host tier (`farmem node`).
+    HostTier,
+    /// Donors only, no host tier: a `farmem donor` the test starts (its memory is another
+    /// host's, not the tree's), pages sealed (`--seal on`), as with a donor on another host.
+    Donors,
+}
+
+/// [`run_tree`] with the tree's far pages in `far`.
+fn run_tree_with(local_mib: u64, far: FarMem, command: &[&str], cwd: Option<&Path>) -> TreeRun {
     require_preload_lib();
     let scratch = Scratch::new("tree");
     let stats = scratch.path("stats.json");
     let mut cmd = Command::new(farmem());
     cmd.args(["run", "--local-mem", &format!("{local_mib}MiB"), "--stats"])
-        .arg(&stats)
-        .arg("--")
+        .arg(&stats);
+    let donor = (far == FarMem::Donors).then(|| Donor::start("1GiB", "16MiB"));
+    if let Some(d) = &donor {
+        cmd.args(["--donor", &d.addr.to_string(), "--seal", "on"]);
+    }
+    cmd.arg("--")
         .args(command)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -52,6 +72,7 @@ fn run_tree(local_mib: u64, command: &[&str], cwd: Option<&Path>) -> TreeRun {
     let sampler = TreeRssSampler::start(child.id());
     let out = farmem_testkit::run::wait_output(child, Duration::from_secs(240));
     let seen = sampler.stop();
+    drop(donor);
     assert!(out.status.success(), "{}", text(&out));
     TreeRun {
         stats: read_stats(&stats),
@@ -249,11 +270,12 @@ fn a_forking_server_s_children_read_the_parent_s_state() {
     run.check_budget();
 }
 
-/// `fork_rewrite.py` in `mode` with 96 MiB of state at 48 MiB: every reader (`readers` lines)
-/// saw the state as at the fork, the parent (unless killed) its own data, within the budget.
-fn fork_rewrite(mode: &str, readers: usize) -> TreeRun {
+/// `fork_rewrite.py` in `mode` with 96 MiB of state at 48 MiB, far pages in `far`: every
+/// reader (`readers` lines) saw the state as at the fork, the parent (unless killed) its own
+/// data, within the budget.
+fn fork_rewrite(mode: &str, readers: usize, far: FarMem) -> TreeRun {
     let prog = script("fork_rewrite.py");
-    let run = run_tree(48, &[PYTHON, prog.to_str().unwrap(), "96", mode], None);
+    let run = run_tree_with(48, far, &[PYTHON, prog.to_str().unwrap(), "96", mode], None);
     expect_ok_lines(&run, readers);
     if mode != "kill" {
         assert!(
@@ -285,7 +307,7 @@ fn fork_rewrite(mode: &str, readers: usize) -> TreeRun {
 /// state as it was at the fork, and the parent its own.
 #[test]
 fn a_forked_child_reads_the_state_at_the_fork_while_the_parent_rewrites_it() {
-    let run = fork_rewrite("rewrite", 1);
+    let run = fork_rewrite("rewrite", 1, FarMem::HostTier);
     // The launcher, the parent and the child: both of the last two read pages from far.
     assert!(run.paged() >= 2, "parent and child paged: {}", run.stats);
 }
@@ -294,14 +316,37 @@ fn a_forked_child_reads_the_state_at_the_fork_while_the_parent_rewrites_it() {
 /// host-tier pages): it reads the state as at the first fork too.
 #[test]
 fn a_grandchild_reads_what_its_parent_borrowed() {
-    fork_rewrite("chain", 2);
+    fork_rewrite("chain", 2, FarMem::HostTier);
 }
 
 /// The child keeps reading the pages it borrowed after its parent is SIGKILLed: the node keeps
 /// the parent's slabs while the child maps them.
 #[test]
 fn a_forked_child_reads_the_state_after_its_parent_is_killed() {
-    fork_rewrite("kill", 1);
+    fork_rewrite("kill", 1, FarMem::HostTier);
+}
+
+/// With donors only (no host tier), the child borrows the parent's pages on the donor: it
+/// reads them there as the parent's client, as they were at the fork, while the parent
+/// rewrites them; the tree stays within its budget (a fork used to bring every page back).
+#[test]
+fn with_donors_only_a_forked_child_reads_the_state_at_the_fork_from_the_donor() {
+    let run = fork_rewrite("rewrite", 1, FarMem::Donors);
+    assert!(run.paged() >= 2, "parent and child paged: {}", run.stats);
+}
+
+/// With donors only, a grandchild borrows what its parent borrowed (still read as the first
+/// parent's client) and its parent's own donor pages.
+#[test]
+fn with_donors_only_a_grandchild_reads_what_its_parent_borrowed() {
+    fork_rewrite("chain", 2, FarMem::Donors);
+}
+
+/// With donors only, the child keeps reading the pages it borrowed after its parent is
+/// SIGKILLed: its own connection keeps the parent's client (and slabs) alive on the donor.
+#[test]
+fn with_donors_only_a_forked_child_reads_the_state_after_its_parent_is_killed() {
+    fork_rewrite("kill", 1, FarMem::Donors);
 }
 
 #[test]
