@@ -120,6 +120,11 @@ impl TreeRun {
             .map(|p| p["unmanaged"]["peak_unmanaged_bytes"].as_u64().unwrap_or(0))
             .sum();
         let farmem_own = 16 * MIB;
+        eprintln!(
+            "tree peak anonymous memory {} MiB, bound {} MiB",
+            self.peak_anon / MIB,
+            (self.local_mem + unmanaged + farmem_own + extra) / MIB
+        );
         assert!(
             self.peak_anon <= self.local_mem + unmanaged + farmem_own + extra,
             "the tree's peak anonymous memory {} MiB exceeds --local-mem {} MiB + {} MiB \

@@ -18,6 +18,10 @@
 //!   also dies with the process. No `pre_exec` hook: std would fork instead of posix_spawn, and
 //!   a fork marks every region page shared copy-on-write, which UFFDIO_MOVE refuses to evict.
 //!
+//! - A forked child that borrowed pages its parent left on donors reads them through
+//!   connections attached as the parent's client ([`Far::borrowed`], [`Home::Borrowed`],
+//!   [`crate::lentdonors`]), numbered after its own donors: the read paths take any donor
+//!   index ([`Far::donor`]); placement, healing and migration see only [`Far::donors`].
 //! - Sealing ([`crate::seal`]): with [`SealMode::Auto`] pages are sealed when any donor's
 //!   address is not one of this host's (loopback, or an address a socket can bind here): a
 //!   donor on this host holds this machine's memory, which the program could be read from
@@ -255,6 +259,17 @@ impl Far {
             Some(l) => l.connect(&ccfg, donors.len()),
             None => (Vec::new(), Vec::new()),
         };
+        // Read only: the same connection serves as the write side, which is never used.
+        let borrowed = borrowed
+            .into_iter()
+            .map(|c| Donor {
+                capacity_bytes: c.info().capacity_bytes,
+                read: c.clone(),
+                write: c,
+                slabs_placed: Mutex::new(0),
+                health: Health::default(),
+            })
+            .collect();
         let far = Far {
             donors,
             borrowed,

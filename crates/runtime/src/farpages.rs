@@ -3,9 +3,10 @@
 //!
 //! # Frozen far pages (fork)
 //!
-//! A forked child of a process tree keeps reading the parent's host-tier pages from the tier
-//! slabs it inherits ([`crate::fork`]), so while such a child lives the parent must not change
-//! what it reads: the far pages lent at fork are *frozen*. A frozen far page is never written
+//! A forked child of a process tree keeps reading the parent's far pages, from the tier slabs
+//! it inherits or on the donors as the parent's client ([`crate::fork`]), so while such a
+//! child lives the parent must not change what it reads: the far pages lent at fork are
+//! *frozen*. A frozen far page is never written
 //! again (the evictor gives a changed page a new far page, [`FarPages::is_frozen`]) and, once
 //! its page is released or rewritten, is not reused until [`FarPages::thaw`] (every child that
 //! borrowed it has exited or exec'd). A child's own far pages start above every far page it

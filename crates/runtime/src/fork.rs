@@ -474,12 +474,19 @@ fn lend_pages(
             .sealer
             .as_ref()
             .map(|s| s.lend(donor_fars.iter().copied()));
-        if let Some(own) = Lender::new(&sh.far.donors, donor_slabs.into_iter().collect(), seals) {
+        if let Some(first) = sh.far.donors.first() {
+            let addrs = sh
+                .far
+                .donors
+                .iter()
+                .map(|d| d.read.addr().to_string())
+                .collect();
+            let slabs = donor_slabs.into_iter().collect();
+            lenders.push(Lender::new(&first.read, addrs, slabs, seals));
             // Pushed with the state lock held, as the pages are frozen: the thaw never sees
             // these frozen pages without their hold.
             hold_id = Some(hold.id);
             st.fork_holds.push(hold);
-            lenders.push(own);
         }
     }
     let donors = LentDonors::new(slab_pages, lenders);

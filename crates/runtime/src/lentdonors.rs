@@ -21,11 +21,8 @@
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, ReconnectKey};
 
 use crate::embedded::FAULT_PATH_SPIN;
-use crate::far::Donor;
-use crate::health::Health;
 use crate::replicas::Replicas;
 use crate::seal::{LentSeals, SealError};
-use crate::sync::Mutex;
 use crate::PAGE_SIZE;
 
 /// What a forked child needs to read the pages left for it on donors (see the module doc).
@@ -51,20 +48,21 @@ pub(crate) struct Lender {
 }
 
 impl Lender {
-    /// A process's client (the first donor's connection names it) lending `slabs`.
+    /// The client `client` (any of its connections) lending `slabs` on donors `addrs` (the
+    /// indexes in `slabs`' copies).
     pub(crate) fn new(
-        donors: &[Donor],
+        client: &DonorClient,
+        addrs: Vec<String>,
         slabs: Vec<(u64, Replicas)>,
         seals: Option<LentSeals>,
-    ) -> Option<Lender> {
-        let first = &donors.first()?.read;
-        Some(Lender {
-            client_id: first.client_id(),
-            reconnect_key: first.reconnect_key().clone(),
-            addrs: donors.iter().map(|d| d.read.addr().to_string()).collect(),
+    ) -> Lender {
+        Lender {
+            client_id: client.client_id(),
+            reconnect_key: client.reconnect_key().clone(),
+            addrs,
             slabs,
             seals,
-        })
+        }
     }
 
     fn slab(&self, idx: u64) -> Option<&Replicas> {
@@ -146,7 +144,7 @@ impl LentDonors {
         &self,
         base: &ClientConfig,
         first: usize,
-    ) -> (Vec<Donor>, Vec<(u64, Replicas)>) {
+    ) -> (Vec<DonorClient>, Vec<(u64, Replicas)>) {
         let mut borrowed = Vec::new();
         let mut homes = Vec::new();
         for l in &self.lenders {
@@ -162,13 +160,7 @@ impl LentDonors {
                 match DonorClient::connect(addr, cfg) {
                     Ok(c) => {
                         index[p] = Some(first + borrowed.len());
-                        borrowed.push(Donor {
-                            capacity_bytes: c.info().capacity_bytes,
-                            read: c.clone(),
-                            write: c,
-                            slabs_placed: Mutex::new(0),
-                            health: Health::default(),
-                        });
+                        borrowed.push(c);
                     }
                     Err(e) => tracing::warn!(
                         "donor {addr}: cannot read the pages a parent process lent there \

@@ -35,10 +35,12 @@
 //!   is in [`Stats::last_error`]). The write-back pool is local memory in addition to the
 //!   budget (`pool_bytes`).
 //! - Fork ([`fork`], [`Runtime::before_fork`]): the runtime does not enable UFFD_FEATURE_EVENT_FORK, so a
-//!   child's copy of a region is unregistered plain memory. Every evicted page is therefore
-//!   brought back before fork (eviction paused), the child gets all the data as ordinary
-//!   memory and no runtime threads; the parent resumes after fork. Pages shared with a child
-//!   cannot be MOVEd (EBUSY) until the parent writes them; they stay resident meanwhile.
+//!   child's copy of a region is unregistered plain memory. Evicted pages are brought back
+//!   before fork (eviction paused) — except, for a child that starts a runtime of its own
+//!   ([`Runtime::prepare_fork`] with `lend`), pages in the host tier or on donors, which the
+//!   child borrows ([`Runtime::borrow`], [`RuntimeConfig::lent_donors`]); the parent resumes
+//!   after fork. Pages shared with a child cannot be MOVEd (EBUSY): either side drops its own
+//!   mapping of one to evict it ([`cow`]).
 //! - Donor failure: a page that cannot be fetched after `fetch_attempts` tries (each bounded by
 //!   `request_timeout`) is poisoned; the faulting thread gets SIGBUS, the error is logged and
 //!   counted. Write-back failures (donor full, donor gone) are retried while the pages stay in

@@ -18,7 +18,9 @@
 //!    better answer); the stats count it in `local_slabs`.
 //!
 //! A memory slab's donor copy that is named is dropped and freed; the write-through makes a new
-//! one elsewhere. Every slab moved is freed on the donor at once.
+//! one elsewhere. Every slab moved is freed on the donor at once — but a slab holding far pages
+//! frozen for a forked child, which reads them there ([`crate::fork`]), is left until the
+//! child is gone (the donor asks again; moved and freed, the child's reads would fail).
 
 use farmem_mm::{Advice, Mapping};
 use farmem_transport::PageAddr;

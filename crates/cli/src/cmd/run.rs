@@ -21,10 +21,12 @@
 //! - Every process of the tree is under farmem (see `run_tree` and docs/architecture.md, "The
 //!   process tree"), except programs that clear their environment or are statically linked or
 //!   setuid: the loader ignores `LD_PRELOAD` there.
-//! - A fork lends the child the parent's pages in the host tier (it reads them from there); pages
-//!   on donors or in the write-back pool come back for the length of the fork (without a host
-//!   tier, a fork exceeds the budget meanwhile). Resident pages the parent shares with the
-//!   child are counted by both and evicted by dropping them, never copied.
+//! - A fork lends the child the parent's far pages: those in the host tier (it reads them from
+//!   there) and those on donors (it reads them there as the parent's client), except with
+//!   `--backup-file`, where donor pages come back for the length of the fork. Pages in the
+//!   write-back pool come back (they were within the budget already). Resident pages the
+//!   parent shares with the child are counted by both and evicted by dropping them, never
+//!   copied.
 //! - A program killed by a signal leaves the stats of its last one-second snapshot.
 
 use std::ffi::{OsStr, OsString};
@@ -469,7 +471,7 @@ pub fn summary_line(stats: &StatsFile) -> String {
         + &failure_part(&v)
 }
 
-/// The summary's account of forks that lent host-tier pages to their children, empty when
+/// The summary's account of forks that lent far pages to their children, empty when
 /// none did.
 fn fork_part(v: &farmem_runtime::StatsSummary) -> String {
     if v.fork_pages_lent == 0 && v.pages_borrowed == 0 {
