@@ -35,7 +35,6 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::evict::runs;
@@ -220,11 +219,7 @@ pub(crate) fn copy_and_drop(sh: &Shared, pages: &[(usize, u32)]) -> Vec<bool> {
         // Part of a failed run may have raised its event (a run over several mappings): once
         // the fault thread has handled every event read so far, what is still expected was
         // never raised. That thread never waits for this one while pages are being dropped.
-        let seen = sh.loop_seq.load(Ordering::Acquire);
-        while sh.loop_seq.load(Ordering::Acquire) < seen + 2 && !sh.shutdown.load(Ordering::Relaxed)
-        {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        sh.wait_events_handled(Duration::MAX);
         let mut st = sh.state.lock();
         for addr in failed {
             st.drops.unexpect_remove(addr);

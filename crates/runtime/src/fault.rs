@@ -108,6 +108,9 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
+            // Counted before the read: a munmap or madvise whose event it dequeues returns only
+            // after that (see Shared::wait_events_handled).
+            sh.read_seq.fetch_add(1, Ordering::SeqCst);
             if let Err(e) = sh.uffd.read_events(&mut events) {
                 sh.report(format!("fault loop: {e}"), true);
                 continue;
@@ -129,7 +132,9 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
             serve(&sh, msg, &mut q);
         }
         complete_fetches(&sh, &mut q);
-        sh.loop_seq.fetch_add(1, Ordering::Release);
+        // Every event read so far is handled (only this thread reads them).
+        sh.handled_seq
+            .store(sh.read_seq.load(Ordering::SeqCst), Ordering::Release);
     }
 }
 
@@ -197,12 +202,16 @@ const SPIN: Duration = Duration::from_micros(50);
 fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
     let start = Instant::now();
     while start.elapsed() < SPIN {
+        sh.read_seq.fetch_add(1, Ordering::SeqCst);
         match sh.uffd.read_events(events) {
             Ok(n) if n > 0 => return true,
             Ok(_) => std::hint::spin_loop(),
-            Err(_) => return false, // reported by the blocking path
+            Err(_) => break, // reported by the blocking path
         }
     }
+    // Nothing read: nothing left to handle before the thread goes to sleep in poll.
+    sh.handled_seq
+        .store(sh.read_seq.load(Ordering::SeqCst), Ordering::Release);
     false
 }
 

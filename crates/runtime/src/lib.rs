@@ -414,15 +414,9 @@ impl Runtime {
         let mut st = sh.state.lock();
         if st.pages.overlaps(addr, addr + len) {
             // Perhaps an old mapping there was unmapped and the fault loop has read, but not
-            // yet processed, its UNMAP event: let it finish two iterations, then look again.
+            // yet processed, its UNMAP event: wait for it, then look again.
             drop(st);
-            let seen = sh.loop_seq.load(Ordering::Acquire);
-            let deadline = std::time::Instant::now() + Duration::from_secs(1);
-            while sh.loop_seq.load(Ordering::Acquire) < seen + 2
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_micros(200));
-            }
+            sh.wait_events_handled(Duration::from_secs(1));
             st = sh.state.lock();
         }
         if st.pages.overlaps(addr, addr + len) {

@@ -110,9 +110,11 @@ pub(crate) struct Shared {
     pub(crate) heal_rate_bytes: u64,
     pub(crate) thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
     pub(crate) zero: Box<[u8]>,
-    /// Fault-loop iterations completed (lets callers wait until events already read by the
-    /// kernel's count — e.g. the UNMAP of a munmap that has returned — are processed).
-    pub(crate) loop_seq: AtomicU64,
+    /// Reads of userfaultfd events the fault thread has begun (one more before each read
+    /// system call) and, of those, the last whose events it has handled: see
+    /// [`Shared::wait_events_handled`].
+    pub(crate) read_seq: AtomicU64,
+    pub(crate) handled_seq: AtomicU64,
     /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
     /// pool slots, so faults must not wait for it.
     pub(crate) send_failing: AtomicBool,
@@ -178,6 +180,27 @@ fn open_uffds(cfg: &RuntimeConfig) -> Result<(Uffd, Uffd, PoolMemory), RuntimeEr
 }
 
 impl Shared {
+    /// Waits until the fault thread has handled every userfaultfd event read before this
+    /// call — e.g. the UNMAP of a munmap, or the REMOVE of a madvise, that has returned (the
+    /// kernel returns from those only once the event is read) — at most `limit`, and not past
+    /// shutdown. Returns whether they are handled. An idle fault thread (asleep in `poll`)
+    /// has handled everything it read, so this returns at once: counting loop iterations
+    /// instead made a caller wait for the thread's next wake-up, up to its 1 s idle wait.
+    pub(crate) fn wait_events_handled(&self, limit: Duration) -> bool {
+        let want = self.read_seq.load(Ordering::SeqCst);
+        // No deadline for a limit too long to add (Duration::MAX).
+        let deadline = Instant::now().checked_add(limit);
+        while self.handled_seq.load(Ordering::Acquire) < want {
+            if self.shutdown.load(Ordering::Relaxed)
+                || deadline.is_some_and(|d| Instant::now() >= d)
+            {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
+    }
+
     /// Builds the shared core: userfaultfds, the pool, donor connections, the prefetcher.
     /// The caller has checked the configuration.
     pub(crate) fn start(cfg: &RuntimeConfig) -> Result<Arc<Shared>, RuntimeError> {
@@ -231,7 +254,8 @@ impl Shared {
             heal_rate_bytes: cfg.heal_rate_bytes,
             thread_hook: cfg.thread_hook.clone(),
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
-            loop_seq: AtomicU64::new(0),
+            read_seq: AtomicU64::new(0),
+            handled_seq: AtomicU64::new(0),
             send_failing: AtomicBool::new(false),
             evictor_blocked: AtomicBool::new(false),
             dropping: AtomicBool::new(false),
