@@ -3,10 +3,12 @@
 //! pressure produces an RDB that a fresh redis-server without farmem loads with exactly the
 //! same keys and values, and the tree's memory stays within the budget during the fork (the
 //! child borrows the pages the server left in the host tier, and the pages both share are
-//! dropped, not copied, to evict them); redis-benchmark runs to
-//! completion.
+//! dropped, not copied, to evict them); redis-benchmark runs to completion. The same with
+//! donors only (no host tier): the child borrows the server's pages on the donor, read there
+//! as the server's client.
 
 use farmem_testkit::clients::*;
+use farmem_testkit::donor::Donor;
 use farmem_testkit::run::*;
 use farmem_testkit::tree_rss::TreeRssSampler;
 
@@ -31,14 +33,29 @@ fn info_field(c: &mut Resp, section: &str, field: &str) -> String {
 
 #[test]
 fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
+    redis_at_half_memory(&[]);
+}
+
+/// With donors only: a `farmem donor` the test starts (another host's memory, not the tree's),
+/// no host tier.
+#[test]
+fn with_donors_only_redis_bgsave_stays_within_the_budget() {
+    let donor = Donor::start("2GiB", "64MiB");
+    redis_at_half_memory(&["--donor", &donor.addr.to_string()]);
+}
+
+/// The run, with `far` (farmem run flags) saying where far pages go.
+fn redis_at_half_memory(far: &[&str]) {
     let server = require_program("redis-server", "redis-server");
     let bench = require_program("redis-benchmark", "redis-tools");
     let dir = Scratch::new("redis");
     let stats = dir.path("stats.json");
     let port = free_port();
     let port_s = port.to_string();
+    let mut flags = vec!["--local-mem", "320MiB", "--stats", stats.to_str().unwrap()];
+    flags.extend_from_slice(far);
     let mut child = farmem_spawn(
-        &["--local-mem", "320MiB", "--stats", stats.to_str().unwrap()],
+        &flags,
         &[
             server.to_str().unwrap(),
             "--port",
@@ -81,7 +98,8 @@ fn redis_at_half_memory_keeps_data_forks_and_benchmarks() {
         "ok"
     );
     // The dataset (over 500 MiB) is mostly far, and stays far for the fork: the child borrows
-    // the server's host-tier pages (before, each fork brought them all back: 1392 MiB here).
+    // the server's host-tier or donor pages (before, each fork brought them all back: 1392 MiB
+    // here).
     // The server's resident pages are shared with the child: each side evicts one by
     // dropping its own mapping, never by copying it (before, the server's evictor copied
     // every page it shared: 516-683 MiB here). The tree stays within its budget, plus the
