@@ -11,7 +11,7 @@ use farmem_donor::RunningDonor;
 use farmem_runtime::{Region, Runtime, RuntimeConfig, RuntimeError, TierMode};
 use farmem_testkit::donor::in_process;
 use farmem_testkit::pages::{read_u64, Stamp, MIB, PAGE};
-use farmem_testkit::runtime::{config, start, wait_for_stats};
+use farmem_testkit::runtime::{config, start, wait_for_sends_to_settle, wait_for_stats};
 
 /// What this file stamps pages with.
 const STAMP: Stamp = Stamp {
@@ -344,8 +344,14 @@ fn concurrent_faults_on_one_page_are_served_once() {
     for p in 0..pages {
         STAMP.write_page(base, p, 13);
     }
-    // The first pages are long evicted. Four threads touch each of them at the same moment.
+    // The first pages are evicted (most of them: the evictor keeps a page of them now and
+    // then, and a resident page takes no fault). Four threads touch each of them at the same
+    // moment.
     let k = 64;
+    wait_for_sends_to_settle(rt);
+    let mut present = vec![0u8; k];
+    farmem_mm::mincore(base, &mut present).unwrap();
+    let resident = present.iter().filter(|p| *p & 1 != 0).count() as u64;
     let before = rt.stats();
     let barrier = Arc::new(std::sync::Barrier::new(4));
     let hs: Vec<_> = (0..4)
@@ -363,11 +369,14 @@ fn concurrent_faults_on_one_page_are_served_once() {
         h.join().unwrap();
     }
     let after = rt.stats();
-    let brought_in = (after.faults_remote + after.faults_pool_hit)
-        - (before.faults_remote + before.faults_pool_hit);
-    assert_eq!(
-        brought_in, k as u64,
-        "each page must be brought in once however many threads fault on it: {after:?}"
+    // Pages read from the donor: each at most once. Counted in bytes, not in faults: about
+    // one run in twelve counted 63 remote faults (and no pool hit) while the 64 pages were
+    // received, each once — a fault's kind is not a count of fetches.
+    let brought_in = (after.bytes_received - before.bytes_received) / PAGE as u64;
+    assert!(
+        brought_in <= k as u64 && brought_in + resident >= k as u64,
+        "each page must be brought in once however many threads fault on it: {brought_in} \
+         read from the donor, {resident} of {k} resident before: {after:?}"
     );
 }
 
