@@ -83,6 +83,9 @@ pub(crate) struct Far {
     /// What the parent lent on donors (a forked child): how to open those pages, and what
     /// the child lends in turn.
     lent: Option<LentDonors>,
+    /// How this runtime's donor connections are made (token, timeouts), for a forked child
+    /// without a runtime that reads pages lent to it ([`LentDonors`]).
+    pub(crate) client_base: ClientConfig,
     /// Pages per far slab (the smallest slab size among the donors).
     pub(crate) slab_pages: u64,
     /// Copies of each slab kept on distinct donors (`--replicas`).
@@ -275,6 +278,7 @@ impl Far {
             borrowed,
             far_floor: cfg.far_floor,
             lent: cfg.lent_donors.clone(),
+            client_base: ccfg.clone(),
             slab_pages: slab_bytes / PAGE_SIZE as u64,
             replicas,
             placement: Mutex::new(Vec::new()),
@@ -666,6 +670,12 @@ impl Far {
     /// Donor `d` failed a request: the heal thread probes it soon and declares it dead if it
     /// does not answer ([`crate::heal`]).
     pub(crate) fn suspect(&self, d: usize) {
+        if d >= self.donors.len() {
+            // A connection to a forked child's parent's client: the heal thread probes only
+            // this runtime's donors, so a suspicion would never be cleared; each read still
+            // fails over on its own.
+            return;
+        }
         if self.donor(d).health.suspect() {
             self.wake_healer();
         }

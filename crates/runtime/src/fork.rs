@@ -30,10 +30,11 @@
 //!   pages with the parent's key and the seals they had at the fork ([`crate::seal`]). The
 //!   donor keeps the parent's slabs while any connection of that client is open, so a child
 //!   outlives a parent that exits or is killed. The parent moves no slab a child reads
-//!   ([`crate::migrate`] waits for the thaw).
+//!   ([`crate::migrate`] waits for the thaw) and frees no copy it dropped meanwhile
+//!   ([`crate::heal`]: the child may still read it).
 //! - The child's borrowed donor slabs ([`Home::Borrowed`]) are read through those connections
-//!   only: never written, healed or moved, and not lent again to a grandchild (its fork
-//!   brings them back).
+//!   only: never written, healed or moved. A grandchild borrows them in turn, from the same
+//!   lender ([`crate::lentdonors`]).
 //!
 //! No lock is held across `fork()`: the child must not touch its copy of the parent's runtime
 //! at all (its threads are gone, and any lock one of them held at the fork instant stays held
@@ -66,7 +67,7 @@ use farmem_mm::Advice;
 use farmem_uffd::UffdError;
 
 use crate::far::Home;
-use crate::forkhold::{ForkHold, MAX_FORK_HOLDS};
+use crate::forkhold::ForkHold;
 use crate::lentdonors::{Lender, LentDonors};
 use crate::memslabs::MemKind;
 use crate::pages::{Entry, PageState, NO_FAR};
@@ -215,8 +216,8 @@ pub struct ForkPlan {
     pub node_fd: Option<RawFd>,
     /// The slab hold taken for this fork (unmapped here after the fork).
     hold: Option<u32>,
-    /// The hold over the pages this fork left on donors (unmapped here after the fork).
-    donor_hold: Option<u64>,
+    /// This fork mapped the hold over pages left on donors (unmapped here after the fork).
+    donor_hold: bool,
 }
 
 /// What a fork may leave far for the child.
@@ -225,13 +226,13 @@ struct Lendable {
     /// Memory slabs, by index, with their kind at the time they were held (a slab the node
     /// took back meanwhile changes kind, and its pages are brought back instead).
     memory: BTreeMap<u32, MemKind>,
-    /// The hold for pages on donors, when they may be left there.
-    donors: Option<ForkHold>,
+    /// Pages on donors may be left there (the fork's hold is mapped).
+    donors: bool,
 }
 
 impl Lendable {
     fn is_empty(&self) -> bool {
-        self.memory.is_empty() && self.donors.is_none()
+        self.memory.is_empty() && !self.donors
     }
 }
 
@@ -258,7 +259,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
             sh.commit_cv.wait_for(&mut st, Duration::from_millis(5));
         }
     }
-    let (hold, mut lendable) = if lend {
+    let (hold, lendable) = if lend {
         hold_lendable(sh)
     } else {
         (None, Lendable::default())
@@ -297,7 +298,8 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
             .into_iter()
             .map(|(s, e)| (s, e - s))
             .collect();
-        (plan.lent, plan.donor_hold) = lend_pages(sh, &mut st, pages, lendable.donors.take());
+        plan.donor_hold = lendable.donors;
+        plan.lent = lend_pages(sh, &mut st, pages);
         drop(st);
         if plan.lent.is_some() {
             sh.stats.lock().s.fork_pages_lent += remote as u64;
@@ -312,7 +314,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
 /// (a node without holds, or too many) lends nothing: everything is brought back as before.
 fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
     let mut lendable = Lendable {
-        donors: donor_hold(sh),
+        donors: hold_donors(sh),
         ..Lendable::default()
     };
     let Some(tier) = &sh.far.tier else {
@@ -350,31 +352,32 @@ fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
     (hold, lendable)
 }
 
-/// A hold for pages left on donors, when this fork may leave them there: this runtime has
-/// donors, no backup file (a child could not read it), and fewer than [`MAX_FORK_HOLDS`]
-/// forks' holds alive.
-fn donor_hold(sh: &Shared) -> Option<ForkHold> {
+/// Whether this fork may leave pages on donors: this runtime has donors, no backup file (a
+/// child could not read it), and the hold (made on first use) is mapped for the fork
+/// ([`ForkHold::begin_fork`], undone in [`after_fork_parent`]).
+fn hold_donors(sh: &Shared) -> bool {
     if sh.far.donors.is_empty() || sh.far.backup.is_some() {
-        return None;
+        return false;
     }
-    let id = {
-        let mut st = sh.state.lock();
-        if st.fork_holds.len() >= MAX_FORK_HOLDS {
-            tracing::warn!(
-                "{MAX_FORK_HOLDS} forked children still read pages left on donors: this fork \
-                 brings its pages back instead"
-            );
-            return None;
+    let mut st = sh.state.lock();
+    if st.fork_hold.is_none() {
+        match ForkHold::new() {
+            Ok(h) => st.fork_hold = Some(h),
+            Err(e) => {
+                tracing::warn!(
+                    "no hold for a fork ({e}): its donor pages are brought back instead"
+                );
+                return false;
+            }
         }
-        st.next_fork_hold += 1;
-        st.next_fork_hold
-    };
-    match ForkHold::new(id) {
-        Ok(h) => Some(h),
-        Err(e) => {
-            tracing::warn!("no hold for a fork ({e}): its donor pages are brought back instead");
-            None
+    }
+    match st.fork_hold.as_mut().map(ForkHold::begin_fork) {
+        Some(Ok(())) => true,
+        Some(Err(e)) => {
+            tracing::warn!("mapping a fork's hold ({e}): its donor pages are brought back instead");
+            false
         }
+        None => false,
     }
 }
 
@@ -388,7 +391,9 @@ fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<Len
         return Some(LentAt::Memory(m));
     }
     // Donor pages are left far only with a hold to learn when the child is gone.
-    lendable.donors.as_ref()?;
+    if !lendable.donors {
+        return None;
+    }
     match sh.far.home(e.far) {
         Some((Home::Donors(r), _)) if r.readable().next().is_some() => Some(LentAt::Donors),
         // Borrowed from this process's own parent: lent on (the child reads it as that
@@ -420,15 +425,10 @@ fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option
 }
 
 /// Freezes the far pages of `pages` (lent) and describes what the child borrows; keeps
-/// `donor_hold` (returning its id) when pages were left on donors.
-fn lend_pages(
-    sh: &Shared,
-    st: &mut State,
-    pages: Vec<(usize, u64, LentAt)>,
-    donor_hold: Option<ForkHold>,
-) -> (Option<Lent>, Option<u64>) {
+/// the fork's hold covers those left on donors.
+fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, LentAt)>) -> Option<Lent> {
     if pages.is_empty() {
-        return (None, None);
+        return None;
     }
     let slab_pages = sh.far.slab_pages;
     // By far slab: the child looks pages up by it (`Lent::source`).
@@ -467,8 +467,7 @@ fn lend_pages(
         .lent()
         .map(|l| l.only(&borrowed_slabs))
         .unwrap_or_default();
-    let mut hold_id = None;
-    if let Some(hold) = donor_hold.filter(|_| !donor_fars.is_empty()) {
+    if !donor_fars.is_empty() {
         let seals = sh
             .far
             .sealer
@@ -483,13 +482,9 @@ fn lend_pages(
                 .collect();
             let slabs = donor_slabs.into_iter().collect();
             lenders.push(Lender::new(&first.read, addrs, slabs, seals));
-            // Pushed with the state lock held, as the pages are frozen: the thaw never sees
-            // these frozen pages without their hold.
-            hold_id = Some(hold.id);
-            st.fork_holds.push(hold);
         }
     }
-    let donors = LentDonors::new(slab_pages, lenders);
+    let donors = LentDonors::new(slab_pages, lenders, &sh.far.client_base);
     let lent = Lent {
         slab_pages,
         floor: st.far_pages.end().div_ceil(slab_pages) * slab_pages,
@@ -497,21 +492,25 @@ fn lend_pages(
         pages: pages.into_iter().map(|(a, far, _)| (a, far)).collect(),
         donors,
     };
-    (Some(lent), hold_id)
+    Some(lent)
 }
 
 /// Thaws the far pages lent to forked children once no hold is alive: every child that
 /// borrowed them has exited or exec'd. Checked with the state lock held, so a fork taking a
-/// hold and freezing pages meanwhile is never thawed by mistake (it pushes its hold first).
-/// Called by the tier thread and the heal thread.
+/// hold and freezing pages meanwhile is never thawed by mistake (the donor hold is mapped,
+/// and a tier hold pushed, before pages are frozen). Called by the tier thread and the heal
+/// thread.
 pub(crate) fn thaw_if_no_child(sh: &Shared) {
     let mut st = sh.state.lock();
     if !st.far_pages.any_frozen() {
         return;
     }
-    st.fork_holds.retain(ForkHold::is_alive);
+    if st.fork_hold.as_ref().is_some_and(|h| !h.is_alive()) {
+        // Dead for good (the probe sealed it): the next fork makes a new one.
+        st.fork_hold = None;
+    }
     let tier_holds = sh.far.tier.as_ref().map_or(0, |t| t.live_holds());
-    if tier_holds == 0 && st.fork_holds.is_empty() {
+    if tier_holds == 0 && st.fork_hold.is_none() {
         st.far_pages.thaw();
         drop(st);
         tracing::debug!("every forked child that borrowed far pages is gone: thawed");
@@ -618,9 +617,9 @@ pub(crate) fn after_fork_parent(sh: &Shared, plan: Option<&ForkPlan>) {
         tier.fork_done(h);
     }
     let mut st = sh.state.lock();
-    if let Some(id) = plan.and_then(|p| p.donor_hold) {
-        if let Some(h) = st.fork_holds.iter_mut().find(|h| h.id == id) {
-            h.unmap();
+    if plan.is_some_and(|p| p.donor_hold) {
+        if let Some(h) = st.fork_hold.as_mut() {
+            h.end_fork();
         }
     }
     st.forks = st.forks.saturating_sub(1);

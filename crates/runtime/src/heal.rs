@@ -94,8 +94,12 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
         }
         if Instant::now() >= next_reclaim_poll {
             // Far pages frozen for forked children that read them on donors: reused once
-            // those children are gone.
+            // those children are gone; so are copies dropped meanwhile from donors that came
+            // back.
             crate::fork::thaw_if_no_child(&sh);
+            if !far.dropped.lock().is_empty() {
+                free_stale_copies(&sh);
+            }
             crate::migrate::poll(&sh);
             next_reclaim_poll = Instant::now() + RECLAIM_POLL_EVERY;
         }
@@ -191,24 +195,38 @@ fn probe_dead(sh: &Shared, d: usize) {
             return;
         }
     }
-    let stale: Vec<u32> = {
+    donor.health.revive();
+    let stale = free_stale_copies(sh);
+    tracing::warn!(
+        "donor {} is back: used again for new copies ({stale} stale slabs freed there, none \
+         read)",
+        donor.write.addr()
+    );
+    sh.far.wake_healer();
+}
+
+/// Frees the copies dropped from donors that are live again (they may be stale: never read),
+/// unless far pages are frozen for a forked child, which may still read such a copy (it knows
+/// the copies a slab had at its fork): then after the thaw. Returns how many were freed.
+fn free_stale_copies(sh: &Shared) -> usize {
+    if sh.state.lock().far_pages.any_frozen() {
+        return 0;
+    }
+    let stale: Vec<(usize, u32)> = {
         let mut dropped = sh.far.dropped.lock();
-        let (mine, rest): (Vec<_>, Vec<_>) = dropped.drain(..).partition(|(x, _)| *x == d);
+        let (live, rest): (Vec<_>, Vec<_>) = dropped
+            .drain(..)
+            .partition(|(x, _)| sh.far.donors[*x].health.is_live());
         *dropped = rest;
-        mine.into_iter().map(|(_, s)| s).collect()
+        live
     };
-    for slab in &stale {
-        if let Err(e) = donor.write.free_slab(*slab) {
+    for &(d, slab) in &stale {
+        let donor = &sh.far.donors[d];
+        if let Err(e) = donor.write.free_slab(slab) {
             tracing::warn!("freeing stale slab {slab} on {}: {e}", donor.write.addr());
         }
     }
-    tracing::warn!(
-        "donor {} is back: used again for new copies ({} stale slabs freed there, none read)",
-        donor.write.addr(),
-        stale.len()
-    );
-    donor.health.revive();
-    sh.far.wake_healer();
+    stale.len()
 }
 
 /// Asks donor `d` for its stats; on failure says why it failed.

@@ -32,6 +32,8 @@ pub struct LentDonors {
     /// Pages per far slab.
     slab_pages: u64,
     lenders: Vec<Lender>,
+    /// The token and timeouts a child without a runtime connects with ([`LentDonors::read`]).
+    base: ClientConfig,
 }
 
 /// One process's client and the slabs it lent on its donors.
@@ -97,10 +99,20 @@ impl Lender {
 }
 
 impl LentDonors {
-    pub(crate) fn new(slab_pages: u64, lenders: Vec<Lender>) -> Option<LentDonors> {
-        (!lenders.is_empty()).then_some(LentDonors {
+    /// What `lenders` lent, read with `base`'s token and timeouts.
+    pub(crate) fn new(
+        slab_pages: u64,
+        lenders: Vec<Lender>,
+        base: &ClientConfig,
+    ) -> Option<LentDonors> {
+        (!lenders.is_empty()).then(|| LentDonors {
             slab_pages,
             lenders,
+            base: ClientConfig {
+                thread_hook: None,
+                spin: std::time::Duration::ZERO,
+                ..base.clone()
+            },
         })
     }
 
@@ -185,8 +197,9 @@ impl LentDonors {
     /// their lender's client, failing over between copies) and opens them. Returns each
     /// page's bytes, or why it could not be read.
     pub(crate) fn read(&self, fars: &[u64]) -> Vec<Result<Vec<u8>, String>> {
-        // (lender, its donor index) → connection, made on first use.
-        let mut clients: Vec<((usize, usize), DonorClient)> = Vec::new();
+        // (lender, its donor index) → connection, made on first use (`None`: it failed, and
+        // is not tried again for every page).
+        let mut clients: Vec<((usize, usize), Option<DonorClient>)> = Vec::new();
         let mut out = Vec::with_capacity(fars.len());
         for &far in fars {
             let Some((l, r)) = self.lender_of(far) else {
@@ -206,18 +219,17 @@ impl LentDonors {
                     continue;
                 };
                 let key = (li, x.donor);
-                let c = match clients.iter().find(|(k, _)| *k == key) {
-                    Some((_, c)) => c,
-                    None => match DonorClient::connect(addr, l.client(&ClientConfig::default())) {
-                        Ok(c) => {
-                            clients.push((key, c));
-                            &clients.last().expect("pushed above").1
-                        }
+                if !clients.iter().any(|(k, _)| *k == key) {
+                    match DonorClient::connect(addr, l.client(&self.base)) {
+                        Ok(c) => clients.push((key, Some(c))),
                         Err(e) => {
                             errors.push(format!("{addr}: {e}"));
-                            continue;
+                            clients.push((key, None));
                         }
-                    },
+                    }
+                }
+                let Some((_, Some(c))) = clients.iter().find(|(k, _)| *k == key) else {
+                    continue; // that donor could not be reached
                 };
                 let mut data = vec![0u8; PAGE_SIZE];
                 let read = c

@@ -71,15 +71,7 @@ fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
         .into_iter()
         .find(|(_, r)| r.as_slice().iter().any(|x| x.donor == d && x.slab == slab));
     if let Some((idx, _)) = found {
-        let first = idx * far.slab_pages;
-        if sh
-            .state
-            .lock()
-            .far_pages
-            .any_frozen_in(first, first + far.slab_pages)
-        {
-            // A forked child reads this slab's copies as they were at its fork: moved or
-            // freed under it, its reads would fail. Asked again once the child is gone.
+        if lent(sh, idx) {
             tracing::debug!(
                 "donor {} asked for slab {slab} back: kept while a forked child reads it",
                 far.donors[d].write.addr()
@@ -88,7 +80,11 @@ fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
         }
     }
     match found {
-        Some((idx, r)) => move_slab(sh, idx, r, d, slab)?,
+        Some((idx, r)) => {
+            if !move_slab(sh, idx, r, d, slab)? {
+                return Ok(false);
+            }
+        }
         None => {
             if !drop_memory_copy(sh, d, slab) {
                 return Ok(false);
@@ -107,8 +103,28 @@ fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
     Ok(true)
 }
 
+/// Whether far slab `idx` holds far pages frozen for a forked child, which reads its copies
+/// as they were at the fork: moved or freed under it, its reads would fail, so it is asked
+/// for again once the child is gone. Checked again, with the copy gate and the state lock
+/// held, right before a move is committed: a fork may lend the slab while its pages are
+/// copied.
+fn lent(sh: &Shared, idx: u64) -> bool {
+    let first = idx * sh.far.slab_pages;
+    sh.state
+        .lock()
+        .far_pages
+        .any_frozen_in(first, first + sh.far.slab_pages)
+}
+
 /// Moves far slab `idx` (copies `r`) off donor `d` (its copy `slab`): see the module doc.
-fn move_slab(sh: &Shared, idx: u64, r: Replicas, d: usize, slab: u32) -> Result<(), RuntimeError> {
+/// `Ok(false)`: a fork lent the slab meanwhile, and donor `d`'s copy stays.
+fn move_slab(
+    sh: &Shared,
+    idx: u64,
+    r: Replicas,
+    d: usize,
+    slab: u32,
+) -> Result<bool, RuntimeError> {
     let far = &sh.far;
     let spare = (0..far.donors.len()).any(|x| !r.has(x) && far.donors[x].health.is_live());
     let other_copy = r
@@ -120,10 +136,13 @@ fn move_slab(sh: &Shared, idx: u64, r: Replicas, d: usize, slab: u32) -> Result<
         return to_local_memory(sh, idx, d, slab);
     }
     let _gate = far.copy_gate.write();
+    if lent(sh, idx) {
+        return Ok(false); // the new copy stays too: one more than wanted, until given back
+    }
     far.update_replicas(idx, |x| {
         x.remove(d);
     });
-    Ok(())
+    Ok(true)
 }
 
 /// Takes donor `d`'s copy `slab` away from the memory slab holding it, if one does; its pages
@@ -148,8 +167,9 @@ fn drop_memory_copy(sh: &Shared, d: usize, slab: u32) -> bool {
 }
 
 /// Moves far slab `idx`, whose only copy is donor `d`'s `slab`, into private memory of this
-/// process, and makes that its home.
-fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<(), RuntimeError> {
+/// process, and makes that its home. `Ok(false)`: a fork lent the slab meanwhile, and it
+/// stays on the donor.
+fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<bool, RuntimeError> {
     let far = &sh.far;
     let pages = far.slab_pages as usize;
     let local = Mapping::anonymous(pages * PAGE_SIZE).map_err(|source| RuntimeError::Mmap {
@@ -191,6 +211,10 @@ fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<(), Run
         }
     }
     let mut st = sh.state.lock();
+    let first = idx * far.slab_pages;
+    if st.far_pages.any_frozen_in(first, first + far.slab_pages) {
+        return Ok(false);
+    }
     let m = st.mem.insert(local, MemKind::Local, idx);
     far.set_home(idx, Some(Home::Memory(m)));
     drop(st);
@@ -199,5 +223,5 @@ fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<(), Run
          now lives in this process's memory (beyond the budget)",
         far.donors[d].write.addr()
     );
-    Ok(())
+    Ok(true)
 }

@@ -52,11 +52,9 @@ pub(crate) struct State {
     pub(crate) forks: u32,
     /// Lendable slabs are marked to be inherited (a fork lending them is being prepared).
     pub(crate) dofork: bool,
-    /// Holds of forks that left pages on donors ([`crate::forkhold`]): their far pages stay
-    /// frozen while any lives.
-    pub(crate) fork_holds: Vec<crate::forkhold::ForkHold>,
-    /// The last fork hold id handed out.
-    pub(crate) next_fork_hold: u64,
+    /// The hold of the forks that left pages on donors ([`crate::forkhold`]): their far pages
+    /// stay frozen while it lives.
+    pub(crate) fork_hold: Option<crate::forkhold::ForkHold>,
     pub(crate) staging: VecDeque<Staged>,
     /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
     pub(crate) dontfork: crate::dontfork::DontFork,
@@ -234,8 +232,7 @@ impl Shared {
                 paused: false,
                 forks: 0,
                 dofork: false,
-                fork_holds: Vec::new(),
-                next_fork_hold: 0,
+                fork_hold: None,
                 staging: VecDeque::new(),
                 dontfork: Default::default(),
                 drops: Default::default(),
