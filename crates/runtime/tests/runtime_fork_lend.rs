@@ -57,9 +57,69 @@ fn lent_pages_stay_in_the_tier_and_stay_as_they_were_while_the_child_lives() {
         0
     );
 
+    let plan = prepare_lending(&rt, pages);
+    assert!(plan.lent.as_ref().is_some_and(|l| l.donors().is_none()));
+    let reader = Reader::fork(&rt, &plan, &[(a_base, pages, 1), (b_base, pages, 5)]);
+
+    let other = change_all_while_the_child_waits(&rt, reader, a_base, b, pages);
+
+    // The child is gone: its hold is dead, the node releases what the parent had freed, and
+    // `b`'s far pages (deferred while frozen) are free again: new memory written past the
+    // budget reuses them instead of placing new slabs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while n.stats().holds > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(n.stats().holds, 0, "{:?}", n.stats());
+    std::thread::sleep(Duration::from_millis(300)); // a tier thread round: thawed
+    let third = fill_reusing_thawed(&rt, pages, |s| s.tier_slabs);
+    drop((a, other, third));
+}
+
+/// While `reader` waits, the parent rewrites every page of the region at `a_base` (evicted
+/// again: to new far pages, the lent ones are frozen), releases `b` and fills new memory
+/// (`b`'s far pages must not be reused while the child lives); then the child reads and
+/// checks, and so does the parent. Returns the new memory.
+fn change_all_while_the_child_waits(
+    rt: &Arc<Runtime>,
+    reader: Reader,
+    a_base: usize,
+    b: farmem_runtime::Region,
+    pages: usize,
+) -> farmem_runtime::Region {
+    fill(a_base, pages, 2);
+    drop(b);
+    let (other, other_base, _) = filled(rt, 8 * MIB, 3);
+    reader.release_and_check();
+    assert_eq!(mismatches(a_base, pages, 2), 0);
+    assert_eq!(mismatches(other_base, pages, 3), 0);
+    other
+}
+
+/// Fills a new region of `pages` pages once the child is gone and its far pages are thawed:
+/// the far pages freed while they were frozen are reused, so at most one more slab (counted
+/// by `slabs`) is placed.
+fn fill_reusing_thawed(
+    rt: &Arc<Runtime>,
+    pages: usize,
+    slabs: fn(&farmem_runtime::Stats) -> u64,
+) -> farmem_runtime::Region {
+    let before = slabs(&rt.stats());
+    let (third, third_base, _) = filled(rt, 8 * MIB, 4);
+    assert_eq!(mismatches(third_base, pages, 4), 0);
+    let after = slabs(&rt.stats());
+    assert!(
+        after <= before + 1,
+        "far pages freed while frozen are reused after the thaw: {before} -> {after} slabs"
+    );
+    third
+}
+
+/// Prepares a lending fork of two regions of `pages` pages each, mostly far: at least one
+/// region's worth lent, not brought back.
+fn prepare_lending(rt: &Arc<Runtime>, pages: usize) -> ForkPlan {
     let plan = rt.prepare_fork(true);
-    let lent = plan.lent.as_ref().expect("pages in the tier are lent");
-    // Most of both regions is far: lent, not brought back.
+    let lent = plan.lent.as_ref().expect("far pages are lent");
     assert!(
         lent.pages() >= pages,
         "{} of {} lent",
@@ -73,36 +133,7 @@ fn lent_pages_stay_in_the_tier_and_stay_as_they_were_while_the_child_lives() {
     );
     assert!(lent.floor() > 0);
     assert!(s.fork_pages_lent >= pages as u64, "{s:?}");
-    let reader = Reader::fork(&rt, &plan, &[(a_base, pages, 1), (b_base, pages, 5)]);
-
-    // The parent rewrites every page of `a` (evicted again: to new far pages, the lent ones
-    // are frozen), releases `b` and fills new memory (`b`'s far pages must not be reused while
-    // the child lives).
-    fill(a_base, pages, 2);
-    drop(b);
-    let (other, other_base, _) = filled(&rt, 8 * MIB, 3);
-    reader.release_and_check();
-    assert_eq!(mismatches(a_base, pages, 2), 0);
-    assert_eq!(mismatches(other_base, pages, 3), 0);
-
-    // The child is gone: its hold is dead, the node releases what the parent had freed, and
-    // `b`'s far pages (deferred while frozen) are free again: new memory written past the
-    // budget reuses them instead of placing new slabs.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while n.stats().holds > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(n.stats().holds, 0, "{:?}", n.stats());
-    std::thread::sleep(Duration::from_millis(300)); // a tier thread round: thawed
-    let before = rt.stats().tier_slabs;
-    let (third, third_base, _) = filled(&rt, 8 * MIB, 4);
-    assert_eq!(mismatches(third_base, pages, 4), 0);
-    let after = rt.stats().tier_slabs;
-    assert!(
-        after <= before + 1,
-        "far pages freed while frozen are reused after the thaw: {before} -> {after} tier slabs"
-    );
-    drop((a, other, third));
+    plan
 }
 
 /// A runtime paging to `donor` only (no host tier), pages sealed.
@@ -188,42 +219,18 @@ fn pages_on_donors_are_lent_and_read_there_as_they_were_at_the_fork() {
     let (a, a_base, pages) = filled(&rt, 8 * MIB, 1);
     let (b, b_base, _) = filled(&rt, 8 * MIB, 5);
 
-    let plan = rt.prepare_fork(true);
-    let lent = plan.lent.as_ref().expect("pages on the donor are lent");
+    let plan = prepare_lending(&rt, pages);
+    let lent = plan.lent.as_ref().expect("checked above");
     assert!(lent.donors().is_some(), "lent on donors: {lent:?}");
-    assert!(
-        lent.pages() >= pages,
-        "{} of {} lent",
-        lent.pages(),
-        2 * pages
-    );
-    let s = rt.stats();
-    assert!(
-        (s.resident_pages as usize) < pages,
-        "brought back for the fork: {s:?}"
-    );
-    assert!(s.fork_pages_lent >= pages as u64, "{s:?}");
     let reader = Reader::fork(&rt, &plan, &[(a_base, pages, 1), (b_base, pages, 5)]);
 
-    fill(a_base, pages, 2);
-    drop(b);
-    let (other, other_base, _) = filled(&rt, 8 * MIB, 3);
-    reader.release_and_check();
-    assert_eq!(mismatches(a_base, pages, 2), 0);
-    assert_eq!(mismatches(other_base, pages, 3), 0);
+    let other = change_all_while_the_child_waits(&rt, reader, a_base, b, pages);
 
     // The child is gone: its hold is dead; within a heal-thread round (250 ms) the far
     // pages frozen for it are thawed, and `b`'s (freed meanwhile) are reused by new memory
     // instead of new slabs.
     std::thread::sleep(Duration::from_millis(800));
-    let before = rt.stats().slabs_placed;
-    let (third, third_base, _) = filled(&rt, 8 * MIB, 4);
-    assert_eq!(mismatches(third_base, pages, 4), 0);
-    let after = rt.stats().slabs_placed;
-    assert!(
-        after <= before + 1,
-        "far pages freed while frozen are reused after the thaw: {before} -> {after} slabs"
-    );
+    let third = fill_reusing_thawed(&rt, pages, |s| s.slabs_placed);
     drop((a, other, third));
 }
 
