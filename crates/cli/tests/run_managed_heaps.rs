@@ -227,6 +227,61 @@ fn a_java_heap_three_times_the_budget_is_paged_within_it() {
     );
 }
 
+/// A Go program's heap: with cgo the binary is dynamically linked and Go's runtime maps its
+/// arenas through libc's `mmap` (PROT_NONE reservations, then MAP_FIXED commits), so the
+/// preload reaches it. (A cgo-free Go binary is static: `farmem run` refuses it with a clear
+/// error, as run_errors.rs checks for a static C program.)
+#[test]
+fn a_go_heap_built_with_cgo_three_times_the_budget_is_paged_within_it() {
+    let go = require_program("go", "golang-go");
+    let dir = Scratch::new("managed-go");
+    let src = dir.path("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(managed("fill.go"), src.join("fill.go")).unwrap();
+    // An old go directive: Debian's Go (1.19) and newer toolchains both build it, offline.
+    std::fs::write(src.join("go.mod"), "module fill\n\ngo 1.19\n").unwrap();
+    let bin = dir.path("fill");
+    let o = output_within(
+        Command::new(go)
+            .args(["build", "-o"])
+            .arg(&bin)
+            .arg(".")
+            .current_dir(&src)
+            .env("CGO_ENABLED", "1")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOCACHE", dir.path("gocache"))
+            .env("GOPATH", dir.path("gopath")),
+        Duration::from_secs(300),
+    );
+    assert!(o.status.success(), "go build: {}", text(&o));
+    // 256 MiB of live objects (about 270 MiB RssAnon without farmem).
+    let args = [bin.to_str().unwrap(), "256"];
+    let plain = output_within(
+        Command::new(args[0]).args(&args[1..]),
+        Duration::from_secs(300),
+    );
+    assert!(
+        plain.status.success(),
+        "go program without farmem: {}",
+        text(&plain)
+    );
+    let want = String::from_utf8(plain.stdout).unwrap();
+    let stats = dir.path("stats.json");
+    let run = run_sampled(
+        &dir,
+        &[
+            "--local-mem",
+            &format!("{BUDGET_MIB}MiB"),
+            "--stats",
+            stats.to_str().unwrap(),
+        ],
+        &args,
+        "fill",
+    );
+    check("go", &want, &run, &read_stats(&stats));
+}
+
 /// Runs tests/c/NAME.c with 96 (MiB) without farmem and under farmem at 32 MiB, checks that
 /// both succeed with the same output, and returns farmem's stats.
 fn same_output_at_32mib(name: &str) -> serde_json::Value {
