@@ -73,6 +73,11 @@ pub fn protect<T: From<OwnedFd> + Into<OwnedFd>>(fd: T) -> T {
 fn record(fd: &OwnedFd) {
     let ino = inode(fd.as_fd());
     let raw = fd.as_raw_fd();
+    // A record of the same number is stale (closed without `forget`, the number reused): two
+    // records would leave the number protected after `forget` drops one of them.
+    for slot in FDS.iter() {
+        let _ = slot.compare_exchange(raw, FREE, Ordering::AcqRel, Ordering::Relaxed);
+    }
     for (slot, ino_slot) in FDS.iter().zip(INODES.iter()) {
         if slot.load(Ordering::Relaxed) == FREE {
             ino_slot.store(ino, Ordering::Relaxed);
@@ -151,8 +156,13 @@ mod tests {
         std::fs::File::open("/proc/self/stat").unwrap()
     }
 
+    /// The tests share the process's descriptor table and the registry: one at a time (the
+    /// second one needs a number another test could take meanwhile).
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_protected_descriptor_moves_high_and_is_known_until_forgotten() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let f = protect(file());
         let fd = f.as_raw_fd();
         assert!(fd >= floor(), "{fd} below the floor {}", floor());
@@ -166,6 +176,7 @@ mod tests {
 
     #[test]
     fn a_number_reused_for_another_file_is_not_protected() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let f = protect(file());
         let fd = f.as_raw_fd();
         // Closed behind the registry's back (no preload library here to forget it), then the
@@ -175,5 +186,19 @@ mod tests {
         let reused = rustix::io::fcntl_dupfd_cloexec(&other, fd).unwrap();
         assert_eq!(reused.as_raw_fd(), fd, "the number was free again");
         assert!(!is_protected(fd), "another file at a recorded number");
+    }
+
+    #[test]
+    fn a_number_closed_unforgotten_and_protected_again_is_recorded_once() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let f = protect(file());
+        let fd = f.as_raw_fd();
+        drop(f); // closed behind the registry's back
+                 // The same file again (same inode), at the same number, protected again.
+        let again = protect(file());
+        assert_eq!(again.as_raw_fd(), fd, "the number was free again");
+        assert!(is_protected(fd));
+        forget(fd);
+        assert!(!is_protected(fd), "one forget unprotects it");
     }
 }
