@@ -132,6 +132,39 @@ fn check(what: &str, want: &str, run: &Sampled, stats: &serde_json::Value) {
     );
 }
 
+/// Runs `args` without farmem (it must succeed), then under farmem at the budget with the
+/// process named `comm` sampled: (its output without farmem, the run, farmem's stats).
+fn plain_then_paged(
+    dir: &Scratch,
+    what: &str,
+    args: &[&str],
+    comm: &str,
+) -> (String, Sampled, serde_json::Value) {
+    let plain = output_within(
+        Command::new(args[0]).args(&args[1..]),
+        Duration::from_secs(300),
+    );
+    assert!(
+        plain.status.success(),
+        "{what} without farmem: {}",
+        text(&plain)
+    );
+    let want = String::from_utf8(plain.stdout).unwrap();
+    let stats = dir.path("stats.json");
+    let run = run_sampled(
+        dir,
+        &[
+            "--local-mem",
+            &format!("{BUDGET_MIB}MiB"),
+            "--stats",
+            stats.to_str().unwrap(),
+        ],
+        args,
+        comm,
+    );
+    (want, run, read_stats(&stats))
+}
+
 #[test]
 fn a_node_heap_three_times_the_budget_is_paged_within_it() {
     let node = require_program("node", "nodejs");
@@ -144,29 +177,8 @@ fn a_node_heap_three_times_the_budget_is_paged_within_it() {
         script.to_str().unwrap(),
         "300",
     ];
-    let plain = output_within(
-        Command::new(args[0]).args(&args[1..]),
-        Duration::from_secs(300),
-    );
-    assert!(
-        plain.status.success(),
-        "node without farmem: {}",
-        text(&plain)
-    );
-    let want = String::from_utf8(plain.stdout).unwrap();
-    let stats = dir.path("stats.json");
-    let run = run_sampled(
-        &dir,
-        &[
-            "--local-mem",
-            &format!("{BUDGET_MIB}MiB"),
-            "--stats",
-            stats.to_str().unwrap(),
-        ],
-        &args,
-        "node",
-    );
-    check("node", &want, &run, &read_stats(&stats));
+    let (want, run, stats) = plain_then_paged(&dir, "node", &args, "node");
+    check("node", &want, &run, &stats);
 }
 
 #[test]
@@ -197,29 +209,7 @@ fn a_java_heap_three_times_the_budget_is_paged_within_it() {
         "Fill",
         "200",
     ];
-    let plain = output_within(
-        Command::new(args[0]).args(&args[1..]),
-        Duration::from_secs(300),
-    );
-    assert!(
-        plain.status.success(),
-        "java without farmem: {}",
-        text(&plain)
-    );
-    let want = String::from_utf8(plain.stdout).unwrap();
-    let stats = dir.path("stats.json");
-    let run = run_sampled(
-        &dir,
-        &[
-            "--local-mem",
-            &format!("{BUDGET_MIB}MiB"),
-            "--stats",
-            stats.to_str().unwrap(),
-        ],
-        &args,
-        "java",
-    );
-    let s = read_stats(&stats);
+    let (want, run, s) = plain_then_paged(&dir, "java", &args, "java");
     check("java", &want, &run, &s);
     assert!(
         s["preload"]["fixed_reregistered"].as_u64().unwrap_or(0) > 0,
@@ -257,29 +247,8 @@ fn a_go_heap_built_with_cgo_three_times_the_budget_is_paged_within_it() {
     assert!(o.status.success(), "go build: {}", text(&o));
     // 256 MiB of live objects (about 270 MiB RssAnon without farmem).
     let args = [bin.to_str().unwrap(), "256"];
-    let plain = output_within(
-        Command::new(args[0]).args(&args[1..]),
-        Duration::from_secs(300),
-    );
-    assert!(
-        plain.status.success(),
-        "go program without farmem: {}",
-        text(&plain)
-    );
-    let want = String::from_utf8(plain.stdout).unwrap();
-    let stats = dir.path("stats.json");
-    let run = run_sampled(
-        &dir,
-        &[
-            "--local-mem",
-            &format!("{BUDGET_MIB}MiB"),
-            "--stats",
-            stats.to_str().unwrap(),
-        ],
-        &args,
-        "fill",
-    );
-    check("go", &want, &run, &read_stats(&stats));
+    let (want, run, stats) = plain_then_paged(&dir, "the go program", &args, "fill");
+    check("go", &want, &run, &stats);
 }
 
 /// Runs tests/c/NAME.c with 96 (MiB) without farmem and under farmem at 32 MiB, checks that
