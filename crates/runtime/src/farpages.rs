@@ -66,9 +66,11 @@ impl FarPages {
         self.frozen.get(w).is_some_and(|x| x & (1 << bit) != 0)
     }
 
-    /// Whether any far page in `first..end` is frozen now (the floor aside).
-    pub(crate) fn any_frozen_in(&self, first: u64, end: u64) -> bool {
-        (first..end).any(|f| f >= self.floor && self.is_frozen(f))
+    /// Whether any far page of far slab `idx` (`slab_pages` pages) is frozen now (the floor
+    /// aside).
+    pub(crate) fn any_frozen_in_slab(&self, idx: u64, slab_pages: u64) -> bool {
+        let first = idx * slab_pages;
+        (first..first + slab_pages).any(|f| f >= self.floor && self.is_frozen(f))
     }
 
     /// Freezes `far` (lent to a child at fork).

@@ -424,8 +424,8 @@ fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option
     (lendable.memory.get(&m) == Some(&kind)).then_some(m)
 }
 
-/// Freezes the far pages of `pages` (lent) and describes what the child borrows; keeps
-/// the fork's hold covers those left on donors.
+/// Freezes the far pages of `pages` (lent) and describes what the child borrows (those left
+/// on donors are covered by the fork's hold, mapped in [`hold_donors`]).
 fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, LentAt)>) -> Option<Lent> {
     if pages.is_empty() {
         return None;

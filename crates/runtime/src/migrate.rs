@@ -109,11 +109,10 @@ fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
 /// held, right before a move is committed: a fork may lend the slab while its pages are
 /// copied.
 fn lent(sh: &Shared, idx: u64) -> bool {
-    let first = idx * sh.far.slab_pages;
     sh.state
         .lock()
         .far_pages
-        .any_frozen_in(first, first + sh.far.slab_pages)
+        .any_frozen_in_slab(idx, sh.far.slab_pages)
 }
 
 /// Moves far slab `idx` (copies `r`) off donor `d` (its copy `slab`): see the module doc.
@@ -211,9 +210,8 @@ fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<bool, R
         }
     }
     let mut st = sh.state.lock();
-    let first = idx * far.slab_pages;
-    if st.far_pages.any_frozen_in(first, first + far.slab_pages) {
-        return Ok(false);
+    if st.far_pages.any_frozen_in_slab(idx, far.slab_pages) {
+        return Ok(false); // lent meanwhile: see `lent`
     }
     let m = st.mem.insert(local, MemKind::Local, idx);
     far.set_home(idx, Some(Home::Memory(m)));
