@@ -248,7 +248,9 @@ pub fn farmem_moved_bytes(stats: &StatsFile) -> Option<u64> {
 
 /// Where a farmem run's time went, from its stats file: remote faults and their handler
 /// latency, host tier faults (when there were any) and theirs, write-back pool hits, prefetch
-/// accuracy (when something was prefetched).
+/// accuracy and the share of prefetched pages evicted unused (when something was prefetched),
+/// and what became of the evicted pages (written back, unchanged so not written again, all
+/// zero), so that the row's pages moved read as faults + prefetches in and write-backs out.
 pub fn farmem_fault_note(stats: &StatsFile) -> Option<String> {
     let rt = stats.runtime.as_ref()?;
     let mut parts = vec![format!(
@@ -264,6 +266,20 @@ pub fn farmem_fault_note(stats: &StatsFile) -> Option<String> {
     parts.push(format!("{} pool hits", rt.faults_pool_hit));
     if let Some(a) = stats.summary.as_ref().and_then(|s| s.prefetch_accuracy) {
         parts.push(format!("prefetch accuracy {:.0}%", a * 100.0));
+    }
+    if rt.prefetched_pages > 0 {
+        parts.push(format!(
+            "{} pages prefetched ({:.0}% evicted unused)",
+            rt.prefetched_pages,
+            100.0 * rt.prefetch_pollution as f64 / rt.prefetched_pages as f64
+        ));
+    }
+    let written = rt.evicted_sent_dirty + rt.tier_pages_written;
+    if written + rt.evicted_dropped_clean + rt.evicted_zero > 0 {
+        parts.push(format!(
+            "evicted {written} written back, {} unchanged, {} all zero",
+            rt.evicted_dropped_clean, rt.evicted_zero
+        ));
     }
     Some(parts.join(", "))
 }
@@ -932,7 +948,8 @@ mod tests {
         };
         assert_eq!(
             farmem_fault_note(&file).unwrap(),
-            "120 remote faults (handler p50 23 µs), 7 pool hits, prefetch accuracy 50%"
+            "120 remote faults (handler p50 23 µs), 7 pool hits, prefetch accuracy 50%, \
+             10 pages prefetched (0% evicted unused)"
         );
         assert_eq!(farmem_fault_note(&StatsFile::default()), None);
     }
@@ -955,6 +972,33 @@ mod tests {
         assert_eq!(
             farmem_fault_note(&file).unwrap(),
             "3 remote faults (handler p50 23 µs), 900 tier faults (handler p50 4 µs), 7 pool hits"
+        );
+    }
+
+    #[test]
+    fn farmem_fault_note_says_what_became_of_prefetched_and_evicted_pages() {
+        let rt = farmem_runtime::Stats {
+            faults_tier: 50,
+            prefetched_pages: 200,
+            prefetch_pollution: 50,
+            evicted_sent_dirty: 3,
+            tier_pages_written: 40,
+            evicted_dropped_clean: 60,
+            evicted_zero: 2,
+            ..farmem_runtime::Stats::default()
+        };
+        let file = StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        };
+        let note = farmem_fault_note(&file).unwrap();
+        assert!(
+            note.ends_with(
+                "200 pages prefetched (25% evicted unused), evicted 43 written back, \
+                 60 unchanged, 2 all zero"
+            ),
+            "{note}"
         );
     }
 
