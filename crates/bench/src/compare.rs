@@ -784,6 +784,15 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    /// A stats file holding `rt` (and the summary made from it), as `farmem run` writes one.
+    pub(super) fn stats_file(rt: farmem_runtime::Stats) -> StatsFile {
+        StatsFile {
+            summary: Some((&rt).into()),
+            runtime: Some(rt),
+            ..StatsFile::default()
+        }
+    }
+
     #[test]
     fn fractions_parse_and_reject_out_of_range() {
         assert_eq!(
@@ -941,11 +950,7 @@ mod tests {
             ..farmem_runtime::Stats::default()
         };
         rt.latency.remote.p50_us = 23.0;
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = stats_file(rt);
         assert_eq!(
             farmem_fault_note(&file).unwrap(),
             "120 remote faults (handler p50 23 µs), 7 pool hits, prefetch accuracy 50%, \
@@ -964,11 +969,7 @@ mod tests {
         };
         rt.latency.remote.p50_us = 23.0;
         rt.latency.tier.p50_us = 4.4;
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = stats_file(rt);
         assert_eq!(
             farmem_fault_note(&file).unwrap(),
             "3 remote faults (handler p50 23 µs), 900 tier faults (handler p50 4 µs), 7 pool hits"
@@ -987,11 +988,7 @@ mod tests {
             evicted_zero: 2,
             ..farmem_runtime::Stats::default()
         };
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = stats_file(rt);
         let note = farmem_fault_note(&file).unwrap();
         assert!(
             note.ends_with(
@@ -1009,11 +1006,7 @@ mod tests {
             bytes_sent: 8192,
             ..farmem_runtime::Stats::default()
         };
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = stats_file(rt);
         assert_eq!(farmem_moved_bytes(&file), Some(8192));
         assert_eq!(farmem_moved_bytes(&StatsFile::default()), None);
         // Host tier only (farmem's default): the pages written into the tier.
@@ -1022,11 +1015,7 @@ mod tests {
             faults_tier: 2,
             ..farmem_runtime::Stats::default()
         };
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = stats_file(rt);
         assert_eq!(farmem_moved_bytes(&file), Some(3 * 4096));
         // Both: a tier in front of donors.
         let rt = farmem_runtime::Stats {
@@ -1034,11 +1023,7 @@ mod tests {
             bytes_sent: 4096,
             ..farmem_runtime::Stats::default()
         };
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = stats_file(rt);
         assert_eq!(farmem_moved_bytes(&file), Some(3 * 4096));
     }
 

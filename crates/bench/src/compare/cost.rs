@@ -483,11 +483,7 @@ mod tests {
             runtime_system_s: 0.75,
             ..farmem_runtime::Stats::default()
         };
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = crate::compare::tests::stats_file(rt);
         let f = CpuParts::of(SystemKind::Farmem, &tree, 7.0, Some(&file)).unwrap();
         assert_eq!(f.kswapd_s, 0.0, "kswapd is not farmem's");
         assert_eq!(f.total_s(), 2.0 + 1.0 + 0.25);
@@ -512,11 +508,7 @@ mod tests {
             bytes_sent: 4096,
             ..farmem_runtime::Stats::default()
         };
-        let file = StatsFile {
-            summary: Some((&rt).into()),
-            runtime: Some(rt),
-            ..StatsFile::default()
-        };
+        let file = crate::compare::tests::stats_file(rt);
         assert_eq!(farmem_moved_pages(&file), Some((5, 6)));
         assert_eq!(farmem_moved_pages(&StatsFile::default()), None);
     }
