@@ -641,19 +641,12 @@ fn install_ahead(
         }
         // An error (mapped already: a thread faulting on it is being served; or events
         // pending: the page may be released) leaves the page to the fault path.
-        // Writable, as a tier fault installs (`serve_from_memory`): installed write-protected,
-        // every page a pass reads and then writes took a write-protect fault, a whole
-        // userfaultfd round trip (jvm-heap at 0.5: 21.3 and 23.6 s with prefetching against
-        // 17.8 s without). An unchanged page costs a compare with its slab copy at eviction.
-        if let Some(Ok(())) = st
-            .mem
-            .read(m, page, |src| sh.uffd.copy(a, src, true, false))
-        {
+        if let Some(Ok(())) = st.mem.read(m, page, |src| sh.uffd.copy(a, src, true, true)) {
             // Inserted as a prefetch (Leap's eager eviction takes it first once used).
             // Inserted as an ordinary page instead, a seq scan was 1.6x slower (interleaved
             // runs: 10.9-11.7 vs 6.5-7.7 us per access) and numpy no faster (median 11.3 vs
             // 11.0 s over five runs each).
-            st.pages.install_prefetched_writable(a, Origin::Prefetch);
+            st.pages.install_prefetched(a, Origin::Prefetch);
             installed.push(a);
         }
     }

@@ -232,19 +232,6 @@ impl Pages {
         }
     }
 
-    /// `Remote` → `ResidentDirty`: a page installed ahead, writable, from a memory slab (the
-    /// evictor compares it with its slab copy, as for a tier fault), inserted into the eviction
-    /// policy as `origin`.
-    pub(crate) fn install_prefetched_writable(&mut self, addr: usize, origin: Origin) {
-        if self.apply(addr, Transition::BeginFetch).is_some()
-            && self
-                .apply(addr, Transition::InstallFetched { write: true })
-                .is_some()
-        {
-            self.count_install(addr, origin, false);
-        }
-    }
-
     /// Pool*/`Remote` → `ResidentDirty`: brought back before fork. Returns the pool slot it
     /// left (empty now: MOVEd out), if it was in the pool.
     pub(crate) fn install_for_fork(&mut self, addr: usize) -> Option<u32> {
