@@ -231,16 +231,22 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         }
         return;
     };
-    if st.drops.contains(msg.addr) {
-        // A page being dropped ([`crate::cow`]): a write to it (write-protected for its
-        // copy), or an access after the program released it meanwhile. The drop waits for this
-        // thread, so the fault waits in the queue until the drop is committed; installing a
-        // page now would have it dropped too.
-        drop(st);
-        q.retry.push_back(msg);
-        return;
-    }
-    while e.state == PageState::Evicting {
+    // Waits for an eviction in progress to commit, unless the page is being dropped
+    // ([`crate::cow`]): a write to it (write-protected for its copy), or an access after the
+    // program released it meanwhile. The drop waits for this thread, so the fault waits in the
+    // queue until the drop is committed; installing a page now would have it dropped too.
+    // Checked on every wake-up: a victim MOVE refuses becomes a drop while this thread waits
+    // for it (the fork test hung once in about 15 runs, this thread waiting for the page
+    // and the evictor for this thread to read the drop's REMOVE event).
+    loop {
+        if st.drops.contains(msg.addr) {
+            drop(st);
+            q.retry.push_back(msg);
+            return;
+        }
+        if e.state != PageState::Evicting {
+            break;
+        }
         sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
         e = st.pages.get(msg.addr).unwrap_or_default();
     }
