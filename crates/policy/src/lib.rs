@@ -8,6 +8,8 @@
 //!   majority-trend prefetcher (per thread or per process) and its rivals.
 //! - [`first_touch`]: which never-written pages to map ahead of a thread filling fresh memory
 //!   in order (first-touch readahead).
+//! - [`ahead_writes`]: whether pages installed ahead of use go in writable or
+//!   write-protected, from the share of them the program writes.
 //! - [`measures`]: prefetch accuracy, coverage, timeliness and pollution, as Leap defines them,
 //!   in one reusable accounting struct.
 //!
@@ -18,6 +20,7 @@
 //! file with a `…Config` that implements `Default`.
 #![forbid(unsafe_code)]
 
+pub mod ahead_writes;
 pub mod evict;
 pub mod first_touch;
 mod linked;

@@ -14,7 +14,9 @@
 //!
 //! Dirty tracking: a page installed from an up-to-date donor copy by a read fault is
 //! installed write-protected (`ResidentClean`); its first write raises a WP fault that marks
-//! it dirty and unprotects it. Write faults install writable pages directly.
+//! it dirty and unprotects it. Write faults install writable pages directly. Pages installed
+//! ahead from the host tier go in write-protected, or writable while most of those the
+//! program wrote took such a WP fault ([`farmem_policy::ahead_writes`]).
 //!
 //! Failure: a page that cannot be fetched (donor dead or stalled past the transport's
 //! request timeout, after `fetch_attempts` tries) is logged as an error, counted, and
@@ -330,7 +332,9 @@ fn serve_write_protect(
     }
     match sh.uffd.writeprotect(msg.addr, PAGE_SIZE, false, false) {
         Ok(()) => {
-            st.pages.mark_dirty(msg.addr);
+            if st.pages.mark_dirty(msg.addr) {
+                st.ahead_writes.written();
+            }
             drop(st);
             sh.count_fault(FaultKind::WriteProtect, msg.t0);
         }
@@ -604,8 +608,10 @@ fn feed(sh: &Shared, st: &mut State, addr: usize, thread: u32, hit: bool, now: u
 const MAX_AHEAD: usize = 64;
 
 /// Installs the predicted pages `out` that are in a memory slab (the host tier) straight into
-/// their region: one UFFDIO_COPY each, write-protected and clean, no message, no other
-/// thread, so the program's next accesses take no fault at all. The window's first page is
+/// their region: one UFFDIO_COPY each, no message, no other thread, so the program's next
+/// accesses take no fault at all. Write-protected and clean, or writable (dirty, compared with
+/// the slab copy at eviction) while the program writes most such pages
+/// ([`farmem_policy::ahead_writes`]). The window's first page is
 /// its marker: it is left in the tier, and its fault tells the prefetcher that the stream
 /// went through the pages installed before it (as Linux readahead's `PG_readahead` does).
 /// Pages are installed only below the evictor's high watermark: filling resident memory up to
@@ -622,6 +628,7 @@ fn install_ahead(
 ) -> Vec<u64> {
     let mut remote = Vec::new();
     let mut installed = Vec::new();
+    let mut writable_count = 0;
     let mut marker = None;
     for (i, p) in out.iter().enumerate() {
         let Some(a) = addr_of(*p) else {
@@ -645,21 +652,35 @@ fn install_ahead(
         if installed.len() >= MAX_AHEAD || st.pages.resident() >= sh.budget.high_water() {
             continue;
         }
-        // An error (mapped already: a thread faulting on it is being served; or events
-        // pending: the page may be released) leaves the page to the fault path.
-        if let Some(Ok(())) = st.mem.read(m, page, |src| sh.uffd.copy(a, src, true, true)) {
+        // Writable while most pages installed ahead are written later, write-protected
+        // otherwise ([`farmem_policy::ahead_writes`]). An error (mapped already: a thread
+        // faulting on it is being served; or events pending: the page may be released) leaves
+        // the page to the fault path.
+        let writable = st.ahead_writes.writable();
+        if let Some(Ok(())) = st
+            .mem
+            .read(m, page, |src| sh.uffd.copy(a, src, true, !writable))
+        {
             // Inserted as a prefetch (Leap's eager eviction takes it first once used).
             // Inserted as an ordinary page instead, a seq scan was 1.6x slower (interleaved
             // runs: 10.9-11.7 vs 6.5-7.7 us per access) and numpy no faster (median 11.3 vs
             // 11.0 s over five runs each).
-            st.pages.install_prefetched(a, Origin::Prefetch);
+            if writable {
+                st.pages.install_prefetched_writable(a, Origin::Prefetch);
+                writable_count += 1;
+            } else {
+                st.pages.install_prefetched(a, Origin::Prefetch, true);
+                st.ahead_writes.protected();
+            }
             installed.push(a);
         }
     }
     if marker.is_some() || !installed.is_empty() {
         sh.pf.installed_ahead(marker, thread, &installed, now);
         if !installed.is_empty() {
-            sh.stats.lock().s.tier_installed_ahead += installed.len() as u64;
+            let mut s = sh.stats.lock();
+            s.s.tier_installed_ahead += installed.len() as u64;
+            s.s.tier_installed_ahead_writable += writable_count;
         }
     }
     remote

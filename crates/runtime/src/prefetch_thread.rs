@@ -271,7 +271,7 @@ fn keep(sh: &Shared, st: &mut State, r: &Req, page_data: &[u8]) {
     {
         match sh.uffd.copy(r.addr, page_data, false, true) {
             Ok(()) => {
-                st.pages.install_prefetched(r.addr, Origin::Prefetch);
+                st.pages.install_prefetched(r.addr, Origin::Prefetch, false);
                 sh.kick_evictor(st);
                 let mut i = pf.inner.lock();
                 i.measures.prefetched(page_of(r.addr), now);

@@ -60,6 +60,8 @@ pub(crate) struct State {
     pub(crate) dontfork: crate::dontfork::DontFork,
     /// Victims being dropped as shared with a forked process ([`crate::cow`]).
     pub(crate) drops: crate::cow::Drops,
+    /// Whether pages installed ahead from the host tier go in writable ([`crate::fault`]).
+    pub(crate) ahead_writes: farmem_policy::ahead_writes::AheadWrites,
 }
 
 impl State {
@@ -236,6 +238,7 @@ impl Shared {
                 staging: VecDeque::new(),
                 dontfork: Default::default(),
                 drops: Default::default(),
+                ahead_writes: Default::default(),
             })),
             evict_cv: Condvar::new(),
             commit_cv: Condvar::new(),

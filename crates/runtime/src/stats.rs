@@ -95,6 +95,9 @@ pub struct Stats {
     /// Pages the prefetcher predicted that were installed ahead of use straight from a memory
     /// slab (the host tier), so the program's access took no fault at all.
     pub tier_installed_ahead: u64,
+    /// Of those, pages installed writable (the program was writing most pages installed
+    /// ahead write-protected; [`farmem_policy::ahead_writes`]).
+    pub tier_installed_ahead_writable: u64,
     /// Never-written pages mapped (zeroed) ahead of a thread filling fresh memory in order
     /// (first-touch readahead), so its writes there took no fault.
     pub zero_installed_ahead: u64,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use farmem_node::{NodeClient, NodeClientConfig, NodeConfig, NodeServer, RunningNode};
 use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats, TierMode};
 use farmem_testkit::donor::in_process;
-use farmem_testkit::pages::{fill, mismatches, read_u64, word};
+use farmem_testkit::pages::{fill, mismatches, read_u64, word, write_u64};
 use farmem_testkit::runtime::{start, wait_for_stats};
 
 const MIB: u64 = 1 << 20;
@@ -299,6 +299,55 @@ fn pages_in_the_tier_are_installed_ahead_of_a_scan() {
     assert_eq!(s.tier_installed_ahead, 0, "{s:?}");
     assert!(s.faults_tier as usize >= pages / 2, "{s:?}");
     drop(region);
+}
+
+/// A pass that reads each page and then rewrites it (a collector, an in-place update): while
+/// the program writes most pages installed ahead write-protected, later ones go in writable,
+/// so their writes take no write-protect fault; a read-only pass never gets writable pages.
+/// Nothing written is lost either way: every pass checks the previous one's stamps.
+#[test]
+fn pages_installed_ahead_go_in_writable_while_the_program_writes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), 256 * MIB);
+    let pages = (64 * MIB) as usize / PAGE;
+    let rt = runtime_prefetching(16 * MIB, n.socket_path(), "leap");
+    let region = fill_and_check(&rt, 64 * MIB, 1);
+    let base = region.as_ptr() as usize;
+    // Read-only passes first: pages go in write-protected.
+    for _ in 0..2 {
+        assert_eq!(scan(&region, 0..pages, 1), 0, "pages with wrong contents");
+    }
+    let s = rt.stats();
+    assert!(s.tier_installed_ahead > 0, "{s:?}");
+    assert_eq!(
+        s.tier_installed_ahead_writable, 0,
+        "a read-only scan got writable pages: {s:?}"
+    );
+    // Read-write passes.
+    for r in 2..6u64 {
+        let mut wrong = 0;
+        for p in 0..pages {
+            let a = base + p * PAGE;
+            if read_u64(a) != word(p, r - 1) || read_u64(a + PAGE - 8) != word(p, r - 1) ^ 0xff {
+                wrong += 1;
+            }
+            write_u64(a, word(p, r));
+            write_u64(a + PAGE - 8, word(p, r) ^ 0xff);
+        }
+        assert_eq!(wrong, 0, "pass {r}: pages with wrong contents");
+    }
+    check(&region, 5);
+    let t = rt.stats();
+    let writable = t.tier_installed_ahead_writable;
+    let ahead = t.tier_installed_ahead - s.tier_installed_ahead;
+    // How many were installed ahead at all depends on how fast the evictor makes room (see
+    // `pages_in_the_tier_are_installed_ahead_of_a_scan`); of those, the mode is what is
+    // checked: past the first samples, most go in writable.
+    assert!(
+        writable > 0 && writable * 2 > ahead.saturating_sub(256),
+        "{writable} of {ahead} pages installed ahead writable during read-write passes: {t:?}"
+    );
+    assert_eq!(t.fetch_errors, 0, "{t:?}");
 }
 
 #[test]

@@ -167,6 +167,7 @@ impl Pages {
             return None;
         };
         e.state = to;
+        e.ahead = false;
         Some((before, e))
     }
 
@@ -225,9 +226,24 @@ impl Pages {
     }
 
     /// `Remote` → `ResidentClean`: a prefetched page installed eagerly (marker mode, or from
-    /// the host tier), inserted into the eviction policy as `origin`.
-    pub(crate) fn install_prefetched(&mut self, addr: usize, origin: Origin) {
-        if self.apply(addr, Transition::InstallPrefetched).is_some() {
+    /// the host tier), write-protected, inserted into the eviction policy as `origin`.
+    /// `ahead` marks it so that [`Pages::mark_dirty`] reports its first write.
+    pub(crate) fn install_prefetched(&mut self, addr: usize, origin: Origin, ahead: bool) {
+        if let Some((_, e)) = self.apply(addr, Transition::InstallPrefetched) {
+            e.ahead = ahead;
+            self.count_install(addr, origin, false);
+        }
+    }
+
+    /// `Remote` → `ResidentDirty`: a page installed ahead, writable, from a memory slab (the
+    /// evictor compares it with its slab copy, as for a tier fault), inserted into the eviction
+    /// policy as `origin`.
+    pub(crate) fn install_prefetched_writable(&mut self, addr: usize, origin: Origin) {
+        if self.apply(addr, Transition::BeginFetch).is_some()
+            && self
+                .apply(addr, Transition::InstallFetched { write: true })
+                .is_some()
+        {
             self.count_install(addr, origin, false);
         }
     }
@@ -256,9 +272,16 @@ impl Pages {
     }
 
     /// Resident → `ResidentDirty`: a write-protect fault (the policy sees the use).
-    pub(crate) fn mark_dirty(&mut self, addr: usize) {
-        if self.apply(addr, Transition::MarkDirty).is_some() {
-            self.policy.touched(pid_of(addr));
+    ///
+    /// Returns whether the page had been installed ahead write-protected
+    /// ([`Pages::install_prefetched`] with `ahead`) and not written since.
+    pub(crate) fn mark_dirty(&mut self, addr: usize) -> bool {
+        match self.apply(addr, Transition::MarkDirty) {
+            Some((before, _)) => {
+                self.policy.touched(pid_of(addr));
+                before.ahead
+            }
+            None => false,
         }
     }
 

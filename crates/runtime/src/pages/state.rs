@@ -71,6 +71,9 @@ pub(crate) struct Entry {
     pub(crate) gen: u32,
     /// Far page number of its donor copy, or [`NO_FAR`].
     pub(crate) far: u64,
+    /// Installed ahead write-protected and not written since (cleared by every transition):
+    /// its write-protect fault tells [`farmem_policy::ahead_writes`] it was written.
+    pub(crate) ahead: bool,
 }
 
 impl Default for Entry {
@@ -80,6 +83,7 @@ impl Default for Entry {
             slot: 0,
             gen: 0,
             far: NO_FAR,
+            ahead: false,
         }
     }
 }

@@ -249,7 +249,7 @@ fn fetch_begins_installs_or_is_abandoned() {
 fn install_prefetched_is_clean_and_counted() {
     let mut p = pages();
     reach(&mut p, BASE, PageState::Remote);
-    p.install_prefetched(BASE, Origin::Prefetch);
+    p.install_prefetched(BASE, Origin::Prefetch, false);
     assert_eq!(state(&p, BASE), PageState::ResidentClean);
     assert_eq!((p.resident(), p.peak_resident()), (1, 1));
 }
