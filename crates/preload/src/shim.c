@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,6 +49,29 @@ extern int farmem_preload_overlaps_region(void *addr, size_t len);
 extern void farmem_preload_fork_advice(void *addr, size_t len, int dont_fork);
 
 #define FM_HIDDEN __attribute__((visibility("hidden")))
+
+/* Calls into the runtime with every signal of this thread blocked. The runtime holds its state
+ * lock while it registers a region (or looks regions up), and a signal delivered meanwhile may
+ * have its frame written to managed memory (Go's signal stacks live on its heap): that write
+ * faults into the fault thread, which waits for the lock this thread holds. Seen: a cgo Go program hung under `farmem run`, its
+ * thread in `fmp_mmap` -> register, its kernel stack in `x64_setup_rt_frame` ->
+ * `handle_userfault`, the fault thread waiting for the state lock. Blocked signals are
+ * delivered once the mask is restored. */
+static sigset_t fm_block_signals(void) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    return old;
+}
+
+static void fm_restore_signals(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
+static int fm_register_region(void *addr, size_t len, int is_heap) {
+    sigset_t old = fm_block_signals();
+    int err = farmem_preload_register_region(addr, len, is_heap);
+    fm_restore_signals(&old);
+    return err;
+}
 #define FM_TLS __thread __attribute__((tls_model("initial-exec")))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
@@ -137,7 +161,7 @@ static int grow_locked(size_t need) {
     void *chunk = (void *)heap_end;
     if (syscall(SYS_mprotect, chunk, len, PROT_READ | PROT_WRITE) != 0) return errno;
     fmp_internal_depth++;
-    int err = farmem_preload_register_region(chunk, len, 1);
+    int err = fm_register_region(chunk, len, 1);
     if (err == 0 &&
         !mi_manage_os_memory(chunk, len, /*committed*/ true, /*large*/ false, /*zero*/ true, -1))
         err = ENOMEM;
@@ -397,7 +421,9 @@ FM_HIDDEN void *fmp_mmap(void *addr, size_t len, int prot, int flags, int fd, of
     if (candidate && (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE) &&
         !in_heap_span((uintptr_t)addr, len)) {
         fmp_internal_depth++;
+        sigset_t old = fm_block_signals();
         replaces_region = farmem_preload_overlaps_region(addr, len);
+        fm_restore_signals(&old);
         fmp_internal_depth--;
     }
     void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
@@ -407,7 +433,7 @@ FM_HIDDEN void *fmp_mmap(void *addr, size_t len, int prot, int flags, int fd, of
     int saved = errno;
     syscall(SYS_madvise, p, round_up(len, FM_PAGE), MADV_NOHUGEPAGE);
     fmp_internal_depth++;
-    int err = farmem_preload_register_region(p, round_up(len, FM_PAGE), 0);
+    int err = fm_register_region(p, round_up(len, FM_PAGE), 0);
     fmp_internal_depth--;
     if (err == 0) {
         atomic_fetch_add(&ctr_mmap_regions, 1);
@@ -449,7 +475,9 @@ FM_HIDDEN int fmp_madvise(void *addr, size_t len, int advice) {
         !fmp_runtime_thread) {
         int saved = errno;
         fmp_internal_depth++;
+        sigset_t old = fm_block_signals();
         farmem_preload_fork_advice(addr, len, advice == MADV_DONTFORK);
+        fm_restore_signals(&old);
         fmp_internal_depth--;
         errno = saved;
     }
