@@ -216,7 +216,7 @@ fn the_embedded_default_runs_on_a_private_node() {
     assert!(o.status.success(), "{}", text(&o));
     let s = read_stats(&stats);
     assert!(counter(&s, "tier_bytes_out") > 32 << 20, "{s}");
-    assert!(counter(&s, "faults_tier") > 0, "{s}");
+    assert!(counter(&s, "tier_bytes_in") > 0, "{s}");
     assert_eq!(counter(&s, "remote_bytes_out"), 0, "{s}");
     // `--local-donor tcp` keeps the embedded TCP donor, for comparison.
     let o = farmem_run(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use farmem_testkit::bins::{farmem, require_preload_lib};
 use farmem_testkit::donor::Donor;
-use farmem_testkit::run::{read_stats, require_program, text, Scratch};
+use farmem_testkit::run::{far_bytes_in, read_stats, require_program, text, Scratch};
 use farmem_testkit::tree_rss::TreeRssSampler;
 
 const MIB: u64 = 1 << 20;
@@ -93,15 +93,13 @@ impl TreeRun {
             .unwrap_or_else(|| panic!("no tree section: {}", self.stats))
     }
 
-    /// Processes whose pages went far and came back (remote or host-tier faults).
+    /// Processes whose pages came back from far memory: from the host tier or a donor, by a
+    /// fault or installed ahead of one (a sequential pass can bring every page back without a
+    /// fault on a far page).
     fn paged(&self) -> usize {
         self.processes()
             .iter()
-            .filter(|p| {
-                p["summary"]["faults_tier"].as_u64().unwrap_or(0)
-                    + p["summary"]["faults_remote"].as_u64().unwrap_or(0)
-                    > 0
-            })
+            .filter(|p| far_bytes_in(p) > 0)
             .count()
     }
 

@@ -4,7 +4,15 @@ import multiprocessing as mp
 import sys
 
 
+def start(barrier):
+    global BARRIER
+    BARRIER = barrier
+
+
 def work(seed):
+    # A pool hands tasks to whichever worker asks first, so a quick worker can take two and
+    # leave another idle; the barrier holds each worker to one task, so all 4 do work.
+    BARRIER.wait(timeout=120)
     n = int(sys.argv[1]) << 20
     b = bytearray(n)
     for i in range(0, n, 4096):
@@ -14,6 +22,11 @@ def work(seed):
 
 if __name__ == "__main__":
     mp.set_start_method("fork")
-    with mp.Pool(4) as pool:
-        for h in pool.map(work, range(4)):
-            print(h)
+    barrier = mp.Barrier(4)
+    pool = mp.Pool(4, initializer=start, initargs=(barrier,))
+    for h in pool.map(work, range(4)):
+        print(h)
+    # close + join lets the workers exit (and write their final stats); leaving a `with` block
+    # would SIGTERM them, and a killed worker's stats stop at its last periodic write.
+    pool.close()
+    pool.join()
