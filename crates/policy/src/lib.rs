@@ -10,6 +10,8 @@
 //!   in order (first-touch readahead).
 //! - [`ahead_writes`]: whether pages installed ahead of use go in writable or
 //!   write-protected, from the share of them the program writes.
+//! - [`write_heat`]: which written pages the program keeps writing (sampled
+//!   write-protection per chunk), so the evictor keeps them.
 //! - [`measures`]: prefetch accuracy, coverage, timeliness and pollution, as Leap defines them,
 //!   in one reusable accounting struct.
 //!
@@ -27,6 +29,7 @@ mod linked;
 pub mod measures;
 
 pub mod prefetch;
+pub mod write_heat;
 
 /// How a page became resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

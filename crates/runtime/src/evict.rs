@@ -29,6 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use farmem_policy::write_heat::Verdict;
 use farmem_uffd::UffdError;
 
 use crate::doorbell::IDLE_WAIT;
@@ -39,6 +40,11 @@ use crate::PAGE_SIZE;
 
 /// Victims picked per evictor round.
 const EVICT_BATCH: usize = 32;
+
+/// Dirty pages a round may put back at the tail (write-heat samples and pages of chunks the
+/// program keeps writing, [`farmem_policy::write_heat`]) before it lets go of the state lock,
+/// so a long run of such pages at the head does not hold faults back.
+const KEPT_PER_ROUND: u64 = 256;
 
 /// Why MOVE refused a victim that is then dropped instead ([`crate::cow`]).
 #[derive(Clone, Copy)]
@@ -73,6 +79,9 @@ struct Committed {
 /// The evictor's state between rounds.
 struct Evictor {
     victims: Vec<Victim>,
+    /// Dirty pages this round armed as write-heat samples, to write-protect.
+    armed: Vec<usize>,
+    keeping: Keeping,
     outcomes: Vec<Outcome>,
     draining: bool,
     /// Victims MOVE refused (shared with a forked process, or in a range that is not
@@ -88,6 +97,8 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
     sh.thread_started();
     let mut ev = Evictor {
         victims: Vec::with_capacity(EVICT_BATCH),
+        armed: Vec::new(),
+        keeping: Keeping::default(),
         outcomes: Vec::new(),
         draining: false,
         unmovable: Vec::new(),
@@ -111,12 +122,19 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
             continue;
         }
         let want = ((resident - sh.budget.low_water()) as usize).min(EVICT_BATCH);
-        pick_victims(&sh, &mut st, &mut ev.victims, want);
+        let more = pick_victims(&sh, &mut st, &mut ev, want);
         if ev.victims.is_empty() {
-            sh.slots_cv.wait_for(&mut st, Duration::from_millis(20));
+            drop(st);
+            write_protect_samples(&sh, &mut ev.armed);
+            if !more {
+                // No pool slot free: wait for the sender.
+                let mut st = sh.state.lock();
+                sh.slots_cv.wait_for(&mut st, Duration::from_millis(20));
+            }
             continue;
         }
         drop(st);
+        write_protect_samples(&sh, &mut ev.armed);
         move_and_read(&sh, &mut ev);
         let round = ev.outcomes.len();
         let c = commit(&sh, &mut ev);
@@ -139,15 +157,56 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
 /// Picks up to `want` victims and gives each a pool slot; they become `Evicting`. Victims
 /// and slots are then paired in ascending order, so that runs of neighbouring pages go to
 /// neighbouring slots and move with one ioctl (see [`move_victims`]).
-fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: usize) {
+///
+/// A dirty page the program may still be writing goes back to the tail instead: a write-heat
+/// sample (armed, pushed on `ev.armed` for the caller to write-protect) or a page of a chunk
+/// whose samples were written ([`farmem_policy::write_heat`]). A sample reached again still
+/// armed was not written: it cools its chunk and is evicted. After [`KEPT_PER_ROUND`] such
+/// pages the round ends, and returns true: call again at once (it may have no victim yet).
+/// See [`Keeping`] for hot data larger than the budget.
+fn pick_victims(sh: &Shared, st: &mut State, ev: &mut Evictor, want: usize) -> bool {
+    let (victims, armed, keeping) = (&mut ev.victims, &mut ev.armed, &mut ev.keeping);
     let mut skipped = Vec::new();
+    let (mut sampled, mut kept) = (0u64, 0u64);
+    let mut more = false;
     while victims.len() < want {
+        if sampled + kept >= KEPT_PER_ROUND {
+            more = true;
+            break;
+        }
+        let prefetched = st.pages.next_is_prefetched();
         let Some(p) = st.pages.pick_victim() else {
             break;
         };
         let addr = p as usize * PAGE_SIZE;
-        if !st.pages.get(addr).is_some_and(|e| e.state.is_resident()) {
+        let Some(e) = st.pages.get(addr).filter(|e| e.state.is_resident()) else {
             continue; // stale: the policy will not return it again
+        };
+        if e.state == PageState::ResidentDirty && !prefetched {
+            if e.armed {
+                if armed.contains(&addr) {
+                    // Armed in this round: the queue went round. It had no chance yet.
+                    st.pages.requeue(addr);
+                    break;
+                }
+                st.write_heat.sample_unwritten(p);
+            } else if keeping.may_keep(st.pages.resident()) {
+                match st.write_heat.on_dirty(p, sh.budget.limit()) {
+                    Verdict::Sample if st.pages.arm(addr) => {
+                        armed.push(addr);
+                        sampled += 1;
+                        keeping.since_victim += 1;
+                        continue;
+                    }
+                    Verdict::Keep => {
+                        st.pages.requeue(addr);
+                        kept += 1;
+                        keeping.since_victim += 1;
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
         }
         let Some(slot) = st.slots.take(&mut st.pages, &sh.pool, &sh.pf) else {
             skipped.push(addr);
@@ -158,6 +217,7 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
             st.slots.release_empty(slot);
             continue;
         };
+        keeping.evicted();
         victims.push(Victim {
             addr,
             slot,
@@ -168,6 +228,11 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
         // No pool slot: put the page back and wait for the sender.
         st.pages.requeue(addr);
     }
+    if sampled + kept > 0 {
+        let mut s = sh.stats.lock();
+        s.s.write_heat_samples += sampled;
+        s.s.write_heat_kept += kept;
+    }
     victims.sort_unstable_by_key(|v| v.addr);
     let mut slots: Vec<u32> = victims.iter().map(|v| v.slot).collect();
     slots.sort_unstable();
@@ -175,6 +240,60 @@ fn pick_victims(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>, want: us
         v.slot = slot;
         st.slots.set_owner(slot, v.addr);
     }
+    more
+}
+
+/// Bounds the pages the evictor keeps ([`pick_victims`]). When it has put back as many pages
+/// in a row as are resident (every dirty page it reaches is hot: hot data larger than the
+/// budget), it evicts the next `resident` pages in FIFO order before keeping any again, so
+/// the work per page evicted stays bounded.
+#[derive(Default)]
+struct Keeping {
+    /// Pages put back since the last victim was taken.
+    since_victim: u64,
+    /// Victims still to take in plain FIFO order.
+    plain_left: u64,
+}
+
+impl Keeping {
+    /// Whether a dirty page reached now may be kept or sampled.
+    fn may_keep(&mut self, resident: u64) -> bool {
+        if self.plain_left == 0 && self.since_victim >= resident {
+            self.plain_left = resident;
+            self.since_victim = 0;
+        }
+        self.plain_left == 0
+    }
+
+    /// A victim was taken.
+    fn evicted(&mut self) {
+        self.since_victim = 0;
+        self.plain_left = self.plain_left.saturating_sub(1);
+    }
+}
+
+/// Write-protects the pages [`pick_victims`] armed, a run of neighbours per ioctl, and
+/// empties `armed`. Done without the state lock (the ioctl flushes TLBs): a page that changed
+/// meanwhile only loses its sample. A write before the ioctl is not seen, and a sample that
+/// could not be protected comes back unwritten: both only cool its chunk.
+fn write_protect_samples(sh: &Shared, armed: &mut Vec<usize>) {
+    armed.sort_unstable();
+    for (i, j) in runs(armed.len(), |k| armed[k] == armed[k - 1] + PAGE_SIZE) {
+        if let Err(e) = sh
+            .uffd
+            .writeprotect(armed[i], (j - i) * PAGE_SIZE, true, false)
+        {
+            tracing::debug!(
+                "write-heat samples at {:#x} not write-protected: {e}",
+                armed[i]
+            );
+        }
+    }
+    armed.clear();
+}
+
+fn page_number(addr: usize) -> u64 {
+    (addr / PAGE_SIZE) as u64
 }
 
 /// Whether far page `far` lives in a memory slab (the host tier, or a local slab).
@@ -317,6 +436,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                                 (false, s.mem.write(m, page, src))
                             }
                         });
+                    s.write_heat.evicted(page_number(v.addr), !same);
                     if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
                         leave_pool(s, v.addr, v.slot);
                         if same {
@@ -326,6 +446,10 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                         }
                         continue;
                     }
+                }
+                if !matches!(sh.far.home(far), Some((Home::Memory(_), _))) {
+                    // Bound for a donor: whether it changed is not known here.
+                    st.write_heat.evicted(page_number(v.addr), true);
                 }
                 let data = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
                     src.to_vec().into_boxed_slice()

@@ -332,8 +332,14 @@ fn serve_write_protect(
     }
     match sh.uffd.writeprotect(msg.addr, PAGE_SIZE, false, false) {
         Ok(()) => {
-            if st.pages.mark_dirty(msg.addr) {
-                st.ahead_writes.written();
+            if let Some(before) = st.pages.mark_dirty(msg.addr) {
+                if before.ahead {
+                    st.ahead_writes.written();
+                }
+                if before.armed {
+                    st.write_heat.sample_written((msg.addr / PAGE_SIZE) as u64);
+                    sh.stats.lock().s.write_heat_samples_written += 1;
+                }
             }
             drop(st);
             sh.count_fault(FaultKind::WriteProtect, msg.t0);

@@ -62,6 +62,8 @@ pub(crate) struct State {
     pub(crate) drops: crate::cow::Drops,
     /// Whether pages installed ahead from the host tier go in writable ([`crate::fault`]).
     pub(crate) ahead_writes: farmem_policy::ahead_writes::AheadWrites,
+    /// Which chunks of dirty pages the program keeps writing (the evictor keeps them).
+    pub(crate) write_heat: farmem_policy::write_heat::WriteHeat,
 }
 
 impl State {
@@ -239,6 +241,7 @@ impl Shared {
                 dontfork: Default::default(),
                 drops: Default::default(),
                 ahead_writes: Default::default(),
+                write_heat: Default::default(),
             })),
             evict_cv: Condvar::new(),
             commit_cv: Condvar::new(),

@@ -110,6 +110,17 @@ pub struct Stats {
     /// Victims that could not be evicted (mlocked, a page moved by mremap while being
     /// dropped): they stay resident and are tried again.
     pub evictions_refused: u64,
+    /// Dirty pages the evictor write-protected as samples of their chunk's writes
+    /// ([`farmem_policy::write_heat`]), and of those, pages the program wrote before the
+    /// evictor reached them again.
+    #[serde(default)]
+    pub write_heat_samples: u64,
+    #[serde(default)]
+    pub write_heat_samples_written: u64,
+    /// Dirty pages the evictor reached and kept (put back at the queue's tail) because the
+    /// program keeps writing their chunk.
+    #[serde(default)]
+    pub write_heat_kept: u64,
     /// Victims shared copy-on-write with a forked process (parent or child) that were copied
     /// and dropped from this process, the other keeping the page ([`crate::cow`]).
     #[serde(default)]

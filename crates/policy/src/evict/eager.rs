@@ -133,6 +133,13 @@ impl<P: EvictionPolicy + Contains> EvictionPolicy for Eager<P> {
     fn len(&self) -> usize {
         self.inner.len() + self.unused.len() + self.consumed.len()
     }
+
+    fn next_is_prefetched(&self) -> bool {
+        (self.cfg.evict_consumed_first && self.consumed.len() > 0)
+            || (self.cfg.evict_unused_prefetch_first
+                && self.unused.len() > self.cfg.unused_grace_pages)
+            || self.inner.len() == 0
+    }
 }
 
 #[cfg(test)]
@@ -164,6 +171,23 @@ mod tests {
         assert_eq!(e.pick_victim(), Some(1));
         assert_eq!(e.pick_victim(), Some(2));
         assert_eq!(e.pick_victim(), None);
+    }
+
+    #[test]
+    fn next_is_prefetched_says_where_the_next_victim_comes_from() {
+        let mut e = eager_fifo();
+        e.insert(1, Origin::Demand);
+        e.insert(10, Origin::Prefetch);
+        e.insert(11, Origin::Prefetch);
+        e.touched(11);
+        let mut order = Vec::new();
+        while e.len() > 0 {
+            let prefetched = e.next_is_prefetched();
+            order.push((e.pick_victim().unwrap(), prefetched));
+        }
+        assert_eq!(order, [(11, true), (10, true), (1, false)]);
+        // The wrapped policy alone never says so.
+        assert!(!Fifo::new(FifoConfig::default()).next_is_prefetched());
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub trait EvictionPolicy: Send {
     fn pick_victim(&mut self) -> Option<u64>;
     /// Number of resident pages the policy tracks.
     fn len(&self) -> usize;
+    /// Whether the next victim is a prefetched page taken ahead of the others (Leap's eager
+    /// eviction, [`Eager`]: used once, or not used yet).
+    fn next_is_prefetched(&self) -> bool {
+        false
+    }
     /// Whether no page is tracked.
     fn is_empty(&self) -> bool {
         self.len() == 0

@@ -26,6 +26,10 @@
 //! | `release` | any | Empty |
 //! | `remap` | any | same, except ResidentSending → ResidentDirty, Fetching → Remote |
 //!
+//! [`Pages::arm`] marks a `ResidentDirty` page as a write-heat sample
+//! ([`farmem_policy::write_heat`]) without changing its state; its next transition clears the
+//! mark, as it clears the `ahead` mark.
+//!
 //! Legality is the pure function [`next_state`]: a transition from a state it does not start
 //! from is rejected. The methods assert legality in debug builds; in release builds an illegal
 //! transition is logged and leaves the page unchanged (so the counts stay consistent). The
@@ -134,6 +138,11 @@ impl Pages {
         self.policy.pick_victim()
     }
 
+    /// Whether the eviction policy's next victim is a prefetched page (used once or not yet).
+    pub(crate) fn next_is_prefetched(&self) -> bool {
+        self.policy.next_is_prefetched()
+    }
+
     /// Hands a resident page back to the eviction policy (a picked victim that could not be
     /// evicted now). Pages no longer resident are ignored.
     pub(crate) fn requeue(&mut self, addr: usize) {
@@ -168,6 +177,7 @@ impl Pages {
         };
         e.state = to;
         e.ahead = false;
+        e.armed = false;
         Some((before, e))
     }
 
@@ -273,15 +283,27 @@ impl Pages {
 
     /// Resident → `ResidentDirty`: a write-protect fault (the policy sees the use).
     ///
-    /// Returns whether the page had been installed ahead write-protected
-    /// ([`Pages::install_prefetched`] with `ahead`) and not written since.
-    pub(crate) fn mark_dirty(&mut self, addr: usize) -> bool {
-        match self.apply(addr, Transition::MarkDirty) {
-            Some((before, _)) => {
-                self.policy.touched(pid_of(addr));
-                before.ahead
+    /// Returns the entry before: its `ahead` says whether the page had been installed ahead
+    /// write-protected ([`Pages::install_prefetched`]) and not written since, its `armed`
+    /// whether it was a write-heat sample ([`Pages::arm`]).
+    pub(crate) fn mark_dirty(&mut self, addr: usize) -> Option<Entry> {
+        let (before, _) = self.apply(addr, Transition::MarkDirty)?;
+        self.policy.touched(pid_of(addr));
+        Some(before)
+    }
+
+    /// Marks the `ResidentDirty` page at `addr` as a write-heat sample and hands it back to
+    /// the eviction policy (the caller write-protects it). Not a transition: the page stays
+    /// dirty, and its next transition (a write-protect fault, an eviction) clears the mark.
+    /// Returns false, and does nothing, if the page is not `ResidentDirty`.
+    pub(crate) fn arm(&mut self, addr: usize) -> bool {
+        match self.table.get_mut(addr) {
+            Some(e) if e.state == PageState::ResidentDirty => {
+                e.armed = true;
+                self.policy.insert(pid_of(addr), Origin::Demand);
+                true
             }
-            None => false,
+            _ => false,
         }
     }
 

@@ -74,6 +74,9 @@ pub(crate) struct Entry {
     /// Installed ahead write-protected and not written since (cleared by every transition):
     /// its write-protect fault tells [`farmem_policy::ahead_writes`] it was written.
     pub(crate) ahead: bool,
+    /// Dirty, and write-protected by the evictor as a sample of its chunk's writes, not
+    /// written since (cleared by every transition): [`farmem_policy::write_heat`].
+    pub(crate) armed: bool,
 }
 
 impl Default for Entry {
@@ -84,6 +87,7 @@ impl Default for Entry {
             gen: 0,
             far: NO_FAR,
             ahead: false,
+            armed: false,
         }
     }
 }

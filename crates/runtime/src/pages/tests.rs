@@ -274,6 +274,25 @@ fn mark_dirty_from_clean() {
 }
 
 #[test]
+fn only_a_dirty_page_is_armed_and_its_next_transition_disarms_it() {
+    let mut p = pages();
+    reach(&mut p, BASE, PageState::ResidentClean);
+    assert!(!p.arm(BASE), "a clean page is write-protected already");
+    assert!(!p.arm(BASE + P), "an empty page");
+    p.mark_dirty(BASE);
+    assert!(p.arm(BASE));
+    assert!(p.get(BASE).unwrap().armed);
+    assert_eq!(p.resident(), 1, "arming is not an install");
+    // Its write-protect fault reports the sample and clears it.
+    assert!(p.mark_dirty(BASE).unwrap().armed);
+    assert!(!p.get(BASE).unwrap().armed);
+    // An eviction clears it too.
+    assert!(p.arm(BASE));
+    assert_eq!(p.begin_eviction(BASE), Some(false));
+    assert!(!p.get(BASE).unwrap().armed);
+}
+
+#[test]
 fn eviction_begins_and_commits_three_ways() {
     let mut p = pages();
     for i in 0..3 {
