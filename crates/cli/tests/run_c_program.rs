@@ -26,6 +26,7 @@ fn c_checks_pass_with_pages_on_the_donor() {
         "mremap-grow",
         "madv-dontneed",
         "calloc-zero",
+        "locale-unpaged",
     ] {
         assert!(
             out.contains(&format!("ok {check}\n")),

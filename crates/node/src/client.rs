@@ -18,7 +18,7 @@
 //!   in a folder others may write without the sticky bit, and a listener running as another
 //!   uid (SO_PEERCRED). The peer must then answer HELLO with WELCOME.
 //! - **One reader thread** (started with [`NodeClientConfig::thread_hook`] first, as the runtime
-//!   marks its threads) matches replies to requests by `req` and forwards RECLAIM to
+//!   marks its threads, and running before `connect` returns) matches replies to requests by `req` and forwards RECLAIM to
 //!   [`NodeClient::reclaims`]. Requests are made from any thread (`&self`); each waits at most
 //!   [`NodeClientConfig::timeout`]. A slab that arrives after its request gave up is given back.
 //! - **The node going away**: pending and later requests fail with [`NodeError::Gone`] and
@@ -530,14 +530,20 @@ impl NodeClient {
         let (tx, reclaims) = crossbeam_channel::unbounded();
         let hook = cfg.thread_hook.clone();
         let shared = Arc::clone(&inner);
+        let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
         let thread = std::thread::Builder::new()
             .name("farmem-node-reader".into())
             .spawn(move || {
                 if let Some(h) = hook {
                     h();
                 }
+                drop(started_tx);
                 read_replies(&shared, reader, &tx);
             })?;
+        // Started before this returns: every fetch waits on this thread, so it must be past
+        // its start (where the thread library reads program data) before the caller makes
+        // regions that could fault there.
+        let _ = started.recv();
         Ok(NodeClient {
             inner,
             info,

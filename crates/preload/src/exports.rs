@@ -3,7 +3,7 @@
 //! Left out of the unit-test binary, where they would replace that binary's own malloc.
 #![cfg(not(test))]
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use libc::{off_t, pthread_attr_t, pthread_t, size_t};
 
@@ -42,6 +42,7 @@ extern "C" {
         start: extern "C" fn(*mut c_void) -> *mut c_void,
         arg: *mut c_void,
     ) -> c_int;
+    fn fmp_setlocale(category: c_int, locale: *const c_char) -> *mut c_char;
 }
 
 // SAFETY (for every trampoline below): each forwards its arguments unchanged to the shim
@@ -215,6 +216,14 @@ pub unsafe extern "C" fn pthread_create(
 ) -> c_int {
     // SAFETY: see the module comment above.
     unsafe { fmp_pthread_create(t, attr, start, arg) }
+}
+
+/// setlocale(3): glibc's, its locale data allocated from glibc (every new thread reads it
+/// before it runs, so it must never be paged out).
+#[no_mangle]
+pub unsafe extern "C" fn setlocale(category: c_int, locale: *const c_char) -> *mut c_char {
+    // SAFETY: see the module comment above.
+    unsafe { fmp_setlocale(category, locale) }
 }
 
 /// close(2). A descriptor of farmem's that the program closes stays open and the call

@@ -285,10 +285,8 @@ fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
     }
     register_mapped(&rt, &plan.regions)?;
     let rt = set_runtime(rt);
-    if let Some(dir) = &cfg.tree_dir {
-        crate::tree::join(rt, dir)?;
-    }
-    // Last: once borrowed, the lent slabs are this runtime's (it must not be dropped).
+    // At once: until borrowed, a lent page not present here reads as a new (zero) page, and
+    // any thread started from here on (the tree's budget thread) may read one as it starts.
     if let Some(lent) = &plan.lent {
         if let Err(e) = rt.borrow(lent) {
             eprintln!(
@@ -299,6 +297,18 @@ fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
                 error_chain("borrowing them", &e)
             );
             lent.copy_in();
+        }
+    }
+    if let Some(dir) = &cfg.tree_dir {
+        if let Err(e) = crate::tree::join(rt, dir) {
+            // The runtime serves this process's regions now: it stays, at the least share.
+            let kept = crate::tree::keep_least_share(rt);
+            eprintln!(
+                "farmem: warning: process {} (forked) pages within {} KiB of local memory, \
+                 outside the process tree's shared budget: {e}",
+                std::process::id(),
+                kept >> 10
+            );
         }
     }
     // The first write from the writer thread, not here: this runs inside fork().

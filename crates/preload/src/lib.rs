@@ -11,7 +11,8 @@
 //!   region;
 //! - private anonymous writable `mmap`s of at least the threshold become regions;
 //! - runtime threads (marked by the runtime's thread hook) and farmem code running on a
-//!   program thread allocate from glibc, never from region memory.
+//!   program thread allocate from glibc, never from region memory; so does `setlocale`,
+//!   whose data every new thread reads as it starts.
 //!
 //! # Design
 //!

@@ -109,8 +109,10 @@ static _Atomic uint64_t ctr_fixed_reregistered;
 /* ---- lazily resolved glibc symbols ---- */
 typedef size_t (*usable_fn)(void *);
 typedef int (*pthread_create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+typedef char *(*setlocale_fn)(int, const char *);
 static _Atomic(usable_fn) real_usable;
 static _Atomic(pthread_create_fn) real_pthread_create;
+static _Atomic(setlocale_fn) real_setlocale;
 
 FM_HIDDEN void fmp_internal_enter(void) { fmp_internal_depth++; }
 FM_HIDDEN void fmp_internal_leave(void) { fmp_internal_depth--; }
@@ -531,6 +533,28 @@ FM_HIDDEN int fmp_pthread_create(pthread_t *t, const pthread_attr_t *attr, void 
     return r;
 }
 
+/* The global locale's data (what setlocale loads) is read by every new thread before it runs
+ * a line of its own: glibc's thread start calls __ctype_init, which reads the LC_CTYPE data.
+ * Allocated from region memory, that data could be evicted, and a runtime thread started
+ * later (a forked child starts a whole runtime) would fault on it before it could serve any
+ * fault: a forked pool worker's new fault thread hung so in __ctype_init. So setlocale runs
+ * as farmem code, and its allocations come from glibc. */
+FM_HIDDEN char *fmp_setlocale(int category, const char *locale) {
+    setlocale_fn f = atomic_load_explicit(&real_setlocale, memory_order_acquire);
+    if (unlikely(f == NULL)) {
+        f = (setlocale_fn)resolve("setlocale");
+        if (f == NULL) {
+            errno = ENOSYS;
+            return NULL;
+        }
+        atomic_store_explicit(&real_setlocale, f, memory_order_release);
+    }
+    fmp_internal_depth++;
+    char *r = f(category, locale);
+    fmp_internal_depth--;
+    return r;
+}
+
 /* Resolves the glibc symbols we forward to, from the constructor (before any thread of the
  * program can race on them). */
 FM_HIDDEN void fmp_resolve_symbols(void) {
@@ -538,4 +562,6 @@ FM_HIDDEN void fmp_resolve_symbols(void) {
         atomic_store(&real_usable, (usable_fn)resolve("malloc_usable_size"));
     if (!atomic_load(&real_pthread_create))
         atomic_store(&real_pthread_create, (pthread_create_fn)resolve("pthread_create"));
+    if (!atomic_load(&real_setlocale))
+        atomic_store(&real_setlocale, (setlocale_fn)resolve("setlocale"));
 }

@@ -83,6 +83,13 @@ pub(crate) fn join(rt: &'static Arc<Runtime>, dir: &Path) -> Result<(), String> 
     Ok(())
 }
 
+/// Pages within the least share a tree member is granted, for a process that could not join
+/// the tree after its runtime started (a forked child). Returns that share in bytes.
+pub(crate) fn keep_least_share(rt: &Runtime) -> u64 {
+    apply(rt, rt.pool_pages() + MIN_SHARE_PAGES);
+    MIN_SHARE_PAGES * 4096
+}
+
 /// The wait before the next report: [`PERIOD`] after a change or a pushed grant, else twice
 /// the last, at most [`IDLE_PERIOD`].
 fn next_wait(wait: Duration, pushed: bool, unchanged: bool) -> Duration {

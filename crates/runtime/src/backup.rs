@@ -226,7 +226,6 @@ impl Drop for Backup {
 
 /// The backup thread (`farmem-backup`), when a backup file is used.
 pub(crate) fn backup_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     if let Some(b) = &sh.far.backup {
         b.run(&sh.shutdown);
     }

@@ -94,7 +94,6 @@ struct Evictor {
 
 /// The evictor. Runs until shutdown.
 pub(crate) fn evict_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     let mut ev = Evictor {
         victims: Vec::with_capacity(EVICT_BATCH),
         armed: Vec::new(),

@@ -83,7 +83,6 @@ struct Queues {
 
 /// The fault loop. Runs until shutdown.
 pub(crate) fn fault_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     let mut events: Vec<Event> = Vec::with_capacity(64);
     let cfg = FirstTouchConfig::default();
     let mut q = Queues {

@@ -50,7 +50,6 @@ const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
 
 /// The heal thread. Runs until shutdown when donors are used.
 pub(crate) fn heal_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     let far = &sh.far;
     let mut next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
     // Since when slabs have been re-replicated without a pause (the last donor death).

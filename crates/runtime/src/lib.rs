@@ -259,10 +259,16 @@ impl Runtime {
         let sh = Shared::start(&cfg)?;
         let budget_pages = sh.budget.limit();
         let mut threads = Vec::new();
+        let (started_tx, started) = crossbeam_channel::unbounded::<()>();
         let spawn = |name: &str, f: fn(Arc<Shared>), sh: Arc<Shared>| {
+            let started_tx = started_tx.clone();
             std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || f(sh))
+                .spawn(move || {
+                    sh.thread_started();
+                    let _ = started_tx.send(());
+                    f(sh)
+                })
                 .map_err(|source| RuntimeError::Spawn {
                     what: "a runtime thread",
                     source,
@@ -286,6 +292,16 @@ impl Runtime {
                 prefetch_thread::prefetch_loop,
                 sh.clone(),
             )?);
+        }
+        // Every thread past its start before any region can exist: a thread library reads
+        // program data while it starts a thread (glibc: the locale), and a forked child
+        // registers its inherited regions, evicted pages and all, right after this returns.
+        // A runtime thread still starting then could fault before the fault thread serves.
+        drop(started_tx);
+        for _ in &threads {
+            if started.recv().is_err() {
+                break; // a thread ended before it started: its loop reports why
+            }
         }
         tracing::debug!(
             "farmem runtime started: budget {} pages, pool {} pages, {} donor(s), slab {} pages",

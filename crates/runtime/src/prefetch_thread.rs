@@ -74,7 +74,6 @@ fn arrive_awaited(
 
 /// The prefetch thread. Runs until shutdown.
 pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     let pf = &sh.pf;
     let mut reqs: Vec<Req> = Vec::new();
     while !sh.shutdown.load(Ordering::Relaxed) {

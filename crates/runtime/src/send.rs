@@ -39,7 +39,6 @@ fn staged_live(st: &State, s: &Staged) -> bool {
 
 /// The sender. Runs until shutdown.
 pub(crate) fn send_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     let mut backoff = Duration::from_millis(10);
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();

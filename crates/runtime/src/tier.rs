@@ -271,7 +271,6 @@ const WRITE_THROUGH_PAGES: usize = 2048;
 
 /// The tier thread. Runs until shutdown when a tier is used.
 pub(crate) fn tier_loop(sh: Arc<Shared>) {
-    sh.thread_started();
     let Some(tier) = &sh.far.tier else {
         return;
     };

@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <locale.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -260,6 +261,49 @@ static void check_calloc(void) {
     printf("ok %s\n", n);
 }
 
+/* The mapping (from /proc/self/maps) holding address a: its start, and whether it is the
+ * brk heap. Returns 0 when no mapping holds it. */
+static uintptr_t mapping_of(uintptr_t a, int *brk_heap) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return 0;
+    char line[512];
+    uintptr_t found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+            found = lo;
+            *brk_heap = strstr(line, "[heap]") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void check_locale(void) {
+    const char *n = "locale-unpaged";
+    /* Every new thread reads the global locale's LC_CTYPE data as it starts (glibc's
+     * __ctype_init), before it runs any code of its own, a runtime thread too: that data
+     * must not live in paged memory. The program's own allocations do (unless glibc serves
+     * both: without farmem, both are in the brk heap). */
+    if (!setlocale(LC_ALL, "C.UTF-8")) FAIL(n, "setlocale(LC_ALL, \"C.UTF-8\") failed");
+    locale_t l = duplocale(LC_GLOBAL_LOCALE);
+    if (!l) FAIL(n, "duplocale: %s", strerror(errno));
+    uintptr_t ctype = (uintptr_t)l->__locales[LC_CTYPE];
+    void *mine = malloc(64);
+    int ctype_brk = 0, mine_brk = 0;
+    uintptr_t ctype_map = mapping_of(ctype, &ctype_brk);
+    uintptr_t mine_map = mapping_of((uintptr_t)mine, &mine_brk);
+    if (!ctype_map || !mine_map) FAIL(n, "no mapping holds the locale data or a malloc block");
+    if (ctype_map == mine_map && !mine_brk)
+        FAIL(n, "the LC_CTYPE data (%#lx) is in the program's paged heap (mapping %#lx)",
+             (unsigned long)ctype, (unsigned long)mine_map);
+    free(mine);
+    freelocale(l);
+    setlocale(LC_ALL, "C");
+    printf("ok %s\n", n);
+}
+
 struct check {
     const char *name;
     void (*run)(void);
@@ -279,7 +323,7 @@ int main(int argc, char **argv) {
         {"malloc-api", check_api},          {"read-into-evicted", check_read_into_evicted},
         {"threads", check_threads},         {"fork", check_fork},
         {"mremap-grow", check_mremap},      {"madv-dontneed", check_dontneed},
-        {"calloc-zero", check_calloc},
+        {"calloc-zero", check_calloc},      {"locale-unpaged", check_locale},
     };
     int ran = 0;
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
