@@ -184,8 +184,11 @@ fn pick_victims(sh: &Shared, st: &mut State, ev: &mut Evictor, want: usize) -> b
         if e.state == PageState::ResidentDirty && !prefetched {
             if e.armed {
                 if armed.contains(&addr) {
-                    // Armed in this round: the queue went round. It had no chance yet.
+                    // Armed in this round: the queue went round (fewer pages resident than a
+                    // round puts back). It had no chance yet; the next round, at once, takes
+                    // it (not a wait for a pool slot: there may be no victim only for this).
                     st.pages.requeue(addr);
+                    more = true;
                     break;
                 }
                 st.write_heat.sample_unwritten(p);
@@ -289,10 +292,6 @@ fn write_protect_samples(sh: &Shared, armed: &mut Vec<usize>) {
         }
     }
     armed.clear();
-}
-
-fn page_number(addr: usize) -> u64 {
-    (addr / PAGE_SIZE) as u64
 }
 
 /// Whether far page `far` lives in a memory slab (the host tier, or a local slab).
@@ -435,7 +434,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                                 (false, s.mem.write(m, page, src))
                             }
                         });
-                    s.write_heat.evicted(page_number(v.addr), !same);
+                    s.write_heat.evicted(crate::pages::pid_of(v.addr), !same);
                     if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
                         leave_pool(s, v.addr, v.slot);
                         if same {
@@ -448,7 +447,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                 }
                 if !matches!(sh.far.home(far), Some((Home::Memory(_), _))) {
                     // Bound for a donor: whether it changed is not known here.
-                    st.write_heat.evicted(page_number(v.addr), true);
+                    st.write_heat.evicted(crate::pages::pid_of(v.addr), true);
                 }
                 let data = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
                     src.to_vec().into_boxed_slice()

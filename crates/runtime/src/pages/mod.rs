@@ -56,7 +56,8 @@ use crate::PAGE_SIZE;
 pub(crate) use state::{next_state, Entry, PageState, Transition, NO_FAR};
 use table::Table;
 
-fn pid_of(addr: usize) -> u64 {
+/// The page number of `addr` (the policies' page ids).
+pub(crate) fn pid_of(addr: usize) -> u64 {
     (addr / PAGE_SIZE) as u64
 }
 
