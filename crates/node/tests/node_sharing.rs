@@ -1,6 +1,7 @@
 //! Two clients of one real `farmem node`: both get slabs, the node counts their sum, the cap
 //! holds (the Full error names the figures), pages come back intact, a freed slab is zeroed, and
-//! a client's exit (drop, or kill -9 of a process holding slabs) frees its slabs for the other.
+//! a client's exit (drop, or kill -9 of a process holding slabs) frees its slabs for the other;
+//! and `connect` returns with its reader thread running.
 
 mod common;
 
@@ -180,4 +181,39 @@ fn kill_9_of_a_client_process_frees_its_slabs() {
     let more: Vec<_> = (0..3).map(|_| survivor.alloc_slab().unwrap()).collect();
     assert_eq!(more.len(), 3);
     drop(mine);
+}
+
+/// `connect` returns only once its reader thread runs its own code (the thread hook first):
+/// every fetch waits on that thread, so a runtime that registers regions right after
+/// connecting (a forked child) must not leave it starting, where the thread library reads
+/// program data that may be evicted.
+#[test]
+fn connect_returns_once_the_reader_thread_has_started() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let node = Node::with_slabs(4);
+    for _ in 0..20 {
+        let started = Arc::new(AtomicUsize::new(0));
+        let hook = {
+            let started = started.clone();
+            Arc::new(move || {
+                started.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        let client = farmem_node::NodeClient::connect(
+            &node.path,
+            farmem_node::NodeClientConfig {
+                thread_hook: Some(hook),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "the reader thread's hook had not run when connect returned"
+        );
+        drop(client);
+    }
 }
