@@ -24,7 +24,9 @@ def work(seed):
 
 def where(pid):
     # Where a worker that never reached the barrier is: each thread's kernel wait channel
-    # and system call, read from /proc (no debugger needed).
+    # and its /proc syscall line (the call and its arguments, then the stack pointer and the
+    # program counter: a thread blocked in a page fault shows -1 and where it faulted, which
+    # is how the fork-child hang in glibc's __ctype_init was found), read from /proc.
     out = []
     try:
         for tid in sorted(os.listdir(f"/proc/{pid}/task")):
@@ -33,7 +35,7 @@ def where(pid):
             for f in ("wchan", "syscall"):
                 try:
                     with open(f"{t}/{f}") as fh:
-                        parts.append(fh.read().strip().split(" ")[0] or "-")
+                        parts.append(fh.read().strip() or "-")
                 except OSError as e:
                     parts.append(f"({e.strerror})")
             with open(f"{t}/comm") as fh:
