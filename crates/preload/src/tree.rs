@@ -87,7 +87,7 @@ pub(crate) fn join(rt: &'static Arc<Runtime>, dir: &Path) -> Result<(), String> 
 /// the tree after its runtime started (a forked child). Returns that share in bytes.
 pub(crate) fn keep_least_share(rt: &Runtime) -> u64 {
     apply(rt, rt.pool_pages() + MIN_SHARE_PAGES);
-    MIN_SHARE_PAGES * 4096
+    farmem_tree::LEAST_SHARE_BYTES
 }
 
 /// The wait before the next report: [`PERIOD`] after a change or a pushed grant, else twice

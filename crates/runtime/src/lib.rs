@@ -267,6 +267,9 @@ impl Runtime {
                 .spawn(move || {
                     sh.thread_started();
                     let _ = started_tx.send(());
+                    // Dropped now, not when the loop ends: a thread that dies before sending
+                    // ends the wait below once every other thread has sent.
+                    drop(started_tx);
                     f(sh)
                 })
                 .map_err(|source| RuntimeError::Spawn {
@@ -300,7 +303,7 @@ impl Runtime {
         drop(started_tx);
         for _ in &threads {
             if started.recv().is_err() {
-                break; // a thread ended before it started: its loop reports why
+                break; // a thread died before it started (its panic is reported)
             }
         }
         tracing::debug!(
