@@ -181,6 +181,11 @@ pub(crate) fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> 
     Ok(())
 }
 
+/// Whether writing failed because the process closed its end (it exited, or is exiting).
+fn closed_by_peer(e: &io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset)
+}
+
 impl Coordinator {
     /// Listens on `socket_path` for the processes of a tree sharing `total_pages` local pages.
     pub fn start(socket_path: &Path, total_pages: u64) -> io::Result<Coordinator> {
@@ -415,9 +420,15 @@ impl Shared {
                         continue;
                     };
                     if let Err(e) = send_all(w, &ToProcess::Grant { pages }.encode()) {
-                        tracing::warn!(
-                            "dropping connection {id} from the process tree: writing its grant failed: {e}"
-                        );
+                        if closed_by_peer(&e) {
+                            // It exited before its connection's thread saw the end: the
+                            // usual end of a process, nothing to tell the user.
+                            tracing::debug!("process tree connection {id} closed: {e}");
+                        } else {
+                            tracing::warn!(
+                                "dropping connection {id} from the process tree: writing its grant failed: {e}"
+                            );
+                        }
                         let _ = w.shutdown(std::net::Shutdown::Both);
                         failed.push(id);
                     }
@@ -435,5 +446,20 @@ impl Shared {
                 budget.rebalance()
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_to_a_process_that_closed_its_end_fails_as_closed_by_peer() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        drop(theirs);
+        let e = send_all(&ours, b"{\"Grant\":{\"pages\":1}}\n").unwrap_err();
+        assert!(closed_by_peer(&e), "{e:?}");
+        assert!(!closed_by_peer(&io::Error::from(ErrorKind::WriteZero)));
+        assert!(!closed_by_peer(&io::Error::from(ErrorKind::TimedOut)));
     }
 }
