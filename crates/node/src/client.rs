@@ -20,7 +20,8 @@
 //! - **One reader thread** (started with [`NodeClientConfig::thread_hook`] first, as the runtime
 //!   marks its threads, and running before `connect` returns) matches replies to requests by
 //!   `req` and forwards RECLAIM to [`NodeClient::reclaims`]. Requests are made from any thread
-//!   (`&self`); each waits at most [`NodeClientConfig::timeout`]. A slab that arrives after its request gave up is given back.
+//!   (`&self`); each waits at most [`NodeClientConfig::timeout`]. A slab that arrives after its
+//!   request gave up is given back.
 //! - **The node going away**: pending and later requests fail with [`NodeError::Gone`] and
 //!   [`NodeClient::is_alive`] turns false. Mapped slabs stay valid: the mapping keeps the memfd's
 //!   pages alive after the node's fd and the client's fd are closed.

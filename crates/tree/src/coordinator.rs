@@ -330,6 +330,11 @@ impl Shared {
             Err(e) if self.stop.load(Ordering::Acquire) => {
                 tracing::debug!("{who} disconnected at stop: {e}")
             }
+            Err(Dropped::Write(e)) if closed_by_peer(&e) => {
+                tracing::debug!(
+                    "{who} left the tree before its grant was written (connection {id}): {e}"
+                )
+            }
             Err(e) => tracing::warn!("dropping {who} from the process tree (connection {id}): {e}"),
         }
     }
@@ -354,7 +359,7 @@ impl Shared {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 // A process that exits with a grant unread resets the connection: that is
                 // its departure, not a fault.
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(()),
+                Err(e) if closed_by_peer(&e) => return Ok(()),
                 Err(e) => return Err(Dropped::Read(e)),
             };
             lines.push(&chunk[..n]);
