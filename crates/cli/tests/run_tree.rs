@@ -221,6 +221,39 @@ fn a_script_runs_pythons_in_sequence_and_in_parallel_within_one_budget() {
     run.check_budget();
 }
 
+/// The local memory a process of the tree ended with: its budget and its pool.
+fn local_bytes(p: &serde_json::Value) -> u64 {
+    let s = &p["summary"];
+    s["budget_bytes"].as_u64().unwrap() + s["pool_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn the_idle_processes_of_a_pipeline_leave_the_budget_to_the_busy_one() {
+    // The shell and cat only wait: each keeps its least share, its pool shrunk with it (they
+    // held 5 MiB each while the whole pool counted), and python gets the rest.
+    let job = format!("{PYTHON} {} 64 | cat", script("job.py").display());
+    let run = run_tree(24, &["sh", "-c", &job], None);
+    expect_ok_lines(&run, 1);
+    let (busy, idle): (Vec<_>, Vec<_>) = run.processes().iter().partition(|p| far_bytes_in(p) > 0);
+    assert_eq!(busy.len(), 1, "python alone pages: {}", run.stats);
+    assert!(idle.len() >= 2, "the shell and cat: {}", run.stats);
+    for p in &idle {
+        assert!(
+            local_bytes(p) <= 2 * MIB,
+            "an idle process kept {} KiB of local memory: {}",
+            local_bytes(p) >> 10,
+            run.stats
+        );
+    }
+    assert!(
+        local_bytes(busy[0]) >= 18 * MIB,
+        "python ended with {} KiB of the 24 MiB: {}",
+        local_bytes(busy[0]) >> 10,
+        run.stats
+    );
+    run.check_budget();
+}
+
 #[test]
 fn multiprocessing_workers_share_the_budget() {
     let run = run_tree(

@@ -26,9 +26,22 @@ pub fn split_local_memory(local_bytes: u64) -> Option<(u64, u64)> {
         return None;
     }
     let page = PAGE_SIZE as u64;
-    let pool = ((local_bytes / 5).clamp(MIN_POOL_BYTES, 64 << 20) / page) * page;
+    let pool = ((local_bytes / POOL_FRACTION).clamp(MIN_POOL_BYTES, 64 << 20) / page) * page;
     let budget = ((local_bytes - pool) / page) * page;
     Some((budget, pool))
+}
+
+/// The pool's share of local memory (one part in this many).
+const POOL_FRACTION: u64 = 5;
+
+/// Splits a local-page grant that changes while the runtime runs (a process tree's share) into
+/// pool slots and region pages, `(pool_slots, budget_pages)`: the pool gets the same fifth as
+/// in [`split_local_memory`], at least the smallest pool and at most `slots`, the slots mapped
+/// at start. The budget may come out below the runtime's least (it then keeps its least).
+pub fn split_local_pages(local_pages: u64, slots: u32) -> (u32, u64) {
+    let min_pool = MIN_POOL_BYTES / PAGE_SIZE as u64;
+    let pool = (local_pages / POOL_FRACTION).clamp(min_pool, u64::from(slots).max(1));
+    (pool as u32, local_pages.saturating_sub(pool))
 }
 
 /// How a [`crate::Runtime`] runs.
@@ -204,6 +217,23 @@ mod tests {
                 "{local}"
             );
             assert_eq!((budget % PAGE_SIZE as u64, pool % PAGE_SIZE as u64), (0, 0));
+        }
+    }
+
+    #[test]
+    fn a_changing_grant_shrinks_the_pool_with_it_within_its_slots() {
+        // A whole tree budget in one process: the pool mapped at start, as before.
+        assert_eq!(split_local_pages(12_288, 1024), (1024, 11_264));
+        // An idle process trimmed to its least share: a fifth goes to the pool.
+        assert_eq!(split_local_pages(1280, 1024), (256, 1024));
+        // Never below the smallest pool, never above the slots mapped.
+        assert_eq!(split_local_pages(40, 1024), (16, 24));
+        assert_eq!(split_local_pages(10, 1024), (16, 0));
+        assert_eq!(split_local_pages(1 << 30, 16), (16, (1 << 30) - 16));
+        for local in [0, 1, 17, 300, 5000, 1 << 20] {
+            let (pool, budget) = split_local_pages(local, 1024);
+            assert!(u64::from(pool) + budget >= local, "{local}");
+            assert!((16..=1024).contains(&pool), "{local}");
         }
     }
 }

@@ -101,7 +101,8 @@ use farmem_uffd::UffdError;
 
 pub use budget::Usage;
 pub use config::{
-    split_local_memory, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
+    split_local_memory, split_local_pages, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES,
+    MIN_LOCAL_BYTES,
 };
 pub use embedded::PrivateNode;
 pub use fork::{ForkPlan, Lent};
@@ -509,13 +510,14 @@ impl Runtime {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let sh = &self.sh;
-        let (resident, pool_pages, mem) = if sh.in_child.load(Ordering::Relaxed) {
-            (None, 0, (0, 0))
+        let (resident, pool_pages, pool_limit, mem) = if sh.in_child.load(Ordering::Relaxed) {
+            (None, 0, sh.pool.slots(), (0, 0))
         } else {
             let st = sh.state.lock();
             (
                 Some((st.pages.resident(), st.pages.peak_resident())),
                 st.slots.used(),
+                st.slots.limit(),
                 st.mem.counts(),
             )
         };
@@ -529,7 +531,7 @@ impl Runtime {
         }
         s.pool_pages = pool_pages;
         s.budget_pages = sh.budget.limit();
-        s.pool_capacity_pages = u64::from(sh.pool.slots());
+        s.pool_capacity_pages = u64::from(pool_limit);
         s.slabs_placed = sh.far.slabs_placed();
         s.replicas = sh.far.replicas as u64;
         (s.slabs_degraded, s.slabs_lost) = sh.far.slab_health();
@@ -606,6 +608,22 @@ impl Runtime {
         set
     }
 
+    /// Changes the local pages this runtime may use, write-back pool and resident region pages
+    /// together (a process tree's grant): the pool keeps a fifth of them (at most the slots it
+    /// mapped at start, [`Runtime::pool_pages`]) and gives back cached pages above that at
+    /// once, unsent ones as they are sent; the rest is the budget ([`Runtime::set_budget_pages`]).
+    /// Returns `(pool_slots, budget_pages)` now in force.
+    pub fn set_local_pages(&self, pages: u64) -> (u64, u64) {
+        let (pool, budget) = config::split_local_pages(pages, self.sh.pool.slots());
+        let sh = &self.sh;
+        if !sh.in_child.load(Ordering::Relaxed) {
+            let mut st = sh.state.lock();
+            let st = &mut *st;
+            st.slots.set_limit(pool, &mut st.pages, &sh.pool, &sh.pf);
+        }
+        (u64::from(pool), self.set_budget_pages(budget))
+    }
+
     /// What the runtime uses and moves, cheaply (for a coordinator polling every few tens
     /// of milliseconds; [`Runtime::stats`] computes percentiles and reads /proc).
     pub fn usage(&self) -> Usage {
@@ -633,7 +651,8 @@ impl Runtime {
         }
     }
 
-    /// Slots of the write-back pool (fixed at start; with a host tier only the slots it keeps).
+    /// Slots of the write-back pool (mapped at start; with a host tier only the slots it
+    /// keeps). [`Runtime::set_local_pages`] may let it hold pages in fewer of them.
     pub fn pool_pages(&self) -> u64 {
         u64::from(self.sh.pool.slots())
     }

@@ -168,6 +168,9 @@ fn acknowledge(sh: &Shared, batch: &[Staged]) {
     for s in batch {
         acknowledge_one(&mut st, s);
     }
+    // A lowered pool limit takes back the slots sent pages held beyond it.
+    let st_ref = &mut *st;
+    st_ref.slots.trim(&mut st_ref.pages, &sh.pool, &sh.pf);
     drop(st);
     sh.slots_cv.notify_all();
     let sent = batch.len() as u64;

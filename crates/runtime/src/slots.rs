@@ -13,6 +13,10 @@
 //!   there (one discard per pool hit and per reclaimed slot). Freed slots that still hold a
 //!   page are therefore kept aside (`stale`) and discarded together when a slot is needed,
 //!   with one `process_madvise(2)` ([`farmem_mm::Mapping::discard_pages`]).
+//! - The pool may hold fewer pages than it has slots: [`Slots::set_limit`]. A process of a
+//!   tree whose grant is lowered gives back its pool's share too (an idle shell held a 4 MiB
+//!   pool beside a 1 MiB budget); taken slots beyond the limit are reclaimed as soon as their
+//!   pages are sent ([`Slots::trim`]), and none is taken while at the limit.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -96,6 +100,8 @@ pub(crate) struct Slots {
     stale: Vec<u32>,
     /// Slots holding reclaimable pages (sent or clean), oldest first; may hold stale slots.
     cached: VecDeque<u32>,
+    /// The most slots taken at once (neither free nor stale).
+    limit: u32,
 }
 
 impl Slots {
@@ -105,7 +111,72 @@ impl Slots {
             free: (0..slots).rev().collect(),
             stale: Vec::new(),
             cached: VecDeque::new(),
+            limit: slots,
         }
+    }
+
+    /// Slots taken: holding a page or about to (neither free nor stale).
+    fn taken(&self) -> u32 {
+        (self.owner.len() - self.free.len() - self.stale.len()) as u32
+    }
+
+    /// The most slots the pool holds pages in: at least 1, at most every slot.
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Lets the pool hold pages in at most `limit` slots (clamped to 1..=all). Lowering it
+    /// reclaims cached pages at once ([`Slots::trim`]); unsent ones follow as they are sent.
+    pub(crate) fn set_limit(
+        &mut self,
+        limit: u32,
+        pages: &mut Pages,
+        pool: &PoolMemory,
+        pf: &Prefetch,
+    ) {
+        self.limit = limit.clamp(1, self.owner.len() as u32);
+        self.trim(pages, pool, pf);
+    }
+
+    /// Reclaims the oldest cached pages until no more slots are taken than the limit allows,
+    /// and discards their memory. Cheap when within the limit; called after sends complete.
+    pub(crate) fn trim(&mut self, pages: &mut Pages, pool: &PoolMemory, pf: &Prefetch) {
+        if self.taken() <= self.limit {
+            return;
+        }
+        let over = (self.taken() - self.limit) as usize;
+        self.reclaim(over, pages, pf);
+        self.discard_stale(pool);
+    }
+
+    /// Reclaims up to `n` of the oldest cached pages (their pages become `Remote`; the
+    /// prefetcher's measures see them leave); their slots become stale.
+    fn reclaim(&mut self, n: usize, pages: &mut Pages, pf: &Prefetch) {
+        let mut done = 0;
+        while done < n {
+            let Some(s) = self.cached.pop_front() else {
+                break;
+            };
+            let Some(owner) = self.owner(s) else {
+                continue;
+            };
+            if !pages.reclaim(owner, s) {
+                continue;
+            }
+            pf.left(owner);
+            self.release_stale(s);
+            done += 1;
+        }
+    }
+
+    /// Discards the stale slots' memory in one batch: they become free.
+    fn discard_stale(&mut self, pool: &PoolMemory) {
+        if self.stale.is_empty() {
+            return;
+        }
+        pool.mapping()
+            .discard_pages(&mut self.stale, pool.pidfd.as_ref());
+        self.free.append(&mut self.stale);
     }
 
     /// The page `slot` holds, if any.
@@ -141,40 +212,36 @@ impl Slots {
     }
 
     /// Takes a free slot, reclaiming the oldest cached pages if needed (their pages become
-    /// `Remote`; the prefetcher's measures see them leave). `None` when every slot holds an
-    /// unsent page.
+    /// `Remote`; the prefetcher's measures see them leave). `None` when every slot the limit
+    /// allows holds an unsent page.
     pub(crate) fn take(
         &mut self,
         pages: &mut Pages,
         pool: &PoolMemory,
         pf: &Prefetch,
     ) -> Option<u32> {
-        if let Some(s) = self.free.pop() {
-            return Some(s);
-        }
-        if self.stale.is_empty() {
-            // Reclaim a few of the oldest cached pages at once, so their discard is one batch.
-            let batch = (pool.slots() as usize / 8).clamp(1, RECLAIM_BATCH);
-            while self.stale.len() < batch {
-                let Some(s) = self.cached.pop_front() else {
-                    break;
-                };
-                let Some(owner) = self.owner(s) else {
-                    continue;
-                };
-                if !pages.reclaim(owner, s) {
-                    continue;
-                }
-                pf.left(owner);
-                self.release_stale(s);
+        let at_limit = self.taken() >= self.limit;
+        if !at_limit {
+            if let Some(s) = self.free.pop() {
+                return Some(s);
             }
         }
-        if self.stale.is_empty() {
+        if self.stale.is_empty() || at_limit {
+            // Reclaim a few of the oldest cached pages at once, so their discard is one batch;
+            // at the limit, at least enough to take one slot within it.
+            let batch = (self.limit as usize / 8).clamp(1, RECLAIM_BATCH);
+            let need = (self.taken() + 1).saturating_sub(self.limit) as usize;
+            let want = if self.stale.is_empty() {
+                batch.max(need)
+            } else {
+                need
+            };
+            self.reclaim(want, pages, pf);
+        }
+        if self.taken() >= self.limit {
             return None;
         }
-        pool.mapping()
-            .discard_pages(&mut self.stale, pool.pidfd.as_ref());
-        self.free.append(&mut self.stale);
+        self.discard_stale(pool);
         self.free.pop()
     }
 }

@@ -141,7 +141,8 @@ pub struct Stats {
     pub budget_pages: u64,
     /// Pages held in the write-back pool now.
     pub pool_pages: u64,
-    /// Size of the write-back pool, in pages.
+    /// Pages the write-back pool may hold now (its slots, or fewer while a process tree's
+    /// grant is small: [`crate::Runtime::set_local_pages`]).
     pub pool_capacity_pages: u64,
     /// Slabs placed on donors.
     pub slabs_placed: u64,

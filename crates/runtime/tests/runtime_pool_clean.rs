@@ -100,3 +100,63 @@ fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
     );
     assert_eq!(after.fetch_errors + after.send_errors, 0, "{after:?}");
 }
+
+/// A lowered local grant (a process tree's share) shrinks the pool with it: the sent pages it
+/// held beyond its new fifth are given back at once, none is taken beyond it while the program
+/// keeps paging, every byte still reads back, and a raised grant lets the pool fill again.
+#[test]
+fn a_lowered_grant_gives_back_the_pool_s_pages_and_loses_none() {
+    let donor = in_process(64 << 20, 1 << 20);
+    let rt = runtime(&donor);
+    let region = rt.map(4 * MIB).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = region.len() / PAGE;
+    for p in 0..pages {
+        STAMP.write_page(base, p, 1);
+    }
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        |s| s.evicted_sent_dirty + s.resident_pages >= pages as u64,
+    );
+    assert!(
+        s.pool_pages >= 128 && s.pool_capacity_pages == 1024,
+        "the evicted pages should wait in the pool for this test to mean anything: {s:?}"
+    );
+    // 320 local pages: a 64-slot pool and a 256-page budget.
+    assert_eq!(rt.set_local_pages(320), (64, 256));
+    let s = rt.stats();
+    assert_eq!(s.pool_capacity_pages, 64, "{s:?}");
+    assert!(s.pool_pages <= 64, "the pool kept its sent pages: {s:?}");
+    // Paging on at the small pool: written again, then read twice.
+    for p in 0..pages {
+        STAMP.check_page(base, p, 1);
+        STAMP.write_page(base, p, 2);
+    }
+    for _ in 0..2 {
+        for p in (0..pages).rev() {
+            STAMP.check_page(base, p, 2);
+        }
+        let s = rt.stats();
+        assert!(s.pool_pages <= 64, "the pool went over its limit: {s:?}");
+    }
+    // A raised grant: evictions fill the pool again, up to its new fifth.
+    assert_eq!(rt.set_local_pages(5 * 1024), (1024, 4096));
+    assert_eq!(rt.set_local_pages(640), (128, 512));
+    for p in 0..pages {
+        STAMP.write_page(base, p, 3);
+    }
+    let s = wait_for_stats(
+        &rt,
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        |s| s.pool_pages > 64,
+    );
+    assert!(s.pool_pages > 64 && s.pool_pages <= 128, "{s:?}");
+    for p in 0..pages {
+        STAMP.check_page(base, p, 3);
+    }
+    let s = rt.stats();
+    assert_eq!(s.fetch_errors + s.send_errors, 0, "{s:?}");
+}
