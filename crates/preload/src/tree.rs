@@ -14,8 +14,8 @@ use std::time::Duration;
 use farmem_runtime::{Runtime, TREE_BUDGET_SOCKET};
 use farmem_tree::{Report, TreeClient};
 
-/// Each process's write-back pool in a tree (the host tier's pool size): a fifth of the whole
-/// budget per process would overcommit it with a few processes.
+/// The most write-back pool a process of a tree maps (with a host tier it keeps 1 MiB of it):
+/// a fifth of the whole budget per process would overcommit it with a few processes.
 pub(crate) const POOL_BYTES: u64 = 4 << 20;
 
 /// The least budget of region pages a process asks for beside its pool.

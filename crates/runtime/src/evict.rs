@@ -45,7 +45,7 @@ use crate::PAGE_SIZE;
 /// worse, in pairs interleaved on one machine, by 2-28% and with more CPU (seq 6.56 vs 5.12
 /// µs an access, kmeans 7.37 vs 6.17 s, jvm-heap 17.98 vs 14.47 s, numpy 8.24 and 7.93 vs
 /// 7.84 and 7.74 s, node-heap 12.09 vs 11.77 s); 256 was no better than 128.
-const EVICT_BATCH: usize = 128;
+pub(crate) const EVICT_BATCH: usize = 128;
 
 /// Dirty pages a round may put back at the tail (write-heat samples and pages of chunks the
 /// program keeps writing, [`farmem_policy::write_heat`]) before it lets go of the state lock,

@@ -32,8 +32,8 @@ pub const MAX_LINE_BYTES: usize = 4096;
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum ToCoordinator {
-    /// First message. `min_pages`: the least this process can run with (its pool plus a
-    /// minimal budget).
+    /// First message. `min_pages`: the least this process can run with (a minimal budget and
+    /// the pool that goes with it).
     Hello {
         version: u32,
         pid: u32,

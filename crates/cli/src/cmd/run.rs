@@ -1002,10 +1002,10 @@ mod preflight {
     use super::*;
 
     pub fn check_budget(budget_bytes: u64) -> anyhow::Result<()> {
-        // Each process of the tree asks for its pool plus a least share
-        // (`farmem_tree::LEAST_SHARE_BYTES`); below that the coordinator grants the least
-        // share anyway, over the limit (128 KiB ran with 1 MiB): the limit must hold at least
-        // one process's, pool included (a fifth of the limit, 64 KiB at least).
+        // Each process of the tree asks for a least share (`farmem_tree::LEAST_SHARE_BYTES`
+        // of budget and a pool of a fifth); below that the coordinator grants the least share
+        // anyway, over the limit (128 KiB ran with 1 MiB): the limit must hold at least one
+        // process's, pool included.
         let min = farmem_runtime::MIN_LOCAL_BYTES.max(2 * farmem_tree::LEAST_SHARE_BYTES);
         if budget_bytes < min {
             bail!(
