@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use farmem_donor::RunningDonor;
-use farmem_runtime::{Runtime, RuntimeConfig};
+use farmem_runtime::{Region, Runtime, RuntimeConfig, Stats};
 use farmem_testkit::donor::in_process;
 use farmem_testkit::pages::{Stamp, MIB, PAGE};
 use farmem_testkit::runtime::{config, start, wait_for_stats};
@@ -29,20 +29,17 @@ fn runtime(donor: &RunningDonor) -> Arc<Runtime> {
     })
 }
 
-#[test]
-fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
-    let donor = in_process(64 << 20, 1 << 20);
-    let rt = runtime(&donor);
-    let region = rt.map(2 * MIB).unwrap();
+/// Stamps every page of `region` with 1 and waits until every evicted one is sent: a page read
+/// back while its first send is still in flight comes back "sending" and is rightly sent again
+/// if evicted before the ack (a loaded machine). Returns its base, its pages and the stats.
+fn write_all_and_wait_sent(rt: &Arc<Runtime>, region: &Region) -> (usize, usize, Stats) {
     let base = region.as_ptr() as usize;
     let pages = region.len() / PAGE;
     for p in 0..pages {
         STAMP.write_page(base, p, 1);
     }
-    // Let the sender finish: a page read back while its first send is still in flight comes
-    // back "sending" and is rightly sent again if evicted before the ack (a loaded machine).
     let s = wait_for_stats(
-        &rt,
+        rt,
         Duration::from_secs(20),
         Duration::from_millis(20),
         |s| s.evicted_sent_dirty + s.resident_pages >= pages as u64,
@@ -51,6 +48,15 @@ fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
         s.evicted_sent_dirty + s.resident_pages >= pages as u64,
         "the evicted pages were not all sent within 20 s: {s:?}"
     );
+    (base, pages, s)
+}
+
+#[test]
+fn pool_hits_on_read_come_back_clean_and_are_not_resent() {
+    let donor = in_process(64 << 20, 1 << 20);
+    let rt = runtime(&donor);
+    let region = rt.map(2 * MIB).unwrap();
+    let (base, pages, _) = write_all_and_wait_sent(&rt, &region);
     // Read-only passes: every pass evicts what the previous one brought back.
     for _ in 0..4 {
         for p in 0..pages {
@@ -109,17 +115,7 @@ fn a_lowered_grant_gives_back_the_pool_s_pages_and_loses_none() {
     let donor = in_process(64 << 20, 1 << 20);
     let rt = runtime(&donor);
     let region = rt.map(4 * MIB).unwrap();
-    let base = region.as_ptr() as usize;
-    let pages = region.len() / PAGE;
-    for p in 0..pages {
-        STAMP.write_page(base, p, 1);
-    }
-    let s = wait_for_stats(
-        &rt,
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        |s| s.evicted_sent_dirty + s.resident_pages >= pages as u64,
-    );
+    let (base, pages, s) = write_all_and_wait_sent(&rt, &region);
     assert!(
         s.pool_pages >= 128 && s.pool_capacity_pages == 1024,
         "the evicted pages should wait in the pool for this test to mean anything: {s:?}"
