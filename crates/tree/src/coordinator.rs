@@ -72,6 +72,11 @@ enum Dropped {
     WrongVersion { got: u32 },
     #[error("it closed the connection in the middle of a line ({bytes} bytes)")]
     Truncated { bytes: usize },
+    #[error(
+        "its hello asks for at least {min_pages} pages, more than the tree's whole budget of \
+         {total_pages}"
+    )]
+    MinAboveBudget { min_pages: u64, total_pages: u64 },
 }
 
 struct Shared {
@@ -399,6 +404,14 @@ impl Shared {
             .set_write_timeout(Some(WRITE_TIMEOUT))
             .map_err(Dropped::Write)?;
         let mut budget = lock(&self.budget);
+        // No process of the tree can run with more than all of it; granting it would lower
+        // every other process to its least share.
+        if min_pages > budget.total_pages() {
+            return Err(Dropped::MinAboveBudget {
+                min_pages,
+                total_pages: budget.total_pages(),
+            });
+        }
         let grant = budget.join(id, pid, min_pages);
         if let Err(e) = send_all(&writer, &ToProcess::Grant { pages: grant }.encode()) {
             budget.leave(id);

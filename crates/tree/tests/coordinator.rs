@@ -135,6 +135,14 @@ fn hostile_clients_are_dropped_and_the_others_keep_their_grants() {
             b"{\"hello\":{\"version\":2,\"pid\":3009,\"min_pages\":1}}\n".to_vec(),
         ),
         (
+            "a least share above the whole budget",
+            format!(
+                "{{\"hello\":{{\"version\":1,\"pid\":3007,\"min_pages\":{}}}}}\n",
+                TOTAL + 1
+            )
+            .into_bytes(),
+        ),
+        (
             "an unknown field",
             b"{\"hello\":{\"version\":1,\"pid\":3008,\"min_pages\":1,\"x\":1}}\n".to_vec(),
         ),
@@ -188,7 +196,7 @@ fn hostile_clients_are_dropped_and_the_others_keep_their_grants() {
     assert_eq!(good.grant(), TOTAL - 2048);
     let s = coordinator.snapshot();
     assert_eq!(s.processes_seen, 3, "{s:?}");
-    assert!(share(&s, 3009).is_none() && share(&s, 3008).is_none());
+    assert!(share(&s, 3009).is_none() && share(&s, 3008).is_none() && share(&s, 3007).is_none());
 }
 
 #[test]
