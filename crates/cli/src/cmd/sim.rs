@@ -61,8 +61,8 @@ pub struct SimArgs {
     /// Seed of the generated trace's random choices. Default 1.
     #[arg(long)]
     seed: Option<u64>,
-    /// Prefetchers to compare, comma separated (default: all of leap, leap-process, none,
-    /// next-n, stride, readahead).
+    /// Prefetchers to compare, comma separated (default: all of leap, leap-process, leap-rows,
+    /// none, next-n, stride, readahead).
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     prefetch: Vec<String>,
     /// Eviction policies, comma separated (default: all of fifo, clock, refault; each with Leap's eager

@@ -58,6 +58,7 @@ pub trait Prefetcher: Send {
 pub const NAMES: &[&str] = &[
     "leap",
     "leap-process",
+    "leap-rows",
     "none",
     "next-n",
     "stride",
@@ -65,13 +66,18 @@ pub const NAMES: &[&str] = &[
 ];
 
 /// The prefetcher called `name`, with its default configuration: `leap` (Leap, one history
-/// per thread), `leap-process` (Leap as published, one history per process), `none`, `next-n`,
-/// `stride`, `readahead`.
+/// per thread), `leap-process` (Leap as published, one history per process), `leap-rows` (per
+/// thread, following the rows of interleaved strided walks: `LeapConfig::follow_rows`), `none`,
+/// `next-n`, `stride`, `readahead`.
 pub fn by_name(name: &str) -> Result<Box<dyn Prefetcher>, PolicyError> {
     match name {
         "leap" => Ok(Box::new(Leap::new(LeapConfig::default())?)),
         "leap-process" => Ok(Box::new(Leap::new(LeapConfig {
             per_thread: false,
+            ..LeapConfig::default()
+        })?)),
+        "leap-rows" => Ok(Box::new(Leap::new(LeapConfig {
+            follow_rows: true,
             ..LeapConfig::default()
         })?)),
         "none" => Ok(Box::new(NoPrefetch::new(NoPrefetchConfig::default()))),
@@ -115,7 +121,7 @@ mod tests {
         let err = by_name("oracle").err().expect("not a prefetcher");
         assert!(err
             .to_string()
-            .starts_with("unknown prefetch policy \"oracle\": choose one of leap, leap-process, none, next-n, stride, readahead"));
+            .starts_with("unknown prefetch policy \"oracle\": choose one of leap, leap-process, leap-rows, none, next-n, stride, readahead"));
     }
 
     #[test]
