@@ -112,6 +112,9 @@ impl LeapConfig {
 /// The fewest distinct pages [`AccessHistory::find_rows`] takes for rows.
 const MIN_ROWS: usize = 8;
 
+/// The widest gap within one band of rows, in pitches (rows still resident leave gaps).
+const MAX_ROW_GAP: u64 = 4;
+
 /// Leap's ACCESSHISTORY: the last H_size deltas between consecutive accesses of one stream.
 #[derive(Debug, Clone)]
 pub struct AccessHistory {
@@ -194,7 +197,9 @@ impl AccessHistory {
             .copied()
             .filter(|&g| g >= 2)
             .max_by_key(|&g| (near(g).count(), std::cmp::Reverse(g)))?;
-        if near(g).count() * 2 <= gaps.len() {
+        // One band of rows: a gap of more than a few rows is another region, or a stride walk
+        // wrapping around its region (whose pages, sorted, look like rows moving backwards).
+        if near(g).count() * 2 <= gaps.len() || gaps.iter().any(|&x| x > MAX_ROW_GAP * (g + 1)) {
             return None;
         }
         let pitch = near(g).sum::<u64>() as f64 / near(g).count() as f64;
@@ -815,6 +820,17 @@ mod tests {
             h.record(x);
         }
         assert_eq!(h.find_rows(), None, "pages at random are no rows");
+        let mut h = AccessHistory::new(32);
+        // Stride 3 over a region of 4096 pages, the history straddling the wrap: its pages,
+        // sorted, are gaps of 3 and one of a whole region, and the walk moved backwards.
+        for i in 1350..1375u64 {
+            h.record(1_000 + (i * 3) % 4096);
+        }
+        assert_eq!(
+            h.find_rows(),
+            None,
+            "a stride walk wrapping around its region"
+        );
         let mut h = AccessHistory::new(32);
         for k in (0..40).rev() {
             h.record(row(k));
