@@ -750,7 +750,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         version: RUN_SETTINGS_VERSION,
         budget_bytes: args.local_mem,
         donors,
-        token_file: args.token_file.clone(),
+        // Absolute: a process of the tree that changed directory (a pyenv shim does) reads it
+        // when its runtime starts.
+        token_file: args
+            .token_file
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()
+            .context("resolving --token-file")?,
         evict: args.evict.clone(),
         prefetch: args.prefetch.clone(),
         prefetch_install: args.prefetch_install.clone(),
