@@ -6,6 +6,7 @@
 //! process whose data exceeded its share, and for the tree's peak anonymous memory, sampled
 //! from outside, within `--local-mem` plus the unmanaged memory the processes reported.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -46,6 +47,9 @@ enum FarMem {
     /// Donors only, no host tier: a `farmem donor` the test starts (its memory is another
     /// host's, not the tree's), pages sealed (`--seal on`), as with a donor on another host.
     Donors,
+    /// [`FarMem::Donors`] with an auth token, named to `farmem run` by a relative
+    /// `--token-file` (the run starts in the scratch directory that holds it).
+    DonorsWithToken,
 }
 
 /// [`run_tree`] with the tree's far pages in `far`.
@@ -56,7 +60,25 @@ fn run_tree_with(local_mib: u64, far: FarMem, command: &[&str], cwd: Option<&Pat
     let mut cmd = Command::new(farmem());
     cmd.args(["run", "--local-mem", &format!("{local_mib}MiB"), "--stats"])
         .arg(&stats);
-    let donor = (far == FarMem::Donors).then(|| Donor::start("1GiB", "16MiB"));
+    let donor = match far {
+        FarMem::HostTier => None,
+        FarMem::Donors => Some(Donor::start("1GiB", "16MiB")),
+        FarMem::DonorsWithToken => {
+            let token = scratch.path("token");
+            std::fs::write(&token, b"a tree's processes read this").unwrap();
+            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+            cmd.args(["--token-file", "token"]).current_dir(&scratch.0);
+            let t = token.to_str().unwrap();
+            Some(Donor::spawn(&[
+                "--capacity",
+                "1GiB",
+                "--slab-size",
+                "16MiB",
+                "--token-file",
+                t,
+            ]))
+        }
+    };
     if let Some(d) = &donor {
         cmd.args(["--donor", &d.addr.to_string(), "--seal", "on"]);
     }
@@ -251,6 +273,19 @@ fn the_idle_processes_of_a_pipeline_leave_the_budget_to_the_busy_one() {
         local_bytes(busy[0]) >> 10,
         run.stats
     );
+    run.check_budget();
+}
+
+#[test]
+fn a_relative_token_file_reaches_a_process_that_changed_directory() {
+    // The shell changes directory before python starts; the token file was named relative to
+    // where the run started, and python's runtime could not read it (a pyenv shim does this).
+    let job = format!("cd / && {PYTHON} {} 64", script("job.py").display());
+    let run = run_tree_with(24, FarMem::DonorsWithToken, &["sh", "-c", &job], None);
+    expect_ok_lines(&run, 1);
+    let err = String::from_utf8_lossy(&run.out.stderr);
+    assert!(!err.contains("token"), "{}", text(&run.out));
+    assert!(run.paged() >= 1, "python was not paged: {}", run.stats);
     run.check_budget();
 }
 
