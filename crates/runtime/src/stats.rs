@@ -107,6 +107,14 @@ pub struct Stats {
     pub evicted_dropped_clean: u64,
     /// Evicted pages that were all zero: never sent, they come back as zero pages.
     pub evicted_zero: u64,
+    /// UFFDIO_MOVE calls the evictor made (each one TLB shootdown on the other CPUs the
+    /// program runs on): pages evicted per call says how well victims leave in runs.
+    #[serde(default)]
+    pub evict_moves: u64,
+    /// Resident pages in the holes between a round's victims taken with them, out of the
+    /// eviction policy's order, so that their runs move as one.
+    #[serde(default)]
+    pub evicted_out_of_order: u64,
     /// Victims that could not be evicted (mlocked, a page moved by mremap while being
     /// dropped): they stay resident and are tried again.
     pub evictions_refused: u64,

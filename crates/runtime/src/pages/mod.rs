@@ -326,6 +326,20 @@ impl Pages {
         Some(before.state == PageState::ResidentClean)
     }
 
+    /// Resident → `Evicting` for a page taken out of the eviction policy's order (a page
+    /// between two victims, [`crate::evict`]): it leaves the policy first. Returns whether it
+    /// was clean; None (and nothing changes) unless it is resident and not a write-heat sample.
+    pub(crate) fn begin_eviction_out_of_order(&mut self, addr: usize) -> Option<bool> {
+        if !self
+            .get(addr)
+            .is_some_and(|e| e.state.is_resident() && !e.armed)
+        {
+            return None;
+        }
+        self.policy.remove(pid_of(addr));
+        self.begin_eviction(addr)
+    }
+
     /// `Evicting` → resident again: the MOVE was refused. `requeue` hands it back to the
     /// eviction policy.
     pub(crate) fn refuse_eviction(&mut self, addr: usize, clean: bool, requeue: bool) {
