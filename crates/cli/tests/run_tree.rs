@@ -276,6 +276,121 @@ fn the_idle_processes_of_a_pipeline_leave_the_budget_to_the_busy_one() {
     run.check_budget();
 }
 
+/// What a process outside the tree got when it asked the tree's coordinator for a share.
+fn ask_for_a_share_from_outside(meeting: &Path) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let settings = meeting.join("settings");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        match std::fs::read_to_string(&settings) {
+            Ok(t) if t.ends_with('\n') => break t,
+            _ if std::time::Instant::now() > deadline => return Err("no settings".into()),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| e.to_string())?;
+    let dir = v["tree_dir"]
+        .as_str()
+        .ok_or("no tree_dir in the settings")?;
+    let mut s = std::os::unix::net::UnixStream::connect(Path::new(dir).join("budget.sock"))
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    // The shell's pid (the settings' writer is the shell), and most of the 24 MiB budget.
+    let shell: u32 = std::fs::read_to_string(meeting.join("pid"))
+        .map_err(|e| e.to_string())?
+        .trim()
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let hello = format!("{{\"hello\":{{\"version\":1,\"pid\":{shell},\"min_pages\":5000}}}}\n");
+    let _ = s.write_all(hello.as_bytes());
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// A program started outside the tree with the tree's environment (as a daemon of the user
+/// would start it): it must run, paged within the least share, and say so.
+fn run_outside_with_the_tree_s_environment(meeting: &Path) -> Output {
+    let settings = std::fs::read_to_string(meeting.join("settings")).unwrap();
+    let job = Command::new(PYTHON)
+        .arg(script("job.py"))
+        .arg("32")
+        .env("LD_PRELOAD", farmem_testkit::bins::preload_lib())
+        .env("FARMEM_RUN_SETTINGS", settings.trim())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    farmem_testkit::run::wait_output(job, Duration::from_secs(120))
+}
+
+#[test]
+fn a_process_outside_the_tree_cannot_take_its_budget() {
+    // The attack: another process of the user finds budget.sock and says hello under the
+    // shell's pid asking for 5000 of the 6144 pages. It used to be granted them, and python
+    // paged in what was left. The coordinator now asks the kernel who is connecting. A
+    // program started outside the tree with its environment runs at the least share.
+    let meeting = Scratch::new("outsider");
+    let m = meeting.0.display().to_string();
+    let job = format!(
+        "echo $$ > {m}/pid && echo \"$FARMEM_RUN_SETTINGS\" > {m}/settings && \
+         while [ ! -e {m}/go ]; do sleep 0.05; done && {PYTHON} {} 64 | cat",
+        script("job.py").display()
+    );
+    let outsider = {
+        let dir = meeting.0.clone();
+        std::thread::spawn(move || {
+            let got = ask_for_a_share_from_outside(&dir);
+            let outside_job = got
+                .is_ok()
+                .then(|| run_outside_with_the_tree_s_environment(&dir));
+            std::fs::write(dir.join("go"), b"").unwrap();
+            (got, outside_job)
+        })
+    };
+    let run = run_tree(24, &["sh", "-c", &job], None);
+    let (got, outside_job) = outsider.join().unwrap();
+    assert_eq!(
+        got,
+        Ok(String::new()),
+        "the outsider was answered: {}",
+        text(&run.out)
+    );
+    let outside_job = outside_job.unwrap();
+    assert!(outside_job.status.success(), "{}", text(&outside_job));
+    assert!(
+        String::from_utf8_lossy(&outside_job.stdout).starts_with("ok "),
+        "{}",
+        text(&outside_job)
+    );
+    assert!(
+        String::from_utf8_lossy(&outside_job.stderr).contains("outside the process tree"),
+        "{}",
+        text(&outside_job)
+    );
+    expect_ok_lines(&run, 1);
+    // The tree's python and the outsider page (the outsider's stats file joins the tree's:
+    // it ran on the tree's settings); the tree's python has the budget, less the least shares
+    // of three idle processes (the shell, its subshell, cat).
+    let mut busy: Vec<u64> = run
+        .processes()
+        .iter()
+        .filter(|p| far_bytes_in(p) > 0)
+        .map(local_bytes)
+        .collect();
+    busy.sort_unstable();
+    assert_eq!(busy.len(), 2, "python and the outsider page: {}", run.stats);
+    assert!(
+        busy[0] <= 2 * MIB && busy[1] >= 16 * MIB,
+        "the outsider ended with {} KiB, python with {} KiB of the 24 MiB: {}",
+        busy[0] >> 10,
+        busy[1] >> 10,
+        run.stats
+    );
+    run.check_budget();
+}
+
 #[test]
 fn a_relative_token_file_reaches_a_process_that_changed_directory() {
     // The shell changes directory before python starts; the token file was named relative to

@@ -57,9 +57,24 @@ pub(crate) fn start(cfg: &RunSettings) -> Result<(), String> {
         .map_err(|e| error_chain("starting the farmem runtime", &e))?;
     let rt = set_runtime(rt);
     if let Some(dir) = &cfg.tree_dir {
-        crate::tree::join(rt, dir)?;
+        join_tree(rt, dir);
     }
     Ok(())
+}
+
+/// Takes this process's share of the tree's budget; a process that cannot (it is not in the
+/// tree — started through a daemon with the tree's environment — or `farmem run` is gone)
+/// keeps its runtime at the least share: slower than a share, but nothing stops or is lost.
+fn join_tree(rt: &'static Arc<Runtime>, dir: &std::path::Path) {
+    if let Err(e) = crate::tree::join(rt, dir) {
+        let kept = crate::tree::keep_least_share(rt);
+        eprintln!(
+            "farmem: warning: process {} pages within {} KiB of local memory, outside the \
+             process tree's shared budget: {e}",
+            std::process::id(),
+            kept >> 10
+        );
+    }
 }
 
 /// The runtime's configuration from the settings.
@@ -300,16 +315,8 @@ fn restart_in_child(cfg: &RunSettings, plan: &ForkPlan) -> Result<(), String> {
         }
     }
     if let Some(dir) = &cfg.tree_dir {
-        if let Err(e) = crate::tree::join(rt, dir) {
-            // The runtime serves this process's regions now: it stays, at the least share.
-            let kept = crate::tree::keep_least_share(rt);
-            eprintln!(
-                "farmem: warning: process {} (forked) pages within {} KiB of local memory, \
-                 outside the process tree's shared budget: {e}",
-                std::process::id(),
-                kept >> 10
-            );
-        }
+        // The runtime serves this process's regions now: it stays, at worst at the least share.
+        join_tree(rt, dir);
     }
     // The first write from the writer thread, not here: this runs inside fork().
     start_stats_writer(cfg, false);

@@ -89,8 +89,9 @@ pub(crate) fn join(rt: &'static Arc<Runtime>, dir: &Path) -> Result<(), String> 
     Ok(())
 }
 
-/// Pages within the least share a tree member is granted, for a process that could not join
-/// the tree after its runtime started (a forked child). Returns that share in bytes.
+/// Pages within the least share a tree member is granted, for a process whose runtime started
+/// but that could not join the tree (the coordinator refused it or is gone). Returns that
+/// share in bytes.
 pub(crate) fn keep_least_share(rt: &Runtime) -> u64 {
     apply(rt, LEAST_LOCAL_PAGES);
     LEAST_LOCAL_PAGES * 4096

@@ -97,13 +97,18 @@ impl TreeClient {
                 .set_read_timeout(Some(left))
                 .map_err(|e| err(path, e.kind(), e))?;
             let mut chunk = [0u8; 4096];
-            match (&client.stream).read(&mut chunk) {
+            let read = match (&client.stream).read(&mut chunk) {
+                // A reset is a close that left our hello unread: the same answer.
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => Ok(0),
+                r => r,
+            };
+            match read {
                 Ok(0) => {
                     return Err(err(
                         path,
                         ErrorKind::ConnectionAborted,
                         format_args!(
-                            "it closed the connection before granting (this client speaks protocol version {TREE_PROTOCOL_VERSION}; see the coordinator's log)"
+                            "it closed the connection before granting (this process may not be in the tree; this client speaks protocol version {TREE_PROTOCOL_VERSION}; see the coordinator's log)"
                         ),
                     ))
                 }

@@ -11,6 +11,10 @@
 //! - **Writers**: every joined connection's stream (a clone) is kept by id so a rebalance run on
 //!   any thread reaches every process. Writes have a [`WRITE_TIMEOUT`] and never raise SIGPIPE;
 //!   a write that fails drops that process (its grant returns to the free pages at once).
+//! - **Who joins**: the kernel names each connection's process (SO_PEERCRED) when it is
+//!   accepted; [`Admission`] says whether that process belongs to the tree (for `farmem run`:
+//!   the run and its descendants) and which pid it is known by. A process outside the tree is
+//!   closed at once with one warn line, so no other process of the user can take the budget.
 //! - **Hostile clients**: garbage, a line over [`MAX_LINE_BYTES`](crate::wire::MAX_LINE_BYTES),
 //!   a Report before the Hello, a second Hello, a wrong protocol version, or half a line then
 //!   a close drop that connection with one warn line; the others are not affected.
@@ -34,6 +38,7 @@ use std::time::Duration;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use serde::{Deserialize, Serialize};
 
+use crate::membership::Admission;
 use crate::policy::{Budget, ProcessShare};
 use crate::wire::{LineBuffer, ToCoordinator, ToProcess, WireError, TREE_PROTOCOL_VERSION};
 
@@ -80,6 +85,7 @@ enum Dropped {
 }
 
 struct Shared {
+    admission: Admission,
     budget: Mutex<Budget>,
     /// Joined connections' streams, by connection id: where grants are written.
     writers: Mutex<HashMap<u64, UnixStream>>,
@@ -192,11 +198,17 @@ fn closed_by_peer(e: &io::Error) -> bool {
 }
 
 impl Coordinator {
-    /// Listens on `socket_path` for the processes of a tree sharing `total_pages` local pages.
-    pub fn start(socket_path: &Path, total_pages: u64) -> io::Result<Coordinator> {
+    /// Listens on `socket_path` for the processes of a tree sharing `total_pages` local pages;
+    /// `admission` says which connecting processes may join.
+    pub fn start(
+        socket_path: &Path,
+        total_pages: u64,
+        admission: Admission,
+    ) -> io::Result<Coordinator> {
         prepare_path(socket_path)?;
         let listener = bind_socket(socket_path)?;
         let shared = Arc::new(Shared {
+            admission,
             budget: Mutex::new(Budget::new(total_pages)),
             writers: Mutex::new(HashMap::new()),
             connections: Mutex::new(HashMap::new()),
@@ -284,6 +296,17 @@ impl Shared {
     }
 
     fn admit(self: &Arc<Self>, stream: UnixStream) {
+        let peer = match rustix::net::sockopt::socket_peercred(&stream) {
+            Ok(c) => rustix::process::Pid::as_raw(Some(c.pid)) as u32,
+            Err(e) => {
+                tracing::warn!("refusing a process of the tree: SO_PEERCRED names no one: {e}");
+                return;
+            }
+        };
+        if let Err(why) = self.admission.admits(peer) {
+            tracing::warn!("refusing a connection to the process tree's budget: {why}");
+            return;
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let registered = match stream.try_clone() {
             Ok(c) => c,
@@ -300,7 +323,7 @@ impl Shared {
         let spawned = std::thread::Builder::new()
             .name(format!("farmem-tree-{id}"))
             .stack_size(256 << 10)
-            .spawn(move || sh.serve(id, stream));
+            .spawn(move || sh.serve(id, peer, stream));
         let mut threads = lock(&self.threads);
         threads.retain(|t| !t.is_finished());
         match spawned {
@@ -313,9 +336,10 @@ impl Shared {
     }
 
     /// Serves connection `id` until it closes or misbehaves; then its grant returns.
-    fn serve(&self, id: u64, stream: UnixStream) {
+    /// `peer`: the pid the kernel gives for the connection's process.
+    fn serve(&self, id: u64, peer: u32, stream: UnixStream) {
         let mut pid = None;
-        let result = self.serve_lines(id, &stream, &mut pid);
+        let result = self.serve_lines(id, peer, &stream, &mut pid);
         lock(&self.connections).remove(&id);
         let _ = stream.shutdown(std::net::Shutdown::Both);
         if pid.is_some() {
@@ -347,6 +371,7 @@ impl Shared {
     fn serve_lines(
         &self,
         id: u64,
+        peer: u32,
         stream: &UnixStream,
         pid: &mut Option<u32>,
     ) -> Result<(), Dropped> {
@@ -381,8 +406,15 @@ impl Shared {
                         },
                         None,
                     ) => {
-                        self.join(id, p, min_pages, stream)?;
-                        *pid = Some(p);
+                        let known = self.admission.pid_of(peer, p);
+                        if known != p {
+                            tracing::debug!(
+                                "process {known} says it is process {p} (another pid namespace, \
+                                 or a lie): known as {known}"
+                            );
+                        }
+                        self.join(id, known, min_pages, stream)?;
+                        *pid = Some(known);
                     }
                     (ToCoordinator::Hello { .. }, Some(_)) => return Err(Dropped::SecondHello),
                     (ToCoordinator::Report(_), None) => return Err(Dropped::ReportBeforeHello),

@@ -8,8 +8,13 @@
 //! process that exits gives its share back at once.
 //!
 //! ```no_run
-//! use farmem_tree::{Coordinator, Report, TreeClient};
-//! let coordinator = Coordinator::start("/tmp/farmem-tree.sock".as_ref(), 262_144)?;
+//! use farmem_tree::{Admission, Coordinator, Report, TreeClient};
+//! let root = std::process::id();
+//! let coordinator = Coordinator::start(
+//!     "/tmp/farmem-tree.sock".as_ref(),
+//!     262_144,
+//!     Admission::Descendants { root },
+//! )?;
 //! let (mut client, grant_pages) =
 //!     TreeClient::connect(coordinator.socket_path(), std::process::id(), 1024)?;
 //! let newer_grant = client.exchange(Report { used_pages: 10, ..Report::default() })?;
@@ -20,6 +25,7 @@
 //! - [`wire`]: the messages (newline-delimited JSON, one typed enum per direction) and the
 //!   bounded line buffer both sides read with (pure).
 //! - [`policy`]: [`Budget`], who gets how many pages (pure, no I/O, no clocks).
+//! - [`membership`]: which connecting processes belong to the tree (by the kernel's pid).
 //! - [`coordinator`]: the server: socket, one thread per process, the budget behind a mutex.
 //! - [`client`]: what the preload library uses: connect, then a non-blocking exchange.
 //!
@@ -30,6 +36,7 @@
 
 pub mod client;
 pub mod coordinator;
+pub mod membership;
 pub mod policy;
 pub mod wire;
 
@@ -39,5 +46,6 @@ pub const LEAST_SHARE_BYTES: u64 = 1 << 20;
 
 pub use client::TreeClient;
 pub use coordinator::{Coordinator, TreeSnapshot};
+pub use membership::Admission;
 pub use policy::{Budget, ProcessShare};
 pub use wire::{Report, ToCoordinator, ToProcess, MAX_LINE_BYTES, TREE_PROTOCOL_VERSION};

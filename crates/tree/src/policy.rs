@@ -53,7 +53,7 @@ pub const MIN_HEADROOM_PAGES: u64 = 16;
 /// One process's share of the tree's budget, as the summary shows it.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessShare {
-    /// The process id it said in its Hello.
+    /// The process id: the kernel's, or the one its Hello gave under `Admission::Anyone`.
     pub pid: u32,
     /// Its grant now (0 once it has left).
     pub grant_pages: u64,

@@ -8,7 +8,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use farmem_tree::{Coordinator, Report, TreeClient, TreeSnapshot};
+use farmem_tree::{Admission, Coordinator, Report, TreeClient, TreeSnapshot};
 
 const TOTAL: u64 = 65_536;
 const MIN: u64 = 1024;
@@ -58,7 +58,7 @@ fn read_until_closed(mut s: UnixStream) -> Vec<u8> {
 fn demand_moves_memory_from_the_idle_process_to_the_faulting_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.sock");
-    let coordinator = Coordinator::start(&path, TOTAL).unwrap();
+    let coordinator = Coordinator::start(&path, TOTAL, Admission::Anyone).unwrap();
     let (mut idle, g) = TreeClient::connect(&path, 1001, MIN).unwrap();
     assert_eq!(g, TOTAL, "the first process gets everything");
     let (mut busy, g) = TreeClient::connect(&path, 1002, MIN).unwrap();
@@ -95,7 +95,7 @@ fn demand_moves_memory_from_the_idle_process_to_the_faulting_one() {
 fn a_process_that_leaves_returns_its_grant_to_the_next_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.sock");
-    let coordinator = Coordinator::start(&path, TOTAL).unwrap();
+    let coordinator = Coordinator::start(&path, TOTAL, Admission::Anyone).unwrap();
     let (mut first, _) = TreeClient::connect(&path, 2001, MIN).unwrap();
     first.exchange(report(30_000, 10, 0)).unwrap();
     let (_second, g) = TreeClient::connect(&path, 2002, MIN).unwrap();
@@ -119,7 +119,7 @@ fn a_process_that_leaves_returns_its_grant_to_the_next_one() {
 fn hostile_clients_are_dropped_and_the_others_keep_their_grants() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.sock");
-    let coordinator = Coordinator::start(&path, TOTAL).unwrap();
+    let coordinator = Coordinator::start(&path, TOTAL, Admission::Anyone).unwrap();
     let (mut good, g) = TreeClient::connect(&path, 3001, MIN).unwrap();
     assert_eq!(g, TOTAL);
 
@@ -203,7 +203,7 @@ fn hostile_clients_are_dropped_and_the_others_keep_their_grants() {
 fn a_client_sees_the_coordinator_go_away() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.sock");
-    let coordinator = Coordinator::start(&path, TOTAL).unwrap();
+    let coordinator = Coordinator::start(&path, TOTAL, Admission::Anyone).unwrap();
     let (mut c, _) = TreeClient::connect(&path, 4001, MIN).unwrap();
     c.exchange(report(1, 0, 0)).unwrap();
     drop(coordinator);
@@ -222,10 +222,10 @@ fn a_client_sees_the_coordinator_go_away() {
 fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tree.sock");
-    let coordinator = Coordinator::start(&path, TOTAL).unwrap();
+    let coordinator = Coordinator::start(&path, TOTAL, Admission::Anyone).unwrap();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
-    let e = Coordinator::start(&path, TOTAL)
+    let e = Coordinator::start(&path, TOTAL, Admission::Anyone)
         .err()
         .expect("a live socket is refused");
     assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
@@ -237,14 +237,89 @@ fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
     let stale = dir.path().join("stale.sock");
     drop(UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
-    let c = Coordinator::start(&stale, TOTAL).unwrap();
+    let c = Coordinator::start(&stale, TOTAL, Admission::Anyone).unwrap();
     TreeClient::connect(&stale, 5002, MIN).unwrap();
     drop(c);
 
     // Anything else is left alone.
     let file = dir.path().join("file");
     std::fs::write(&file, b"keep").unwrap();
-    assert!(Coordinator::start(&file, TOTAL).is_err());
+    assert!(Coordinator::start(&file, TOTAL, Admission::Anyone).is_err());
     assert_eq!(std::fs::read(&file).unwrap(), b"keep");
     assert!(Path::new(&file).exists());
+}
+
+/// A process outside the tree is refused whatever it claims; one inside is known by the pid
+/// the kernel gives, not the one it claims.
+#[test]
+fn only_the_tree_s_processes_join_and_under_their_own_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = std::process::id();
+
+    // A tree rooted at a child of this test: this process is not in it.
+    let mut other_root = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("spawning sleep");
+    let path = dir.path().join("theirs.sock");
+    let theirs = Coordinator::start(
+        &path,
+        TOTAL,
+        Admission::Descendants {
+            root: other_root.id(),
+        },
+    )
+    .unwrap();
+    let e = TreeClient::connect(&path, other_root.id(), MIN)
+        .expect_err("a process outside the tree is refused");
+    assert_eq!(e.kind(), ErrorKind::ConnectionAborted, "{e}");
+    let mut raw = UnixStream::connect(&path).unwrap();
+    let _ = raw.write_all(b"{\"hello\":{\"version\":1,\"pid\":1,\"min_pages\":7000}}\n");
+    assert!(read_until_closed(raw).is_empty());
+    let s = theirs.snapshot();
+    assert_eq!(s.processes_seen, 0, "{s:?}");
+    drop(theirs);
+    other_root.kill().unwrap();
+    other_root.wait().unwrap();
+
+    // A tree rooted at this test: it joins under its own pid whatever it claims, and so does a
+    // real child process (python, speaking the wire protocol by hand) claiming pid 1.
+    let path = dir.path().join("ours.sock");
+    let ours = Coordinator::start(&path, TOTAL, Admission::Descendants { root: me }).unwrap();
+    let (_me_client, g) = TreeClient::connect(&path, 1, MIN).unwrap();
+    assert_eq!(g, TOTAL);
+    let mut child = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import socket, sys\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             s.connect(sys.argv[1])\n\
+             s.sendall(b'{\"hello\":{\"version\":1,\"pid\":1,\"min_pages\":1024}}\\n')\n\
+             print(s.recv(100).decode().strip(), flush=True)\n\
+             sys.stdin.read()\n",
+        )
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning python3 (a prerequisite of the tests)");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.starts_with("{\"grant\":{\"pages\":"), "{line:?}");
+    let s = ours.snapshot();
+    assert!(
+        share(&s, 1).is_none(),
+        "nobody is known by the pid claimed: {s:?}"
+    );
+    assert!(share(&s, me).is_some_and(|p| p.running), "{s:?}");
+    assert!(share(&s, child.id()).is_some_and(|p| p.running), "{s:?}");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    until("the child's departure", || {
+        (!share(&ours.snapshot(), child.id())?.running).then_some(())
+    });
 }

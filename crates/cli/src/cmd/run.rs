@@ -47,7 +47,7 @@ use farmem_runtime::{SealMode, StatsFile, TierMode};
 use crate::cmd::run_tree::{self, TreeDir};
 use crate::cmd::treemem::TreeRss;
 use crate::cmd::units::parse_size;
-use farmem_tree::Coordinator;
+use farmem_tree::{Admission, Coordinator};
 
 /// Exit status of a program whose start-up failed inside the preload library (it printed why).
 const PRELOAD_FAILED_STATUS: i32 = 125;
@@ -730,13 +730,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     // The process tree: every process's stats file and the coordinator of the shared budget.
     let tree = TreeDir::create()?;
-    let coordinator = Coordinator::start(&tree.socket(), args.local_mem / PAGE_BYTES)
-        .with_context(|| {
-            format!(
-                "starting the budget coordinator on {}",
-                tree.socket().display()
-            )
-        })?;
+    // Only this run's descendants may take a share (orphans are reparented to us: we are the
+    // tree's subreaper), so no other process of the user can claim the budget.
+    let coordinator = Coordinator::start(
+        &tree.socket(),
+        args.local_mem / PAGE_BYTES,
+        Admission::Descendants {
+            root: std::process::id(),
+        },
+    )
+    .with_context(|| {
+        format!(
+            "starting the budget coordinator on {}",
+            tree.socket().display()
+        )
+    })?;
     if let Some(p) = &args.stats {
         let _ = std::fs::remove_file(p);
     }
