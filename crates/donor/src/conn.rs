@@ -39,6 +39,7 @@ use farmem_proto::{
 };
 
 use crate::mem::{self, SlabMemory};
+use crate::poll::PollChoice;
 use crate::server::{Shared, WRITE_TIMEOUT};
 use crate::store::{Refusal, Slab};
 
@@ -308,6 +309,8 @@ pub(crate) struct Connection<W: Wire> {
     hello_deadline: Instant,
     /// The last request was a single-page read: poll for the next one before sleeping.
     spin_next: bool,
+    /// Whether polling after a single-page read pays on this connection (measured).
+    poll: PollChoice,
 }
 
 impl<W: Wire> Drop for Connection<W> {
@@ -340,6 +343,7 @@ impl<W: Wire> Connection<W> {
             errors: 0,
             hello_deadline,
             spin_next: false,
+            poll: PollChoice::default(),
         }
     }
 
@@ -574,9 +578,12 @@ impl<W: Wire> Connection<W> {
         };
         let bytes_in = (HEADER_LEN + header.payload_len as usize) as u64;
         // A client reading one page at a time is waiting on it (a demand fault): poll for its
-        // next request before sleeping. Batches are throughput work, where spinning would
-        // only take CPU from the client on a shared machine.
-        self.spin_next = op == Some(Opcode::ReadPages) && header.payload_len <= SINGLE_READ_LEN;
+        // next request before sleeping, where that pays (`PollChoice`). Batches are
+        // throughput work, where spinning would only take CPU from the client on a shared
+        // machine.
+        let single_read = op == Some(Opcode::ReadPages) && header.payload_len <= SINGLE_READ_LEN;
+        self.poll.on_request(single_read, t0);
+        self.spin_next = single_read && self.poll.polling();
         let served = if op == Some(Opcode::WritePages) {
             self.write_pages(&header)
         } else {
@@ -1005,7 +1012,8 @@ impl<W: Wire> Connection<W> {
 /// VM) costs about as much again on every request. The poll yields the CPU between probes:
 /// on a small machine the client's threads (the program just woken from its fault, the
 /// runtime's evictor) may be waiting for this very CPU, and a poll that keeps it delays the
-/// next request it is waiting for.
+/// next request it is waiting for. Whether it polls at all is measured per connection
+/// ([`PollChoice`]).
 const SPIN: Duration = Duration::from_micros(50);
 
 /// Payload length of a READ_PAGES request for one page (count, then one page address).

@@ -50,6 +50,7 @@ pub mod host;
 #[allow(unsafe_code)]
 mod mem;
 pub mod metrics;
+mod poll;
 pub mod reclaim;
 pub mod server;
 pub mod store;
