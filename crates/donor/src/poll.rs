@@ -8,7 +8,7 @@
 //! the hypervisor) on every request. But the poll holds a CPU, and when the client runs on the
 //! same machine (a loopback donor, `farmem run --local-donor tcp`, the benchmarks) its threads
 //! may need that CPU more: measured on a 2-vCPU VM, `farmem-bench fault`'s donor miss took
-//! 58–71 µs with the poll and 33–36 µs without, while a random scan over the same loopback
+//! 48–71 µs with the poll and 33–36 µs without, while a random scan over the same loopback
 //! took 38.8 µs an access with it and 58.7 µs without. Neither setting is right everywhere, and
 //! the donor cannot see its client's CPUs; it can see the pace of its client's reads.
 //!
