@@ -183,6 +183,19 @@ impl MemSlabs {
         Some(crate::mm::with_page_bytes(&s.mapping, page, f))
     }
 
+    /// Runs `f` on the `n` pages of slab `m` from `page` on, as one slice (`None` if there is
+    /// no such slab).
+    pub(crate) fn read_run<R>(
+        &self,
+        m: u32,
+        page: u32,
+        n: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Option<R> {
+        let s = self.get(m)?;
+        Some(crate::mm::with_pages_bytes(&s.mapping, page, n, f))
+    }
+
     /// Writes one page into page `page` of slab `m`; false if there is no such slab.
     pub(crate) fn write(&mut self, m: u32, page: u32, src: &[u8]) -> bool {
         self.clock += 1;

@@ -112,18 +112,29 @@ pub(crate) fn move_from_pool(
 /// slot before its commit. (A memory slab from the host tier is shared with the node process,
 /// which could write it meanwhile; the bytes are only ever copied, never interpreted.)
 pub(crate) fn with_page_bytes<R>(m: &Mapping, page: u32, f: impl FnOnce(&[u8]) -> R) -> R {
+    with_pages_bytes(m, page, 1, f)
+}
+
+/// [`with_page_bytes`] for the `n` pages from `page` on, as one slice (a run of a memory
+/// slab installed with one UFFDIO_COPY); the same contract holds for every page of the run.
+pub(crate) fn with_pages_bytes<R>(
+    m: &Mapping,
+    page: u32,
+    n: usize,
+    f: impl FnOnce(&[u8]) -> R,
+) -> R {
     assert!(
-        (page as usize) < m.pages(),
-        "page {page} outside the mapping"
+        n >= 1 && (page as usize).saturating_add(n) <= m.pages(),
+        "pages {page}..+{n} outside the mapping"
     );
-    // SAFETY: the page lies inside the mapping (checked above), which outlives the call; per
-    // this function's contract nothing in this process moves, discards or writes the page
-    // while `f` runs (the kernel only reads it when `f` passes it to UFFDIO_COPY), and the
+    // SAFETY: the pages lie inside the mapping (checked above), which outlives the call; per
+    // this function's contract nothing in this process moves, discards or writes them while
+    // `f` runs (the kernel only reads them when `f` passes them to UFFDIO_COPY), and the
     // slice does not escape `f`.
     let bytes = unsafe {
         std::slice::from_raw_parts(
             (m.addr() + page as usize * PAGE_SIZE) as *const u8,
-            PAGE_SIZE,
+            n * PAGE_SIZE,
         )
     };
     f(bytes)

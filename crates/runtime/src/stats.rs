@@ -98,6 +98,9 @@ pub struct Stats {
     /// Of those, pages installed writable (the program was writing most pages installed
     /// ahead write-protected; [`farmem_policy::ahead_writes`]).
     pub tier_installed_ahead_writable: u64,
+    /// UFFDIO_COPY calls that installed them: a run of pages neighbouring each other in the
+    /// region and in their slab takes one.
+    pub tier_ahead_copies: u64,
     /// Never-written pages mapped (zeroed) ahead of a thread filling fresh memory in order
     /// (first-touch readahead), so its writes there took no fault.
     pub zero_installed_ahead: u64,

@@ -290,6 +290,15 @@ fn pages_in_the_tier_are_installed_ahead_of_a_scan() {
         );
         assert!(s.prefetch_hits_inferred > 0, "{s:?}");
         assert_eq!(s.faults_remote, 0, "{s:?}");
+        // A sequential scan's pages were evicted in order to neighbouring far pages: its
+        // windows go in as runs, fewer copies than pages.
+        let copies = s.tier_ahead_copies - before.tier_ahead_copies;
+        if stride == 1 {
+            assert!(
+                copies < ahead,
+                "{order}: {copies} copies for {ahead} pages: {s:?}"
+            );
+        }
         drop(region);
     }
     // With prefetching off nothing is installed ahead and every page of the scan faults.
