@@ -38,8 +38,8 @@ use crate::pages::PageState;
 use crate::shared::{Shared, Staged, State};
 use crate::PAGE_SIZE;
 
-/// Victims picked per evictor round: a wake-up's worth (the high watermark is half the
-/// largest headroom, 128 pages, above the low one) in one round. Each round costs its MOVE
+/// Victims picked per evictor round (the high watermark is half the headroom, up to 512
+/// pages, above the low one: a wake-up's worth takes up to four rounds). Each round costs its MOVE
 /// ioctls' TLB flushes (an IPI to every other CPU the program runs on, waited for), the state
 /// lock twice and a wake of the sender. At 32 a round every `compare` workload at 0.5 did
 /// worse, in pairs interleaved on one machine, by 2-28% and with more CPU (seq 6.56 vs 5.12

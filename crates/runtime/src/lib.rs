@@ -29,7 +29,7 @@
 //!   and keeps them in the write-back pool, where the first touch finds them; counters for
 //!   accuracy and coverage; the optional page-access trace (`record_trace`).
 //! - Budget: the evictor keeps resident region pages between a low and a high watermark below
-//!   the budget (headroom 1/16 of it, at most 256 pages) in the background, so a fault
+//!   the budget (headroom 1/16 of it, at most 1024 pages) in the background, so a fault
 //!   normally finds room at once; only a fault that would exceed the budget itself waits for
 //!   the evictor (not while write-back is failing: then the budget is exceeded and the error
 //!   is in [`Stats::last_error`]). The write-back pool is local memory in addition to the
