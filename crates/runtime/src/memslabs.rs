@@ -179,8 +179,7 @@ impl MemSlabs {
 
     /// Runs `f` on page `page` of slab `m` (`None` if there is no such slab).
     pub(crate) fn read<R>(&self, m: u32, page: u32, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let s = self.get(m)?;
-        Some(crate::mm::with_page_bytes(&s.mapping, page, f))
+        self.read_run(m, page, 1, f)
     }
 
     /// Runs `f` on the `n` pages of slab `m` from `page` on, as one slice (`None` if there is
