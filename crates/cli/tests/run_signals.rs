@@ -126,3 +126,25 @@ fn descendants(pid: u32) -> Vec<u32> {
     }
     out
 }
+
+/// Signals sent to the process reach only the program's threads: a timer's handler that reads
+/// paged memory (it hung when the signal ran on the fault thread, which then waited for a page
+/// only it could bring in), and a signal the program blocks stays pending (it ran on a farmem
+/// thread). tests/c/handler_pages.c: 128 MiB at a 32 MiB budget.
+#[test]
+fn signal_handlers_run_on_the_program_s_threads_only() {
+    let dir = Scratch::new("sig-handler-pages");
+    let prog = dir.path("handler_pages");
+    compile_c(&c_source("handler_pages.c"), &prog, &[]);
+    let stats = dir.path("stats.json");
+    let mut run = farmem_spawn(
+        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
+        &[prog.to_str().unwrap(), "128"],
+        &dir.path("run.log"),
+    );
+    let status = run.wait(Duration::from_secs(180));
+    let log = run.log_text();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("ok alarms="), "{log}");
+    assert_went_far_and_came_back(&read_stats(&stats), 64 << 20);
+}

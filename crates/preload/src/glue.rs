@@ -249,6 +249,7 @@ extern "C" fn fork_child() {
     let Some(old) = runtime() else {
         return;
     };
+    let _blocked = farmem_runtime::signals::Blocked::new();
     crate::internal(|| {
         old.after_fork_child();
         new_tracker();

@@ -123,6 +123,7 @@ pub(crate) fn internal<R>(f: impl FnOnce() -> R) -> R {
 
 /// Marks the calling thread as a runtime thread for good: it allocates from glibc only.
 pub fn mark_runtime_thread() {
+    farmem_runtime::signals::block_all();
     // SAFETY: sets this thread's initial-exec flag; no other effect.
     unsafe { shim::fmp_mark_runtime_thread() }
 }
@@ -170,6 +171,8 @@ fn init_logging() {
 
 /// The constructor: runs before the program's own constructors and `main`.
 extern "C" fn init() {
+    // The threads the start-up spawns block every signal from their creation on.
+    let _blocked = farmem_runtime::signals::Blocked::new();
     internal(|| {
         // SAFETY: resolves glibc symbols with dlsym while this thread allocates from glibc.
         unsafe { shim::fmp_resolve_symbols() };

@@ -85,6 +85,7 @@ pub mod run_settings;
 mod seal;
 mod send;
 mod shared;
+pub mod signals;
 mod slots;
 mod stats;
 mod sync;
@@ -257,6 +258,9 @@ impl Runtime {
                 "fetch_attempts must be at least 1".into(),
             ));
         }
+        // Threads started from here on (the runtime's, the transport's, the node client's)
+        // inherit a mask that blocks every signal (see `signals`).
+        let _blocked = signals::Blocked::new();
         let sh = Shared::start(&cfg)?;
         let budget_pages = sh.budget.limit();
         let mut threads = Vec::new();

@@ -282,6 +282,7 @@ impl Shared {
     /// parked for the first time, each waited for the other (seen: the kmeans benchmark hung
     /// with python in `handle_userfault` and `farmem-fault` in `__cxa_thread_atexit_impl`).
     pub(crate) fn thread_started(&self) {
+        crate::signals::block_all();
         if let Some(h) = &self.thread_hook {
             h();
         }
