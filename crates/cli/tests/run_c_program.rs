@@ -149,3 +149,35 @@ fn every_eviction_policy_passes_the_checks() {
         );
     }
 }
+
+/// A region grown with mremap stays a region, grown part and all: moved (MREMAP_MAYMOVE) and
+/// in place. The kernel keeps the grown part in the region's userfaultfd range but tells the
+/// runtime only of the move, with the old length; the grown part was served as memory of no
+/// region, never evicted (480 MiB of a 512 MiB mapping held outside the regions at 32 MiB).
+#[test]
+fn a_region_grown_by_mremap_stays_within_the_budget() {
+    let dir = Scratch::new("mremap-grow");
+    let prog = dir.path("mremap_grow");
+    compile_c(&c_source("mremap_grow.c"), &prog, &[]);
+    let stats = dir.path("stats.json");
+    let o = farmem_run(
+        &["--local-mem", "32MiB", "--stats", stats.to_str().unwrap()],
+        &[prog.to_str().unwrap(), "256"],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("ok moved\n") && out.contains("ok in-place\n"),
+        "{out}"
+    );
+    let s = read_stats(&stats);
+    let outside = s["unmanaged"]["peak_anon_unmanaged_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no unmanaged report: {s}"));
+    assert!(
+        outside < 32 << 20,
+        "{} MiB of anonymous memory outside the regions: {s}",
+        outside >> 20
+    );
+    assert_went_far_and_came_back(&s, 192 << 20);
+}

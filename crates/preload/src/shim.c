@@ -452,8 +452,37 @@ FM_HIDDEN void *fmp_mmap(void *addr, size_t len, int prot, int flags, int fd, of
 
 FM_HIDDEN int fmp_munmap(void *addr, size_t len) { return (int)syscall(SYS_munmap, addr, len); }
 
+/* mremap growing a region: the grown part stays in the region's VMA (registered with the
+ * runtime's userfaultfd, so its faults reach the fault thread) but the runtime hears only of a
+ * move, of the old length (UFFD_EVENT_REMAP), and nothing of a growth in place. The grown part
+ * was then served as memory of no region: zero pages the budget never counted (a 64 MiB mapping
+ * grown to 512 MiB held 480 MiB outside the regions at a 32 MiB budget). It is registered as a
+ * region of its own. Asked before the call, like MAP_FIXED above (the old range may be gone). */
 FM_HIDDEN void *fmp_mremap(void *old, size_t old_len, size_t new_len, int flags, void *new_addr) {
-    return (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
+    int grows_region = 0;
+    if (new_len > old_len && atomic_load_explicit(&regions_active, memory_order_acquire) &&
+        !fmp_internal_depth && !fmp_runtime_thread && !in_heap_span((uintptr_t)old, old_len)) {
+        fmp_internal_depth++;
+        sigset_t o = fm_block_signals();
+        grows_region = farmem_preload_overlaps_region(old, old_len);
+        fm_restore_signals(&o);
+        fmp_internal_depth--;
+    }
+    void *p = (void *)syscall(SYS_mremap, old, old_len, new_len, flags, new_addr);
+    size_t kept = round_up(old_len, FM_PAGE), grown = round_up(new_len, FM_PAGE);
+    if (p == MAP_FAILED || !grows_region || grown <= kept) return p;
+    int saved = errno;
+    fmp_internal_depth++;
+    int err = fm_register_region((char *)p + kept, grown - kept, 0);
+    fmp_internal_depth--;
+    if (err == 0) {
+        atomic_fetch_add(&ctr_mmap_regions, 1);
+        atomic_fetch_add(&ctr_mmap_region_bytes, grown - kept);
+    } else {
+        atomic_fetch_add(&ctr_register_failures, 1);
+    }
+    errno = saved;
+    return p;
 }
 
 FM_HIDDEN int fmp_madvise(void *addr, size_t len, int advice) {
