@@ -345,3 +345,23 @@ fn settings_of_another_version_are_refused_by_the_library() {
         text(&o)
     );
 }
+
+/// Log lines are plain text when stderr is not a terminal: the program's runtime wrote colour
+/// codes into log files and pipes (`farmem run` itself already did not).
+#[test]
+fn log_lines_carry_no_colour_codes_off_a_terminal() {
+    require_preload_lib();
+    let o = Command::new(farmem())
+        .args(["run", "--local-mem", "32MiB", "--", "true"])
+        .env("FARMEM_LOG", "trace")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("runtime thread"),
+        "the runtime's trace lines: {err}"
+    );
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
+}
