@@ -12,14 +12,20 @@ use farmem_testkit::run::*;
 
 /// Starts sig_check under `farmem run ARGS` and waits until its memory is filled.
 fn started(dir: &Scratch, args: &[&str]) -> Running {
+    started_env(dir, args, &[])
+}
+
+/// [`started`] with environment variables for `farmem run`.
+fn started_env(dir: &Scratch, args: &[&str], env: &[(&str, &std::path::Path)]) -> Running {
     let prog = dir.path("sig_check");
     compile_c(&c_source("sig_check.c"), &prog, &[]);
     let mut all = vec!["--local-mem", "64MiB"];
     all.extend_from_slice(args);
-    let mut run = farmem_spawn(
+    let mut run = farmem_spawn_env(
         &all,
         &[prog.to_str().unwrap(), "192", dir.0.to_str().unwrap()],
         &dir.path("run.log"),
+        env,
     );
     let start = Instant::now();
     while !dir.path("filled").exists() {
@@ -147,4 +153,97 @@ fn signal_handlers_run_on_the_program_s_threads_only() {
     assert!(status.success(), "{log}");
     assert!(log.contains("ok alarms="), "{log}");
     assert_went_far_and_came_back(&read_stats(&stats), 64 << 20);
+}
+
+/// `farmem run` killed with SIGKILL (it cannot pass anything on) while the program is still
+/// filling its memory: the program goes on without its node, keeping in memory what it can
+/// no longer write back, and checks every word when stopped later; its stderr says why
+/// write-back fails, once and rightly (the node is gone: it used to say, every second, that
+/// the node lent no more slabs and to give it more --capacity); the next `farmem run` removes
+/// the directories the killed one left in the temporary directory.
+#[test]
+fn a_killed_farmem_run_leaves_the_program_its_pages_and_its_directories_are_swept() {
+    let dir = Scratch::new("sig-kill-run");
+    let tmp = dir.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let prog = dir.path("sig_check");
+    compile_c(&c_source("sig_check.c"), &prog, &[]);
+    let mut run = farmem_spawn_env(
+        &["--local-mem", "64MiB"],
+        &[prog.to_str().unwrap(), "192", dir.0.to_str().unwrap()],
+        &dir.path("run.log"),
+        &[("TMPDIR", &tmp)],
+    );
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let start = Instant::now();
+    let program = loop {
+        let found = descendants(run.child.id()).into_iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "sig_check")
+        });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let farmem_dirs = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("farmem-"))
+            .collect()
+    };
+    assert!(!farmem_dirs().is_empty(), "the run's directories");
+    run.signal("KILL");
+    run.wait(Duration::from_secs(30));
+    while !dir.path("filled").exists() {
+        assert!(alive(program), "ended before filling: {}", run.log_text());
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(Command::new("kill")
+        .args(["-TERM", &program.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    while alive(program) {
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = run.log_text();
+    assert!(log.contains("ok passes="), "{log}");
+    assert!(!log.contains("BAD"), "{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(
+        errors.iter().any(|l| l.contains("is gone")),
+        "write-back failed for want of the node: {log}"
+    );
+    assert!(
+        !log.contains("more --capacity"),
+        "a dead node is not a full one: {log}"
+    );
+    assert!(errors.len() <= 2, "{} error lines: {log}", errors.len());
+    // The next run sweeps what the killed one left.
+    let o = Command::new(farmem_testkit::bins::farmem())
+        .args(["run", "--local-mem", "32MiB", "--", "true"])
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(farmem_dirs(), Vec::<String>::new());
 }

@@ -448,6 +448,7 @@ impl Far {
                     .tier
                     .as_ref()
                     .map_or_else(|| "no host tier".into(), Tier::describe),
+                node_gone: self.tier.as_ref().is_some_and(Tier::is_gone),
             }),
         }
     }

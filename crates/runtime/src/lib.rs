@@ -171,11 +171,12 @@ pub enum RuntimeError {
         #[source]
         source: farmem_node::NodeError,
     },
-    #[error(
-        "nowhere to put evicted pages: {tier} lends no more slabs and no donor is configured; \
-         give the node more --capacity, name donors with --donor, or raise the budget"
-    )]
-    NowhereToPlace { tier: String },
+    #[error("nowhere to put evicted pages: {tier} {}", nowhere_why(*.node_gone))]
+    NowhereToPlace {
+        tier: String,
+        /// The node has ended (its connection is closed), rather than being full.
+        node_gone: bool,
+    },
     #[error("the private node (this program's host tier) could not be started: {reason}")]
     PrivateNode { reason: String },
     #[error(
@@ -226,6 +227,17 @@ pub enum RuntimeError {
     Seal(#[source] SealError),
     #[error("internal error: {0}")]
     Internal(&'static str),
+}
+
+/// The rest of [`RuntimeError::NowhereToPlace`]'s message: why, and what to do.
+fn nowhere_why(node_gone: bool) -> &'static str {
+    if node_gone {
+        "is gone (its node ended: was `farmem run` or the node killed?) and no donor is \
+         configured; the pages stay in this process, over the budget"
+    } else {
+        "lends no more slabs and no donor is configured; give the node more --capacity, name \
+         donors with --donor, or raise the budget"
+    }
 }
 
 /// The paging runtime of this process.

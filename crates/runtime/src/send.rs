@@ -40,6 +40,7 @@ fn staged_live(st: &State, s: &Staged) -> bool {
 /// The sender. Runs until shutdown.
 pub(crate) fn send_loop(sh: Arc<Shared>) {
     let mut backoff = Duration::from_millis(10);
+    let mut failing = FailureLog::default();
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
         if st.staging.is_empty() {
@@ -64,14 +65,16 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
             continue;
         }
         if let Err(e) = write_batch(&sh, &mut batch) {
-            sh.report(
-                format!(
-                    "write-back of {} evicted pages failed (kept in the write-back pool, \
-                     retrying): {e}",
-                    batch.len()
-                ),
-                false,
+            let msg = format!(
+                "write-back of {} evicted pages failed (kept in the write-back pool, \
+                 retrying): {e}",
+                batch.len()
             );
+            if failing.should_log(&e.to_string()) {
+                sh.report(msg, false);
+            } else {
+                sh.count_error(msg, false);
+            }
             sh.send_failing.store(true, Ordering::Relaxed);
             sh.commit_cv.notify_all();
             let mut st = sh.state.lock();
@@ -84,8 +87,34 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
             continue;
         }
         backoff = Duration::from_millis(10);
+        failing = FailureLog::default();
         sh.send_failing.store(false, Ordering::Relaxed);
         acknowledge(&sh, &batch);
+    }
+}
+
+/// Which failed write-backs are logged: a failure that lasts (a node gone, donors full) is
+/// retried every second at most, and logging each retry filled the program's stderr with one
+/// error line a second. The first failure is logged, then a failure with another cause at
+/// once and the same one every [`FAILURE_LOG_EVERY`]; all are counted (`send_errors`).
+#[derive(Default)]
+struct FailureLog {
+    last: Option<(std::time::Instant, String)>,
+}
+
+/// How often a lasting write-back failure with one cause is logged again.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
+
+impl FailureLog {
+    fn should_log(&mut self, cause: &str) -> bool {
+        let due = self
+            .last
+            .as_ref()
+            .is_none_or(|(t, c)| c != cause || t.elapsed() >= FAILURE_LOG_EVERY);
+        if due {
+            self.last = Some((std::time::Instant::now(), cause.to_string()));
+        }
+        due
     }
 }
 

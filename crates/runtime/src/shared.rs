@@ -297,6 +297,12 @@ impl Shared {
     /// Records an error: counted, logged loudly, kept as `last_error`.
     pub(crate) fn report(&self, msg: String, fetch: bool) {
         tracing::error!("{msg}");
+        self.count_error(msg, fetch);
+    }
+
+    /// Counts an error and keeps it as `last_error`, without logging it (a repeat of one
+    /// already logged).
+    pub(crate) fn count_error(&self, msg: String, fetch: bool) {
         let mut s = self.stats.lock();
         if fetch {
             s.s.fetch_errors += 1;

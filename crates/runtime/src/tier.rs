@@ -150,6 +150,11 @@ impl Tier {
         self.client.info().capacity_bytes
     }
 
+    /// Whether the node has ended (its connection is closed).
+    pub(crate) fn is_gone(&self) -> bool {
+        !self.client.is_alive()
+    }
+
     /// "the host tier (node at PATH)", for messages.
     pub(crate) fn describe(&self) -> String {
         format!("the host tier (node at {})", self.path.display())
@@ -252,6 +257,7 @@ impl Shared {
                         .tier
                         .as_ref()
                         .map_or_else(|| "no host tier".into(), Tier::describe),
+                    node_gone: self.far.tier.as_ref().is_some_and(Tier::is_gone),
                 })
             }
             None => {

@@ -141,11 +141,22 @@ impl Drop for Running {
 
 /// Starts `farmem run ARGS -- COMMAND` in the background, output to `log`.
 pub fn farmem_spawn(args: &[&str], command: &[&str], log: &Path) -> Running {
+    farmem_spawn_env(args, command, log, &[])
+}
+
+/// [`farmem_spawn`] with environment variables `env` set for `farmem run` (and so the program).
+pub fn farmem_spawn_env(
+    args: &[&str],
+    command: &[&str],
+    log: &Path,
+    env: &[(&str, &Path)],
+) -> Running {
     use std::os::unix::process::CommandExt;
     require_preload_lib();
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     let child = Command::new(farmem())
+        .envs(env.iter().copied())
         .arg("run")
         .args(args)
         .arg("--")

@@ -5,6 +5,7 @@ pub mod node;
 pub mod run;
 pub mod run_tree;
 pub mod sim;
+pub mod stale_dirs;
 pub mod stats;
 pub mod tenants;
 pub mod treemem;

@@ -676,6 +676,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(e) = &args.evict {
         preflight::check_evict(e)?;
     }
+    crate::cmd::stale_dirs::sweep(&std::env::temp_dir());
 
     let capacity = args
         .local_donor_capacity
