@@ -34,6 +34,15 @@ enum Command {
     /// Lend this machine's idle memory to every farmem program on it (the host tier).
     Node(cmd::node::NodeArgs),
     /// Run an unmodified program with a local memory budget, its heap paged to donors.
+    #[command(
+        after_help = "Signals: like a shell, `farmem run` lets a terminal's Ctrl-C \
+        (SIGINT) and Ctrl-\\ (SIGQUIT) reach the program (its process group) and ignores them \
+        itself, to report when the program ends; send them to the program or its process group, \
+        not to `farmem run` alone. SIGTERM and SIGHUP sent to `farmem run` are passed on to \
+        the program. `farmem run` killed with SIGKILL leaves the program running without its \
+        node (pages it can no longer write back stay in it, over the budget); the next \
+        `farmem run` removes the directories it left."
+    )]
     Run(cmd::run::RunArgs),
     /// Simulate prefetchers and eviction policies on a page-access trace (recorded or generated).
     Sim(cmd::sim::SimArgs),
