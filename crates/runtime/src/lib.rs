@@ -17,7 +17,9 @@
 //!   pages below the budget by moving victims into the write-back pool ([`slots`]); the sender
 //!   ([`send`]) writing pool pages to donors in batches; the prefetch thread
 //!   ([`prefetch_thread`]). Dirty tracking with synchronous userfaultfd write-protect: clean
-//!   pages are dropped at eviction without resending; all-zero pages are never sent.
+//!   pages are dropped at eviction without resending; all-zero pages are never sent. Every
+//!   runtime thread blocks every signal ([`signals`]): the program's handlers run on its own
+//!   threads only.
 //! - Far side ([`far`], [`farpages`]): far page numbers, slabs placed on donors when first
 //!   written (power of two choices among several donors), the embedded donor child when none
 //!   is configured.
