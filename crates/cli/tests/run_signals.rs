@@ -176,11 +176,23 @@ fn a_killed_farmem_run_leaves_the_program_its_pages_and_its_directories_are_swep
     );
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
     let start = Instant::now();
+    // The program, once its runtime runs (its fault thread exists: it has connected to the
+    // node). Killed before that, the program cannot start its runtime and says so.
+    let runtime_started = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sig_check")
+            && std::fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "farmem-fault")
+                })
+    };
     let program = loop {
-        let found = descendants(run.child.id()).into_iter().find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .is_ok_and(|c| c.trim() == "sig_check")
-        });
+        let found = descendants(run.child.id())
+            .into_iter()
+            .find(runtime_started);
         if let Some(p) = found {
             break p;
         }
