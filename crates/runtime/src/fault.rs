@@ -199,14 +199,17 @@ fn complete_fetches(sh: &Shared, q: &mut Queues) {
 /// (halted, woken by an IPI through the hypervisor) is tens of microseconds.
 const SPIN: Duration = Duration::from_micros(50);
 
-/// Reads events without sleeping for up to [`SPIN`]; true when some arrived.
+/// Reads events without sleeping for up to [`SPIN`]; true when some arrived. Yields the CPU
+/// between reads, as the other polls do: on two vCPUs the program's thread, the evictor and the
+/// sender may be waiting for the CPU this poll holds (measured: redis, memcached and jvm-heap
+/// faster, with less CPU a page; see docs/architecture.md, "Threads").
 fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
     let start = Instant::now();
     while start.elapsed() < SPIN {
         sh.read_seq.fetch_add(1, Ordering::SeqCst);
         match sh.uffd.read_events(events) {
             Ok(n) if n > 0 => return true,
-            Ok(_) => std::hint::spin_loop(),
+            Ok(_) => std::thread::yield_now(),
             Err(_) => break, // reported by the blocking path
         }
     }
