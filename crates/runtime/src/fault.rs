@@ -624,6 +624,8 @@ const MAX_AHEAD: usize = 64;
 /// ([`farmem_policy::ahead_writes`]). The window's first page is
 /// its marker: it is left in the tier, and its fault tells the prefetcher that the stream
 /// went through the pages installed before it (as Linux readahead's `PG_readahead` does).
+/// When the first page is `addr` itself (the rest of a window that had no room before: Leap's
+/// late pages), there is no marker and the pages join the window being consumed.
 /// Pages are installed only below the evictor's high watermark: filling resident memory up to
 /// the budget made every demand fault after it wait for the evictor (a random scan after a
 /// sequential fill ran 2.5x slower). Returns the predicted pages that are on a donor only (for

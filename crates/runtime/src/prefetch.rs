@@ -409,7 +409,8 @@ impl Prefetch {
 
     /// Feeds one access to the prefetcher (state lock held: `pages` says which pages of a
     /// window whose marker this is are still resident) and returns the pages it predicts, the
-    /// window's marker first.
+    /// window's marker first; or, for a late page of a window issued before (Leap's late
+    /// pages), that page itself first, and no marker.
     pub(crate) fn predict(
         &self,
         pages: &mut Pages,
@@ -466,6 +467,15 @@ impl Prefetch {
             i.measures.prefetched(page_of(*a), now);
         }
         let Some(m) = marker else {
+            // Pages of the window being consumed that had no room when it was issued (the
+            // prefetcher names no marker then): the next marker's fault reports them with
+            // the rest of that window, in the window's order (the prefetcher's history
+            // would see a step back otherwise).
+            if let Some(w) = i.last_marker.get(&thread).copied() {
+                if let Some(pages) = i.windows.get_mut(&w) {
+                    join_window(pages, installed);
+                }
+            }
             return;
         };
         i.measures.prefetched(page_of(m), now);
@@ -568,9 +578,33 @@ impl Prefetch {
     }
 }
 
+/// Adds `late` pages to a window's installed `pages`, keeping the window's order (ascending
+/// or descending, as its stream went).
+fn join_window(pages: &mut Vec<usize>, late: &[usize]) {
+    let descending = pages.len() > 1 && pages[0] > pages[pages.len() - 1];
+    pages.extend_from_slice(late);
+    pages.sort_unstable();
+    if descending {
+        pages.reverse();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn late_pages_join_their_window_in_its_order() {
+        let mut up = vec![0x1000, 0x3000, 0x6000];
+        join_window(&mut up, &[0x5000, 0x4000]);
+        assert_eq!(up, [0x1000, 0x3000, 0x4000, 0x5000, 0x6000]);
+        let mut down = vec![0x9000, 0x6000];
+        join_window(&mut down, &[0x8000, 0x7000]);
+        assert_eq!(down, [0x9000, 0x8000, 0x7000, 0x6000]);
+        let mut empty = Vec::new();
+        join_window(&mut empty, &[0x2000, 0x1000]);
+        assert_eq!(empty, [0x1000, 0x2000]);
+    }
 
     #[test]
     fn install_modes_parse_and_reject_others() {

@@ -13,11 +13,13 @@
 //! a trend exists now and 0 otherwise; and the window never falls below half the previous one,
 //! so it shrinks smoothly (8, 4, 2, 1, 0) and reaches 0, suspended, only when hits stay at zero.
 //! **Departure (`max_stream_window_pages`, default 64): a pure stream's window grows past
-//! PW_max.** When every one of the H_size newest deltas is the trend (a scan with nothing else
-//! in between), the cap is `max_stream_window_pages` instead: such a window cannot mispredict
-//! but past the stream's end, and each window costs the stream one fault on its marker. A
-//! history with any other delta in it keeps PW_max (a larger PW_max for every stream moved
-//! numpy's matmul 1.6x the pages).
+//! PW_max.** When every one of the H_size newest deltas is one or more whole steps of the
+//! trend, in its direction (a scan with nothing else in between; a step of two or more is a
+//! page of it the caller did not see, one installed ahead and evicted before its use), the
+//! cap is `max_stream_window_pages` instead: such a window cannot mispredict but past the
+//! stream's end, and each window costs the stream one fault on its marker. A history with
+//! any other delta in it keeps PW_max (a larger PW_max for every stream moved numpy's matmul
+//! 1.6x the pages).
 //! DOPREFETCH then brings `p + Δ, p + 2Δ, … p + PW·Δ` for the trend Δ, or, with no trend but a
 //! non-zero window, follows the previous trend speculatively; while suspended, nothing.
 //!
@@ -34,6 +36,15 @@
 //! previous window when the trend is unchanged, so a stream that keeps its trend stops faulting.
 //! This is the trigger Linux's file readahead uses (`PG_readahead`); the runtime can leave that
 //! page uninstalled to see the hit. With `pipelined = false` the prefetcher is the paper's.
+//!
+//! **Late pages (ours, pipelined pure streams).** The caller may bring in only part of a
+//! window (the runtime installs ahead only below its high watermark). A miss on a page of
+//! the windows already issued (on the stream's path, behind the last window's end by at most
+//! two windows) is then no change of trend: it stays out of the history (it would record a
+//! step back and end the stream's purity), the window is not recomputed (no hits were seen
+//! since, so it would halve), and `out` is that page followed by the rest of the issued pages
+//! up to the pending marker, which still starts the next window. Without this, every window
+//! cut short halved the next, and a strided scan at its memory budget ran on windows of 2–8.
 //!
 //! # Limitations
 //!
@@ -174,12 +185,16 @@ impl AccessHistory {
         (0..k.min(self.len)).map(move |i| self.deltas[(self.head + size - i) % size])
     }
 
-    /// The delta every one of the `size` newest deltas is, if the history is full and they
-    /// are all the same non-zero delta: a pure stream.
-    pub fn unanimous(&self) -> Option<i64> {
-        let first = self.newest(1).next()?;
-        (self.len == self.deltas.len() && first != 0 && self.newest(self.len).all(|d| d == first))
-            .then_some(first)
+    /// Whether the history is full and every delta in it moves along `trend`: one or more
+    /// whole steps of it, in its direction. A stream whose pages are sometimes not seen (a
+    /// page installed ahead and evicted before its use, a step that skipped a resident
+    /// page) is still the one stream.
+    pub fn follows(&self, trend: i64) -> bool {
+        trend != 0
+            && self.len == self.deltas.len()
+            && self
+                .newest(self.len)
+                .all(|d| d != 0 && d % trend == 0 && d / trend >= 1)
     }
 
     /// The last page and the `k` before it (by the newest `k` deltas), newest first.
@@ -282,6 +297,8 @@ struct Stream {
     marker: Option<u64>,
     /// Last page of the last window issued, and the delta it followed.
     frontier: Option<(u64, i64)>,
+    /// Whether that window was a pure stream's (its history all along its delta).
+    pure: bool,
 }
 
 impl Stream {
@@ -293,6 +310,7 @@ impl Stream {
             last_trend: None,
             marker: None,
             frontier: None,
+            pure: false,
         }
     }
 
@@ -318,7 +336,43 @@ impl Stream {
         window
     }
 
+    /// Pipelined: whether a miss on `page` is a page of the issued windows that was not
+    /// brought in (the caller had no room for it then): on the path of the last window's
+    /// delta, behind its frontier by at most two windows (the one being consumed and the
+    /// one issued after it). Returns the delta and the pages after `page` still to bring in,
+    /// up to the next pending marker (excluded: its fault must still start the next window).
+    fn late(&self, page: u64) -> Option<(i64, u64)> {
+        if !self.pure {
+            return None;
+        }
+        let (frontier, delta) = self.frontier?;
+        let behind = (frontier as i128 - page as i128) / i128::from(delta);
+        let on_path = (frontier as i128 - page as i128) % i128::from(delta) == 0;
+        if !on_path || behind < 0 || behind > 2 * self.prev_window as i128 {
+            return None;
+        }
+        let mut rest = behind as u64;
+        if let Some(m) = self.marker {
+            let to_marker = (m as i128 - page as i128) / i128::from(delta);
+            if (m as i128 - page as i128) % i128::from(delta) == 0 && to_marker > 0 {
+                rest = rest.min(to_marker as u64 - 1);
+            }
+        }
+        Some((delta, rest))
+    }
+
     fn on_access(&mut self, cfg: &LeapConfig, access: &Access, out: &mut Vec<u64>) {
+        if cfg.pipelined && !access.prefetch_hit {
+            if let Some((delta, rest)) = self.late(access.page) {
+                // Not a change of trend: the stream is where its windows said. It stays out
+                // of the history (it would record a step back), and the window is not
+                // recomputed (no hits were seen since, it would halve). The page itself
+                // comes first, so that none of `out` is taken for a marker.
+                out.push(access.page);
+                out.extend((1..=rest).filter_map(|i| offset(access.page, delta, i)));
+                return;
+            }
+        }
         self.history.record(access.page);
         let from_marker = if access.prefetch_hit {
             self.hits_since_prefetch += 1;
@@ -338,8 +392,9 @@ impl Stream {
         } else {
             None
         };
-        let pure = rows.is_none() && trend.is_some() && self.history.unanimous() == trend;
+        let pure = rows.is_none() && trend.is_some_and(|t| self.history.follows(t));
         let window = self.window_size(cfg, trend.is_some() || rows.is_some(), pure);
+        self.pure = pure;
         self.hits_since_prefetch = 0;
         self.marker = None;
         if window == 0 {
@@ -630,6 +685,94 @@ mod tests {
             ..LeapConfig::default()
         };
         assert!(Leap::new(bad).is_err(), "below PW_max");
+    }
+
+    #[test]
+    fn a_stream_with_pages_not_seen_is_still_pure() {
+        // A +10 scan where every third window has a page the caller never reports (installed
+        // ahead and evicted before its use): deltas of 10 and 20, all steps along the trend.
+        let mut l = paper_leap();
+        let mut out = Vec::new();
+        let mut next = 0u64;
+        let mut windows = Vec::new();
+        for round in 0..40 {
+            l.on_access(&miss(next, 0), &mut out);
+            windows.push(out.len());
+            let window = std::mem::take(&mut out);
+            for (i, p) in window.iter().enumerate() {
+                if i != 2 || round % 3 != 0 {
+                    l.on_access(&hit(*p, 0), &mut out);
+                }
+            }
+            next = window.last().map_or(next, |&p| p) + 10;
+        }
+        assert_eq!(*windows.last().unwrap(), 64, "{windows:?}");
+        // A step back (or a delta off the trend's steps) is another stream: PW_max.
+        let mut h = AccessHistory::new(4);
+        for p in [0, 10, 30, 40, 50] {
+            h.record(p);
+        }
+        assert!(h.follows(10));
+        assert!(!h.follows(20), "10 is not a step of 20");
+        assert!(!h.follows(-10), "the other direction");
+        h.record(45);
+        assert!(!h.follows(10), "a step back");
+        assert!(!h.follows(0));
+    }
+
+    /// Drives a pipelined Leap along a +1 scan that hits every page it was given, up to
+    /// `end`. Returns the pages issued and not reached yet, and the last window's marker.
+    fn pipelined_scan(l: &mut Leap, end: u64) -> (Vec<u64>, u64) {
+        let mut out = Vec::new();
+        for p in 0..6 {
+            l.on_access(&miss(p, 0), &mut out);
+        }
+        let mut marker = out[0];
+        let mut issued: std::collections::VecDeque<u64> = out.drain(..).collect();
+        for page in 6..end {
+            let is_hit = issued.front() == Some(&page);
+            assert!(is_hit, "page {page} was issued");
+            issued.pop_front();
+            let mut new = Vec::new();
+            l.on_access(&test_access(page, true), &mut new);
+            if let Some(&m) = new.first() {
+                marker = m;
+            }
+            issued.extend(new);
+        }
+        (issued.into(), marker)
+    }
+
+    #[test]
+    fn a_miss_on_a_page_of_an_issued_window_brings_the_rest_and_keeps_the_pipeline() {
+        let mut l = Leap::new(LeapConfig::default()).unwrap();
+        let (issued, marker) = pipelined_scan(&mut l, 300);
+        assert_eq!(l.current_window(0), 64);
+        // The caller had no room for the pages from 303 on: the program misses on 303.
+        let late = 303;
+        assert!(
+            late < marker && issued.contains(&late),
+            "{issued:?} {marker}"
+        );
+        let mut out = Vec::new();
+        l.on_access(&miss(late, 0), &mut out);
+        let expected: Vec<u64> = (late..marker).collect();
+        assert_eq!(
+            out, expected,
+            "the page itself first, then up to the marker"
+        );
+        assert_eq!(l.current_window(0), 64, "the window is kept");
+        // The marker still starts the next window, after the last one issued.
+        out.clear();
+        l.on_access(&hit(marker, 0), &mut out);
+        assert_eq!(out.first(), Some(&(issued.last().unwrap() + 1)), "{out:?}");
+        assert_eq!(out.len(), 64);
+        // A miss off the stream's path is no late page: a new window from it.
+        let mut l = Leap::new(LeapConfig::default()).unwrap();
+        pipelined_scan(&mut l, 300);
+        out.clear();
+        l.on_access(&miss(100_000, 0), &mut out);
+        assert_ne!(out.first(), Some(&100_000), "{out:?}");
     }
 
     #[test]
