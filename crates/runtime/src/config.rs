@@ -63,6 +63,10 @@ pub struct RuntimeConfig {
     pub prefetch_install: PrefetchInstall,
     /// Run first in every runtime and transport thread.
     pub thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Run the fault thread and the evictor on one CPU (default; see docs/architecture.md,
+    /// Threads). A forked child's runtime leaves them to the scheduler: the workers of a
+    /// process tree, one runtime each, ran slower with theirs pinned.
+    pub share_cpu: bool,
     /// The `farmem` binary used to start the embedded donor (else $FARMEM_BIN, else PATH).
     pub farmem_bin: Option<PathBuf>,
     /// Record every fault (time, page, thread, read/write) to this file in farmem-sim's trace
@@ -156,6 +160,7 @@ impl Default for RuntimeConfig {
             prefetch: "leap".into(),
             prefetch_install: PrefetchInstall::Buffer,
             thread_hook: None,
+            share_cpu: true,
             farmem_bin: None,
             record_trace: None,
             pool_bytes: None,
@@ -183,6 +188,7 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("evict", &self.evict)
             .field("prefetch", &self.prefetch)
             .field("prefetch_install", &self.prefetch_install)
+            .field("share_cpu", &self.share_cpu)
             .field("record_trace", &self.record_trace)
             .field("pool_bytes", &self.pool_bytes)
             .field("seal", &self.seal)

@@ -62,6 +62,7 @@ mod backup;
 mod budget;
 mod config;
 mod cow;
+mod cpu;
 mod dontfork;
 mod doorbell;
 mod embedded;
@@ -279,11 +280,16 @@ impl Runtime {
         let budget_pages = sh.budget.limit();
         let mut threads = Vec::new();
         let (started_tx, started) = crossbeam_channel::unbounded::<()>();
-        let spawn = |name: &str, f: fn(Arc<Shared>), sh: Arc<Shared>| {
+        // The fault thread and the evictor share a CPU (see `cpu`).
+        let shared_cpu = if cfg.share_cpu { cpu::pick() } else { None };
+        let spawn = |name: &str, f: fn(Arc<Shared>), sh: Arc<Shared>, pin: Option<usize>| {
             let started_tx = started_tx.clone();
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || {
+                    if let Some(c) = pin {
+                        cpu::pin(c);
+                    }
                     sh.thread_started();
                     let _ = started_tx.send(());
                     // Dropped now, not when the loop ends: a thread that dies before sending
@@ -296,23 +302,39 @@ impl Runtime {
                     source,
                 })
         };
-        threads.push(spawn("farmem-fault", fault::fault_loop, sh.clone())?);
-        threads.push(spawn("farmem-evict", evict::evict_loop, sh.clone())?);
-        threads.push(spawn("farmem-send", send::send_loop, sh.clone())?);
+        threads.push(spawn(
+            "farmem-fault",
+            fault::fault_loop,
+            sh.clone(),
+            shared_cpu,
+        )?);
+        threads.push(spawn(
+            "farmem-evict",
+            evict::evict_loop,
+            sh.clone(),
+            shared_cpu,
+        )?);
+        threads.push(spawn("farmem-send", send::send_loop, sh.clone(), None)?);
         if sh.far.tier.is_some() {
-            threads.push(spawn("farmem-tier", tier::tier_loop, sh.clone())?);
+            threads.push(spawn("farmem-tier", tier::tier_loop, sh.clone(), None)?);
         }
         if !sh.far.donors.is_empty() {
-            threads.push(spawn("farmem-heal", heal::heal_loop, sh.clone())?);
+            threads.push(spawn("farmem-heal", heal::heal_loop, sh.clone(), None)?);
         }
         if sh.far.backup.is_some() {
-            threads.push(spawn("farmem-backup", backup::backup_loop, sh.clone())?);
+            threads.push(spawn(
+                "farmem-backup",
+                backup::backup_loop,
+                sh.clone(),
+                None,
+            )?);
         }
         if sh.pf.enabled() {
             threads.push(spawn(
                 "farmem-prefetch",
                 prefetch_thread::prefetch_loop,
                 sh.clone(),
+                None,
             )?);
         }
         // Every thread past its start before any region can exist: a thread library reads

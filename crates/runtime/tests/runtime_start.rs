@@ -45,3 +45,83 @@ fn start_returns_once_every_runtime_thread_has_started() {
         drop(rt);
     }
 }
+
+/// The CPUs the calling thread may run on, from /proc (`Cpus_allowed_list`, e.g. "0-1").
+fn cpus_allowed() -> String {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in /proc/thread-self/status")
+        .trim()
+        .to_string()
+}
+
+/// The fault thread and the evictor run on one CPU, the same one (each MOVE of the evictor
+/// would otherwise interrupt the fault thread's CPU); the other runtime threads and the
+/// program's are left to the scheduler.
+#[test]
+fn the_fault_thread_and_the_evictor_share_one_cpu() {
+    let donor = in_process(64 << 20, 1 << 20);
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let hook = {
+        let seen = seen.clone();
+        Arc::new(move || {
+            let name = std::thread::current().name().unwrap_or("?").to_string();
+            seen.lock().unwrap().push((name, cpus_allowed()));
+        })
+    };
+    let process = cpus_allowed();
+    let rt = start(RuntimeConfig {
+        thread_hook: Some(hook),
+        ..config(4 * MIB, vec![donor.local_addr().to_string()])
+    });
+    let seen = seen.lock().unwrap().clone();
+    let of = |name: &str| {
+        seen.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_else(|| panic!("{name} not seen: {seen:?}"))
+    };
+    let (fault, evict, send) = (of("farmem-fault"), of("farmem-evict"), of("farmem-send"));
+    let several = process.contains('-') || process.contains(',');
+    if several {
+        assert_eq!(fault, evict, "{seen:?}");
+        assert!(
+            fault.parse::<usize>().is_ok(),
+            "one CPU, not {fault:?} (process: {process})"
+        );
+    } else {
+        assert_eq!(
+            (fault.as_str(), evict.as_str()),
+            (process.as_str(), process.as_str())
+        );
+    }
+    assert_eq!(send, process, "the sender is not pinned");
+    assert_eq!(
+        cpus_allowed(),
+        process,
+        "the program's thread is not pinned"
+    );
+    drop(rt);
+    // A forked child's runtime (`share_cpu: false`) leaves them all to the scheduler.
+    let seen_unpinned: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let hook = {
+        let seen = seen_unpinned.clone();
+        Arc::new(move || {
+            let name = std::thread::current().name().unwrap_or("?").to_string();
+            seen.lock().unwrap().push((name, cpus_allowed()));
+        })
+    };
+    let rt = start(RuntimeConfig {
+        thread_hook: Some(hook),
+        share_cpu: false,
+        ..config(4 * MIB, vec![donor.local_addr().to_string()])
+    });
+    let seen_unpinned = seen_unpinned.lock().unwrap().clone();
+    assert!(seen_unpinned.len() >= 3, "{seen_unpinned:?}");
+    for (name, cpus) in &seen_unpinned {
+        assert_eq!(cpus, &process, "{name} was pinned");
+    }
+    drop(rt);
+}
