@@ -19,7 +19,7 @@
 //!   ([`prefetch_thread`]). Dirty tracking with synchronous userfaultfd write-protect: clean
 //!   pages are dropped at eviction without resending; all-zero pages are never sent. Every
 //!   runtime thread blocks every signal ([`signals`]): the program's handlers run on its own
-//!   threads only.
+//!   threads only. The fault thread and the evictor share one CPU ([`cpu`]).
 //! - Far side ([`far`], [`farpages`]): far page numbers, slabs placed on donors when first
 //!   written (power of two choices among several donors), the embedded donor child when none
 //!   is configured.

@@ -57,12 +57,9 @@ fn cpus_allowed() -> String {
         .to_string()
 }
 
-/// The fault thread and the evictor run on one CPU, the same one (each MOVE of the evictor
-/// would otherwise interrupt the fault thread's CPU); the other runtime threads and the
-/// program's are left to the scheduler.
-#[test]
-fn the_fault_thread_and_the_evictor_share_one_cpu() {
-    let donor = in_process(64 << 20, 1 << 20);
+/// Starts a runtime (`share_cpu` as given) whose threads record, as they start, their name
+/// and the CPUs they may run on. Returns those records.
+fn started_threads_cpus(donor: &str, share_cpu: bool) -> Vec<(String, String)> {
     let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let hook = {
         let seen = seen.clone();
@@ -71,12 +68,25 @@ fn the_fault_thread_and_the_evictor_share_one_cpu() {
             seen.lock().unwrap().push((name, cpus_allowed()));
         })
     };
-    let process = cpus_allowed();
     let rt = start(RuntimeConfig {
         thread_hook: Some(hook),
-        ..config(4 * MIB, vec![donor.local_addr().to_string()])
+        share_cpu,
+        ..config(4 * MIB, vec![donor.to_string()])
     });
+    drop(rt);
     let seen = seen.lock().unwrap().clone();
+    seen
+}
+
+/// The fault thread and the evictor run on one CPU, the same one (each MOVE of the evictor
+/// would otherwise interrupt the fault thread's CPU); the other runtime threads and the
+/// program's are left to the scheduler.
+#[test]
+fn the_fault_thread_and_the_evictor_share_one_cpu() {
+    let donor = in_process(64 << 20, 1 << 20);
+    let donor = donor.local_addr().to_string();
+    let process = cpus_allowed();
+    let seen = started_threads_cpus(&donor, true);
     let of = |name: &str| {
         seen.iter()
             .find(|(n, _)| n == name)
@@ -103,25 +113,10 @@ fn the_fault_thread_and_the_evictor_share_one_cpu() {
         process,
         "the program's thread is not pinned"
     );
-    drop(rt);
     // A forked child's runtime (`share_cpu: false`) leaves them all to the scheduler.
-    let seen_unpinned: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let hook = {
-        let seen = seen_unpinned.clone();
-        Arc::new(move || {
-            let name = std::thread::current().name().unwrap_or("?").to_string();
-            seen.lock().unwrap().push((name, cpus_allowed()));
-        })
-    };
-    let rt = start(RuntimeConfig {
-        thread_hook: Some(hook),
-        share_cpu: false,
-        ..config(4 * MIB, vec![donor.local_addr().to_string()])
-    });
-    let seen_unpinned = seen_unpinned.lock().unwrap().clone();
-    assert!(seen_unpinned.len() >= 3, "{seen_unpinned:?}");
-    for (name, cpus) in &seen_unpinned {
+    let seen = started_threads_cpus(&donor, false);
+    assert!(seen.len() >= 3, "{seen:?}");
+    for (name, cpus) in &seen {
         assert_eq!(cpus, &process, "{name} was pinned");
     }
-    drop(rt);
 }
