@@ -346,17 +346,17 @@ impl Stream {
             return None;
         }
         let (frontier, delta) = self.frontier?;
-        let behind = (frontier as i128 - page as i128) / i128::from(delta);
-        let on_path = (frontier as i128 - page as i128) % i128::from(delta) == 0;
-        if !on_path || behind < 0 || behind > 2 * self.prev_window as i128 {
+        let behind = steps_between(page, frontier, delta)?;
+        if behind < 0 || behind > 2 * self.prev_window as i128 {
             return None;
         }
         let mut rest = behind as u64;
-        if let Some(m) = self.marker {
-            let to_marker = (m as i128 - page as i128) / i128::from(delta);
-            if (m as i128 - page as i128) % i128::from(delta) == 0 && to_marker > 0 {
-                rest = rest.min(to_marker as u64 - 1);
-            }
+        if let Some(to_marker) = self
+            .marker
+            .and_then(|m| steps_between(page, m, delta))
+            .filter(|&n| n > 0)
+        {
+            rest = rest.min(to_marker as u64 - 1);
         }
         Some((delta, rest))
     }
@@ -515,6 +515,13 @@ impl Prefetcher for Leap {
             .or_insert_with(|| Stream::new(cfg))
             .on_access(cfg, access, out);
     }
+}
+
+/// How many steps of `delta` lead from `from` to `to`, if `to` is on that path (negative when
+/// it lies behind `from`).
+fn steps_between(from: u64, to: u64, delta: i64) -> Option<i128> {
+    let gap = i128::from(to) - i128::from(from);
+    (gap % i128::from(delta) == 0).then(|| gap / i128::from(delta))
 }
 
 #[cfg(test)]
