@@ -19,14 +19,21 @@ use nix::unistd::Pid;
 /// by the process id, when there are several (with one there is nothing to choose). None
 /// when they cannot be read.
 pub(crate) fn pick() -> Option<usize> {
-    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
-    let cpus: Vec<usize> = (0..CpuSet::count())
-        .filter(|&c| allowed.is_set(c).unwrap_or(false))
-        .collect();
+    let cpus = allowed_cpus()?;
     if cpus.len() < 2 {
         return None;
     }
     Some(cpus[std::process::id() as usize % cpus.len()])
+}
+
+/// The CPUs the calling thread may run on, in order; None when they cannot be read.
+fn allowed_cpus() -> Option<Vec<usize>> {
+    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
+    Some(
+        (0..CpuSet::count())
+            .filter(|&c| allowed.is_set(c).unwrap_or(false))
+            .collect(),
+    )
 }
 
 /// Pins the calling thread to `cpu`. A failure (the CPU went offline, a cpuset changed
@@ -48,18 +55,12 @@ mod tests {
     #[test]
     fn a_pinned_thread_runs_on_its_cpu_only() {
         let allowed = sched_getaffinity(Pid::from_raw(0)).unwrap();
-        let cpus: Vec<usize> = (0..CpuSet::count())
-            .filter(|&c| allowed.is_set(c).unwrap())
-            .collect();
+        let cpus = allowed_cpus().unwrap();
         assert!(!cpus.is_empty());
         let cpu = *cpus.last().unwrap();
         let on = std::thread::spawn(move || {
             pin(cpu);
-            let set = sched_getaffinity(Pid::from_raw(0)).unwrap();
-            let only: Vec<usize> = (0..CpuSet::count())
-                .filter(|&c| set.is_set(c).unwrap())
-                .collect();
-            (only, nix::sched::sched_getcpu().unwrap())
+            (allowed_cpus().unwrap(), nix::sched::sched_getcpu().unwrap())
         })
         .join()
         .unwrap();
