@@ -506,6 +506,9 @@ mod tests {
     #[test]
     fn a_grant_to_a_process_that_closed_its_end_fails_as_closed_by_peer() {
         let (ours, theirs) = UnixStream::pair().unwrap();
+        // Shut down before closing: another test's fork (between fork and exec) may hold a copy
+        // of `theirs` for a moment, and then dropping this one would not close the socket.
+        theirs.shutdown(std::net::Shutdown::Both).unwrap();
         drop(theirs);
         let e = send_all(&ours, b"{\"Grant\":{\"pages\":1}}\n").unwrap_err();
         assert!(closed_by_peer(&e), "{e:?}");
