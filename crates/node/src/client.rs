@@ -207,6 +207,10 @@ pub enum NodeError {
     /// The node refused a control request from this user.
     #[error("the farmem node refused: {message}")]
     Denied { message: String },
+    /// The node serves as many connections as it may (in all, or of this user) and refused
+    /// this one; the program may do without the host tier.
+    #[error("the farmem node refused the connection: {message}")]
+    TooManyClients { message: String },
     /// The node refused for another reason (its words).
     #[error("the farmem node refused: {message}")]
     Refused { message: String },
@@ -518,6 +522,14 @@ impl NodeClient {
                     node_pid,
                 }
             }
+            Ok((
+                NodeFrame::Error {
+                    code: ErrorCode::TooManyClients,
+                    message,
+                    ..
+                },
+                _,
+            )) => return Err(NodeError::TooManyClients { message }),
             Ok((NodeFrame::Error { message, .. }, _)) => {
                 return Err(NodeError::Refused { message })
             }

@@ -43,6 +43,10 @@ use rustix::io::Errno;
 pub const HOLD_BYTES: u64 = 4096;
 /// The most live holds one client connection may have at once.
 pub const MAX_HOLDS_PER_CLIENT: usize = 1024;
+/// The most live holds the connections of one user (uid) may have at once, all together:
+/// holds outlive their connection, so a per-connection bound alone let one user reconnect and
+/// make holds until the node ran out of file descriptors.
+pub const MAX_HOLDS_PER_UID: usize = 1024;
 /// The seals the node puts on a hold's memfd (not F_SEAL_SEAL: the probe adds F_SEAL_WRITE).
 pub const HOLD_SEALS: SealFlags = SealFlags::GROW.union(SealFlags::SHRINK);
 
@@ -110,6 +114,8 @@ pub fn check_received(fd: impl AsFd) -> Result<(), String> {
 pub(crate) struct Hold {
     /// The connection that made it (it outlives that connection).
     pub owner: u64,
+    /// The user (SO_PEERCRED uid) of that connection.
+    pub uid: u32,
     /// The node's fd of the memfd (shared with the probe, which runs outside the state lock).
     pub fd: Arc<OwnedFd>,
     /// Set once the client armed it (never unset).
@@ -134,8 +140,9 @@ pub(crate) struct Holds {
 }
 
 impl Holds {
-    /// A new hold by connection `owner` over `slabs` (ids the caller checked); its id (never 0).
-    pub fn create(&mut self, owner: u64, fd: Arc<OwnedFd>, slabs: &[u32]) -> u32 {
+    /// A new hold by connection `owner` of user `uid` over `slabs` (ids the caller checked);
+    /// its id (never 0).
+    pub fn create(&mut self, owner: u64, uid: u32, fd: Arc<OwnedFd>, slabs: &[u32]) -> u32 {
         let id = loop {
             self.next = self.next.wrapping_add(1).max(1);
             if !self.holds.contains_key(&self.next) {
@@ -146,6 +153,7 @@ impl Holds {
             id,
             Hold {
                 owner,
+                uid,
                 fd,
                 armed: false,
                 slabs: HashSet::new(),
@@ -177,6 +185,11 @@ impl Holds {
     /// Live holds made by connection `owner`.
     pub fn count_of(&self, owner: u64) -> usize {
         self.holds.values().filter(|h| h.owner == owner).count()
+    }
+
+    /// Live holds made by the connections of user `uid`.
+    pub fn count_of_uid(&self, uid: u32) -> usize {
+        self.holds.values().filter(|h| h.uid == uid).count()
     }
 
     /// Live holds in all.
@@ -261,8 +274,12 @@ mod tests {
     fn the_table_counts_each_slab_once_per_live_hold() {
         let fd = || Arc::new(make().unwrap());
         let mut h = Holds::default();
-        let a = h.create(1, fd(), &[10, 11]);
-        let b = h.create(1, fd(), &[11]);
+        let a = h.create(1, 500, fd(), &[10, 11]);
+        let b = h.create(1, 500, fd(), &[11]);
+        let c = h.create(3, 500, fd(), &[11]);
+        let d = h.create(4, 501, fd(), &[11]);
+        assert_eq!((h.count_of_uid(500), h.count_of_uid(501)), (3, 1));
+        assert!(h.remove(c).is_empty() && h.remove(d).is_empty());
         assert_ne!(a, b);
         assert_eq!(h.add(2, a, &[12]), Err(AddError::NotYours), "not its hold");
         assert_eq!(

@@ -4,7 +4,9 @@
 //! - **Socket**: bound with mode 0660 before it listens (no window with a laxer mode); its
 //!   folder is created 0755 if missing. A path a live node answers on is refused; a stale
 //!   socket file (nothing answers) is replaced; any other file is left alone and refused.
-//! - **One thread per connection** (bounded by [`NodeConfig::max_clients`], small stacks): it
+//! - **One thread per connection** (bounded by [`NodeConfig::max_clients`], and by
+//!   [`NodeConfig::max_clients_per_uid`] for each user but root and the node's own, so one
+//!   user's idle connections cannot lock the others out; small stacks): it
 //!   reads frames and answers them. Every peer is identified with SO_PEERCRED (pid, uid, gid),
 //!   logged at info on connect and disconnect. The watcher thread writes RECLAIM frames to the
 //!   same sockets; a per-connection lock keeps frames whole.
@@ -19,7 +21,10 @@
 //!   it becomes *kept* (no client's, still counted in used bytes) and is released when the last
 //!   live hold naming it is dead. Holds outlive their connection. They are probed (F_SEAL_WRITE,
 //!   EBUSY while mapped) every watcher round, on a FREE of a held slab, on a disconnect, and
-//!   when a client reaches [`MAX_HOLDS_PER_CLIENT`] live holds (beyond it: ERROR BadRequest).
+//!   when a client reaches a bound (beyond it: ERROR BadRequest): [`MAX_HOLDS_PER_CLIENT`] live
+//!   holds per connection, [`MAX_HOLDS_PER_UID`] per user, and in all what the open-files
+//!   limit leaves once every client connection and every slab the machine could hold has its
+//!   descriptors (each hold keeps one open).
 //! - **Capacity**: used bytes count slabs being made and being freed, so the cap holds at every
 //!   instant. RESIZE (root or the node's own uid only) changes it at run time.
 //! - **Pressure and reclaim**: a watcher thread (every [`NodeConfig::watch_period`]) reads
@@ -39,8 +44,8 @@
 //! The node does not see which pages a client uses; it relies on the clients to pick the slabs
 //! they give back. A client that ignores RECLAIM keeps its slabs (the node refuses new ones).
 //! A FREE of a held slab counts as reclaimed though its memory returns only when its holds die.
-//! Holds are bounded per connection, not in all: a client that reconnects may make more, each
-//! costing the node one fd and one page, and pinning only slabs that were that client's.
+//! Each user may keep up to [`MAX_HOLDS_PER_UID`] holds alive (one fd and one page each),
+//! pinning only slabs that were its own, however often it reconnects.
 //! Kept slabs, and the slabs of clients still connected, are never punched when the node stops:
 //! its fds close, and the pages live as long as a process maps them (a client can read and
 //! write the slabs it has, but gets no new ones).
@@ -65,12 +70,17 @@ use crate::metrics::{ClientStats, Counters, MetricsEndpoint, NodeStats};
 use crate::slab;
 use crate::wire::{decode_client_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
 
-pub use crate::hold::MAX_HOLDS_PER_CLIENT;
+pub use crate::hold::{MAX_HOLDS_PER_CLIENT, MAX_HOLDS_PER_UID};
 
 /// The default slab size (4 MiB).
 pub const DEFAULT_SLAB_BYTES: u64 = 4 << 20;
 /// The default bound on connected clients.
 pub const MAX_CLIENTS: usize = 1024;
+/// The default bound on the connections of one user (uid) other than root and the node's own.
+pub const MAX_CLIENTS_PER_UID: usize = 256;
+/// File descriptors kept for what is not a client, a slab or a hold (the listener, metrics,
+/// logs, the process's own).
+const FD_RESERVE: u64 = 64;
 /// The default time a client has for a whole frame once it started one (and for its HELLO).
 pub const FRAME_DEADLINE: Duration = Duration::from_secs(5);
 /// The longest one write to a client may block before the client is dropped.
@@ -96,6 +106,9 @@ pub struct NodeConfig {
     pub metrics_listen: Option<String>,
     /// Most connections served at once.
     pub max_clients: usize,
+    /// Most connections of one user served at once; root and the node's own user are bound
+    /// by `max_clients` only (they may stop or resize the node anyway).
+    pub max_clients_per_uid: usize,
     /// Time for a whole frame once started, and for the HELLO of a new connection.
     pub frame_deadline: Duration,
     /// How often the watcher checks MemAvailable and what the node holds.
@@ -116,6 +129,7 @@ impl Default for NodeConfig {
             keep_free_bytes: None,
             metrics_listen: None,
             max_clients: MAX_CLIENTS,
+            max_clients_per_uid: MAX_CLIENTS_PER_UID,
             frame_deadline: FRAME_DEADLINE,
             watch_period: Duration::from_millis(250),
             reclaim_patience: Duration::from_secs(2),
@@ -314,6 +328,8 @@ struct Shared {
     counters: Counters,
     stop: AtomicBool,
     connections: AtomicUsize,
+    /// Connections per user (SO_PEERCRED uid).
+    uid_connections: Mutex<HashMap<u32, usize>>,
     start: Instant,
     node_uid: u32,
     node_pid: u32,
@@ -328,6 +344,54 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Counts a new connection of user `uid`; false (nothing counted) when that user is at
+    /// [`NodeConfig::max_clients_per_uid`] (root and the node's own user never are).
+    fn admit_uid(&self, uid: u32) -> bool {
+        let mut per = lock(&self.uid_connections);
+        let n = per.entry(uid).or_insert(0);
+        let trusted = uid == 0 || uid == self.node_uid;
+        if !trusted && *n >= self.cfg.max_clients_per_uid {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// A connection of user `uid` ended.
+    fn leave_uid(&self, uid: u32) {
+        let mut per = lock(&self.uid_connections);
+        if let Some(n) = per.get_mut(&uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                per.remove(&uid);
+            }
+        }
+    }
+
+    /// Why connection `id` of user `uid` may not make another hold now, if it may not.
+    fn hold_refusal(&self, st: &State, id: u64, uid: u32) -> Option<String> {
+        if st.holds.count_of(id) >= MAX_HOLDS_PER_CLIENT {
+            return Some(format!(
+                "this connection has {MAX_HOLDS_PER_CLIENT} live holds, the most a client may have: unmap the holds no process needs any more (a hold lives while any process maps it)"
+            ));
+        }
+        if st.holds.count_of_uid(uid) >= MAX_HOLDS_PER_UID {
+            return Some(format!(
+                "uid {uid} has {MAX_HOLDS_PER_UID} live holds, the most one user may have: unmap the holds no process needs any more (a hold lives while any process maps it)"
+            ));
+        }
+        // Read each time: an operator may change a running node's limit (prlimit).
+        let open_files = open_files_limit();
+        let room = hold_budget(&self.cfg, open_files, st.capacity_bytes.max(st.used_bytes));
+        if st.holds.len() >= room {
+            return Some(format!(
+                "the node has {} live holds, the most its open-files limit ({open_files}) leaves room for beside its clients and slabs (each hold keeps a descriptor open); raise the node's limit (ulimit -n) or wait for holds to end",
+                st.holds.len()
+            ));
+        }
+        None
+    }
+
     fn warn(&self, what: std::fmt::Arguments<'_>) {
         let mut w = lock(&self.warns);
         if w.since.elapsed() >= WARN_INTERVAL {
@@ -642,6 +706,43 @@ fn prepare_path(path: &Path) -> Result<(), NodeServerError> {
     }
 }
 
+/// Raises this process's soft open-files limit to its hard limit (what a server that keeps a
+/// descriptor per client, slab and hold wants); returns the limit now in force. For the
+/// `farmem node` command: a process that embeds a node for tests keeps its own limit.
+pub fn raise_open_files_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    // `None` is "unlimited" in rustix; Linux bounds the hard limit of NOFILE anyway.
+    if let (Some(cur), Some(max)) = (lim.current, lim.maximum) {
+        if cur < max {
+            lim.current = Some(max);
+            if let Err(e) = setrlimit(Resource::Nofile, lim) {
+                tracing::warn!("raising the open-files limit to its hard limit failed: {e}");
+            }
+        }
+    }
+    open_files_limit()
+}
+
+/// This process's soft open-files limit (`u64::MAX` when unlimited).
+fn open_files_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+/// How many holds may live at once with `capacity_bytes` lent in slabs of `cfg.slab_bytes`
+/// and `open_files` descriptors: what is left once every client connection has two (its
+/// socket and the writer's clone), every slab of the capacity one, and [`FD_RESERVE`] are
+/// set aside. Without that bound one user's holds, which outlive their connections, took
+/// every descriptor, and ALLOC and accept then failed for everyone.
+fn hold_budget(cfg: &NodeConfig, open_files: u64, capacity_bytes: u64) -> usize {
+    let slabs = capacity_bytes.div_ceil(cfg.slab_bytes);
+    let clients = 2 * cfg.max_clients as u64;
+    let left = open_files.saturating_sub(clients + slabs + FD_RESERVE);
+    usize::try_from(left).unwrap_or(usize::MAX)
+}
+
 /// Binds the socket with mode 0660 before it listens.
 fn bind_socket(path: &Path) -> Result<UnixListener, NodeServerError> {
     use rustix::net::{bind, listen, socket_with, AddressFamily, SocketFlags, SocketType};
@@ -691,6 +792,17 @@ impl NodeServer {
                 });
             }
         }
+        let open_files = open_files_limit();
+        let holds_room = hold_budget(&cfg, open_files, cfg.capacity_bytes);
+        if holds_room < MAX_HOLDS_PER_CLIENT {
+            tracing::warn!(
+                "the open-files limit ({open_files}) leaves room for {holds_room} holds once {} \
+                 client connections and the capacity's slabs have theirs: forked programs may \
+                 not keep reading their parent's pages here; raise it (ulimit -n, \
+                 LimitNOFILE=) or give a larger --slab-size",
+                cfg.max_clients
+            );
+        }
         prepare_path(&cfg.socket_path)?;
         let listener = bind_socket(&cfg.socket_path)?;
         let metrics_listener = match &cfg.metrics_listen {
@@ -717,6 +829,7 @@ impl NodeServer {
             counters: Counters::default(),
             stop: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            uid_connections: Mutex::new(HashMap::new()),
             start: Instant::now(),
             node_uid: rustix::process::getuid().as_raw(),
             node_pid: std::process::id(),
@@ -802,7 +915,8 @@ impl NodeServer {
             match self.listener.accept() {
                 Ok((stream, _)) => self.admit(stream),
                 Err(e) => {
-                    tracing::warn!("accepting a client failed: {e}");
+                    self.shared
+                        .warn(format_args!("accepting a client failed: {e}"));
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
@@ -873,6 +987,24 @@ impl NodeServer {
             ));
             return;
         }
+        if !sh.admit_uid(peer.uid) {
+            let _ = stream.set_nonblocking(true);
+            let frame = sh.error(
+                0,
+                ErrorCode::TooManyClients,
+                format!(
+                    "uid {} has {} connections to this node, the most one user may have; \
+                     close some or try again later",
+                    peer.uid, sh.cfg.max_clients_per_uid
+                ),
+            );
+            let _ = rustix::net::send(&stream, &frame, SendFlags::NOSIGNAL);
+            sh.warn(format_args!(
+                "refused client pid {} uid {}: that user has {} connections already",
+                peer.pid, peer.uid, sh.cfg.max_clients_per_uid
+            ));
+            return;
+        }
         let out = match stream.try_clone() {
             Ok(s) => {
                 let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
@@ -882,7 +1014,10 @@ impl NodeServer {
                 })
             }
             Err(e) => {
-                tracing::warn!("refusing a connection: cannot clone its socket: {e}");
+                sh.leave_uid(peer.uid);
+                sh.warn(format_args!(
+                    "refusing a connection: cannot clone its socket: {e}"
+                ));
                 return;
             }
         };
@@ -896,6 +1031,7 @@ impl NodeServer {
             });
         if let Err(e) = spawned {
             sh.connections.fetch_sub(1, Ordering::AcqRel);
+            sh.leave_uid(peer.uid);
             tracing::warn!("refusing a connection: cannot start its thread: {e}");
         }
     }
@@ -1050,6 +1186,7 @@ impl Connection {
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         self.sh.connections.fetch_sub(1, Ordering::AcqRel);
+        self.sh.leave_uid(self.peer.uid);
     }
 
     /// Reads and answers frames until the client goes away or misbehaves.
@@ -1351,6 +1488,15 @@ impl Connection {
         if let Some(msg) = mine {
             return refuse(ErrorCode::NotYours, msg);
         }
+        // Each check takes the state lock and lets it go before anything else is done.
+        let refusal = || sh.hold_refusal(&lock(&sh.state), self.id, self.peer.uid);
+        if refusal().is_some() {
+            // Dead holds may still be counted: probe before refusing (checked again below).
+            sh.prune_holds();
+        }
+        if let Some(msg) = refusal() {
+            return refuse(ErrorCode::BadRequest, msg);
+        }
         let fd = match hold::make() {
             Ok(fd) => Arc::new(fd),
             Err(e) => {
@@ -1361,32 +1507,18 @@ impl Connection {
                 );
             }
         };
-        let mut pruned = false;
-        let id = loop {
-            let outcome = {
-                let mut st = lock(&sh.state);
-                if let Some(msg) = not_mine(&st) {
-                    Err((ErrorCode::NotYours, msg))
-                } else if st.holds.count_of(self.id) >= MAX_HOLDS_PER_CLIENT {
-                    Err((
-                        ErrorCode::BadRequest,
-                        format!(
-                            "this connection has {MAX_HOLDS_PER_CLIENT} live holds, the most a client may have: unmap the holds no process needs any more (a hold lives while any process maps it)"
-                        ),
-                    ))
-                } else {
-                    Ok(st.holds.create(self.id, Arc::clone(&fd), slabs))
-                }
-            };
-            match outcome {
-                Ok(id) => break id,
-                Err((ErrorCode::BadRequest, _)) if !pruned => {
-                    // Dead holds may still be counted: probe, then look again.
-                    sh.prune_holds();
-                    pruned = true;
-                }
-                Err((code, msg)) => return refuse(code, msg),
+        let id = {
+            let mut st = lock(&sh.state);
+            if let Some(msg) = not_mine(&st) {
+                return refuse(ErrorCode::NotYours, msg);
             }
+            if let Some(msg) = sh.hold_refusal(&st, self.id, self.peer.uid) {
+                // Another connection of the user took the last one meanwhile.
+                drop(st);
+                return refuse(ErrorCode::BadRequest, msg);
+            }
+            st.holds
+                .create(self.id, self.peer.uid, Arc::clone(&fd), slabs)
         };
         self.reply(NodeFrame::Held { req, hold: id }.encode(), Some(&fd))
     }
@@ -1546,7 +1678,7 @@ mod tests {
         let _b = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
         let e = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap_err();
         assert!(
-            matches!(e, NodeError::Refused { ref message } if message.contains("node full")),
+            matches!(e, NodeError::TooManyClients { ref message } if message.contains("node full")),
             "{e}"
         );
         assert_eq!(n.stats().refusals.too_many_clients, 1);

@@ -5,10 +5,15 @@
 //! # Design
 //!
 //! - Which node ([`crate::TierMode`]): `Auto` uses the host's node when one listens on the
-//!   default socket; with no node there and no donor named, the runtime starts a private node
+//!   default socket and takes the connection (one that serves as many as it may, or does not
+//!   answer in time, is passed over with a warning); with no node there and no donor named,
+//!   the runtime starts a private node
 //!   for itself (`farmem node --socket <private dir> --exit-with-parent`, from a keeper thread,
 //!   like the embedded TCP donor), so the embedded default pays one copy each way instead of a
-//!   loopback TCP round trip per page. `Node(path)`: that node, or an error. `Off`: none.
+//!   loopback TCP round trip per page. `Node(path)`: that node, or an error — but a node that
+//!   serves as many connections as it may or does not answer in time is done without, as
+//!   `Auto` does without a host's node (`farmem run` checked it before the program started;
+//!   it may have filled since, or before a child of the program starts). `Off`: none.
 //! - Placement ([`Shared::place`]): a far slab goes to the host tier while the node lends slabs,
 //!   then to the donors. A refusal from a full node is remembered for a second, so a full tier
 //!   costs one request per second, not one per slab.
@@ -77,6 +82,13 @@ pub(crate) struct Tier {
     _private: Option<crate::embedded::PrivateNode>,
 }
 
+/// A node that serves as many connections as it may (in all, or of this user), or does not
+/// answer in time: the program does without it rather than fail (one user's idle connections,
+/// or a stuck node, must not stop everyone's programs).
+fn is_busy(e: &NodeError) -> bool {
+    matches!(e, NodeError::TooManyClients { .. } | NodeError::Timeout)
+}
+
 impl Tier {
     /// Opens the host tier `cfg.tier` asks for (see the module doc); `None`: no tier.
     pub(crate) fn open(cfg: &RuntimeConfig) -> Result<Option<Tier>, RuntimeError> {
@@ -86,7 +98,16 @@ impl Tier {
         };
         match &cfg.tier {
             TierMode::Off => Ok(None),
-            TierMode::Node(path) => Tier::connect(path, ncfg, None).map(Some),
+            TierMode::Node(path) => match Tier::connect(path, ncfg.clone(), None) {
+                Ok(t) => Ok(Some(t)),
+                // `farmem run` checked this node before the program started; one that fills up
+                // or stalls since (or before a child of the program starts) must not stop it.
+                Err(RuntimeError::Node { source, .. }) if is_busy(&source) => {
+                    tracing::warn!("not using the node at {}: {source}", path.display());
+                    Tier::without_host_node(cfg, ncfg)
+                }
+                Err(e) => Err(e),
+            },
             TierMode::Auto => {
                 let path = farmem_node::default_socket_path();
                 if path.exists() {
@@ -104,17 +125,31 @@ impl Tier {
                                 path.display()
                             );
                         }
+                        Err(RuntimeError::Node { source, .. }) if is_busy(&source) => {
+                            tracing::warn!(
+                                "not using the host's tier at {}: {source}",
+                                path.display()
+                            );
+                        }
                         Err(e) => return Err(e),
                     }
                 }
-                if !cfg.donors.is_empty() {
-                    return Ok(None);
-                }
-                let private = crate::embedded::PrivateNode::for_runtime(cfg)?;
-                let path = private.socket().to_path_buf();
-                Tier::connect(&path, ncfg, Some(private)).map(Some)
+                Tier::without_host_node(cfg, ncfg)
             }
         }
+    }
+
+    /// With no node to use: none when donors are named, else a private node of this runtime's.
+    fn without_host_node(
+        cfg: &RuntimeConfig,
+        ncfg: NodeClientConfig,
+    ) -> Result<Option<Tier>, RuntimeError> {
+        if !cfg.donors.is_empty() {
+            return Ok(None);
+        }
+        let private = crate::embedded::PrivateNode::for_runtime(cfg)?;
+        let path = private.socket().to_path_buf();
+        Tier::connect(&path, ncfg, Some(private)).map(Some)
     }
 
     fn connect(

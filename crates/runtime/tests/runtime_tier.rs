@@ -110,6 +110,37 @@ fn a_full_tier_sends_pages_on_to_donors() {
 }
 
 #[test]
+fn a_node_that_serves_as_many_clients_as_it_may_is_done_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = NodeServer::bind(NodeConfig {
+        socket_path: dir.path().join("node.sock"),
+        capacity_bytes: 64 * MIB,
+        slab_bytes: MIB,
+        max_clients: 1,
+        ..NodeConfig::default()
+    })
+    .unwrap()
+    .spawn();
+    let _taken = NodeClient::connect(n.socket_path(), NodeClientConfig::default())
+        .expect("the node's one connection");
+    let donor = in_process(256 * MIB, MIB);
+    // Before, the runtime did not start ("the farmem node refused: node full …").
+    let rt = runtime(
+        4 * MIB,
+        n.socket_path(),
+        vec![donor.local_addr().to_string()],
+    );
+    let region = fill_and_check(&rt, 16 * MIB, 9);
+    check(&region, 9);
+    let s = rt.stats();
+    assert_eq!(s.tier_slabs, 0, "no tier: {s:?}");
+    assert!(
+        rt.slabs_per_donor()[0] > 0,
+        "the pages are on the donor: {s:?}"
+    );
+}
+
+#[test]
 fn a_full_tier_without_donors_says_so_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let n = node(dir.path(), 16 * MIB);

@@ -44,7 +44,12 @@ into their own memory: nothing is lost). A --resize below the memory in use does
 the excess.
 
 A client that disconnects or dies gets its slabs freed (their memory returned to the host at \
-once). A client that sends garbage is disconnected; the others keep being served.
+once). A client that sends garbage is disconnected; the others keep being served. One user \
+(uid) may keep at most --max-clients-per-uid connections (root and the node's own user: \
+--max-clients in all), and its processes at most 1024 holds (slabs a forked child may still \
+read), so no user can lock the others out; a program that finds the host's node full (farmem \
+run's default) runs without it. The node raises its open-files limit to the hard limit at \
+start: it keeps a descriptor per slab and per hold, and two per connection.
 
 Once listening, prints exactly one line to stdout, `farmem node listening on PATH`; logs go to \
 stderr (FARMEM_LOG=debug for more). SIGINT or SIGTERM stops it cleanly with exit status 0.
@@ -71,6 +76,14 @@ pub struct NodeArgs {
     /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9178).
     #[arg(long, value_name = "ADDR", conflicts_with = "resize")]
     pub metrics: Option<String>,
+    /// Most client connections served at once (the next are refused, and those programs run
+    /// without the host tier).
+    #[arg(long, default_value_t = farmem_node::MAX_CLIENTS as u32, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "N", conflicts_with = "resize")]
+    pub max_clients: u32,
+    /// Most connections of one user (uid) served at once; root and the node's own user are
+    /// bound by --max-clients only.
+    #[arg(long, default_value_t = farmem_node::MAX_CLIENTS_PER_UID as u32, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "N", conflicts_with = "resize")]
+    pub max_clients_per_uid: u32,
     /// Size of one slab (a multiple of 4 KiB).
     #[arg(long, default_value = "4MiB", value_parser = parse_size, value_name = "SIZE", conflicts_with = "resize")]
     pub slab_size: u64,
@@ -107,8 +120,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         slab_bytes: args.slab_size,
         keep_free_bytes: args.keep_free,
         metrics_listen: args.metrics.clone(),
+        max_clients: args.max_clients as usize,
+        max_clients_per_uid: args.max_clients_per_uid as usize,
         ..NodeConfig::default()
     };
+    // A descriptor per client, slab and hold: take all the kernel allows this process.
+    farmem_node::raise_open_files_limit();
     let server = NodeServer::bind(cfg).context("starting the node")?;
     let handle = server.shutdown_handle();
     let mut signals =

@@ -1099,7 +1099,9 @@ mod preflight {
     }
 
     /// Whether the host's node answers on the default socket. A socket nobody answers on (a
-    /// node that died) counts as none; one that cannot be trusted is an error.
+    /// node that died), a node that refuses the connection because it serves as many as it
+    /// may, and one that does not answer in time count as none; one that cannot be trusted is
+    /// an error.
     pub fn host_node_answers() -> anyhow::Result<bool> {
         let path = farmem_node::default_socket_path();
         if !path.exists() {
@@ -1109,6 +1111,15 @@ mod preflight {
             Ok(_) => Ok(true),
             Err(e @ farmem_node::NodeError::Connect { .. }) => {
                 tracing::warn!("the host's node does not answer ({e}): not using it");
+                Ok(false)
+            }
+            // A node that serves as many connections as it may, or is stuck, must not stop
+            // the program: it runs on a private node instead.
+            Err(
+                e @ (farmem_node::NodeError::TooManyClients { .. }
+                | farmem_node::NodeError::Timeout),
+            ) => {
+                tracing::warn!("not using the host's node at {}: {e}", path.display());
                 Ok(false)
             }
             Err(e) => Err(anyhow::anyhow!(
