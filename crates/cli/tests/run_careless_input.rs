@@ -68,6 +68,38 @@ fn local_memory_above_the_machine_is_refused() {
 }
 
 #[test]
+fn a_keep_free_watermark_above_the_machine_is_refused() {
+    // Both servers used to start and lend nothing, with one log line.
+    for cmd in [
+        &["donor", "--listen", "127.0.0.1:0", "--capacity", "64MiB"][..],
+        &[
+            "node",
+            "--socket",
+            "/tmp/farmem-careless-keep-free.sock",
+            "--capacity",
+            "64MiB",
+        ][..],
+    ] {
+        let o = Command::new(farmem())
+            .args(cmd)
+            .args(["--keep-free", "100TiB"])
+            .output()
+            .unwrap();
+        refused(&o, &["--keep-free", "is not below this machine's memory"]);
+    }
+}
+
+#[test]
+fn a_heap_reserve_below_the_minimum_names_the_flag() {
+    // It used to fail inside the program, naming an internal setting.
+    for size in ["0", "1MiB"] {
+        let o = farmem_run(&["--heap-reserve", size, "--local-mem", "32MiB"], &["true"]);
+        refused(&o, &["--heap-reserve", "too small: give at least 64.0 MiB"]);
+        assert!(!stderr(&o).contains("heap_reserve_bytes"), "{}", text(&o));
+    }
+}
+
+#[test]
 fn bad_token_files_are_refused_with_what_to_do() {
     let dir = Scratch::new("careless-token");
     let open = token_file(&dir, "open", b"secret", 0o644);

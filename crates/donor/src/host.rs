@@ -45,6 +45,19 @@ pub fn mem_total_bytes() -> Option<u64> {
     meminfo("MemTotal")
 }
 
+/// Checks a `--keep-free` watermark against the machine: one at or above its memory
+/// (`MemTotal`) could never be met, so the server would lend nothing and ask for everything
+/// back. The error names the flag and the machine's memory.
+pub fn check_keep_free(keep_free_bytes: u64) -> Result<(), String> {
+    match mem_total_bytes() {
+        Some(total) if keep_free_bytes >= total => Err(format!(
+            "--keep-free {keep_free_bytes} bytes is not below this machine's memory ({total} \
+             bytes): nothing could ever be lent; give a watermark such as a tenth of it"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The memory the host could still hand out (`MemAvailable`), if readable.
 pub fn mem_available_bytes() -> Option<u64> {
     meminfo("MemAvailable")

@@ -1532,6 +1532,14 @@ impl Connection {
             );
             return self.reply(sh.error(req, ErrorCode::Denied, msg), None);
         }
+        if capacity_bytes < sh.cfg.slab_bytes {
+            // As at start: a node that lends nothing would ask every client for all it holds.
+            let msg = format!(
+                "capacity {capacity_bytes} bytes holds not one slab of {} bytes; to stop lending, stop the node",
+                sh.cfg.slab_bytes
+            );
+            return self.reply(sh.error(req, ErrorCode::BadRequest, msg), None);
+        }
         if let Some((limit, what)) = sh.memory_limit {
             if capacity_bytes > limit {
                 let msg =

@@ -280,6 +280,10 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         (Some(_), Some((limit, _))) => capacity.min(limit),
         _ => capacity,
     };
+    // Against the machine's memory; a --meminfo-file (tests) describes another machine.
+    if let (Some(k), None) = (args.keep_free, &args.meminfo_file) {
+        farmem_donor::host::check_keep_free(k).map_err(anyhow::Error::msg)?;
+    }
     let cfg = DonorConfig {
         listen: args.listen.clone(),
         capacity_bytes,

@@ -114,6 +114,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
             capacity_bytes = capacity_bytes.min(limit);
         }
     }
+    if let Some(k) = args.keep_free {
+        farmem_donor::host::check_keep_free(k).map_err(anyhow::Error::msg)?;
+    }
     let cfg = NodeConfig {
         socket_path: args.socket.clone(),
         capacity_bytes,

@@ -658,6 +658,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     check_preloadable(&program)?;
     let lib = find_preload_lib()?;
     preflight::check_budget(args.local_mem)?;
+    let min_reserve = farmem_runtime::run_settings::MIN_HEAP_RESERVE_BYTES;
+    if args.heap_reserve < min_reserve {
+        bail!(
+            "--heap-reserve {} bytes is too small: give at least {} (it is address space, not \
+             memory: the default 256GiB costs nothing until used)",
+            args.heap_reserve,
+            crate::cmd::stats::human_bytes(min_reserve)
+        );
+    }
     if !args.allocator_only {
         preflight::check_userfaultfd()?;
     }
