@@ -17,10 +17,16 @@ const PAGE: usize = 4096;
 
 /// A node lending `capacity` bytes in 1 MiB slabs, on a socket in `dir`.
 fn node(dir: &Path, capacity: u64) -> RunningNode {
+    node_serving(dir, capacity, NodeConfig::default().max_clients)
+}
+
+/// [`node`], serving at most `max_clients` connections.
+fn node_serving(dir: &Path, capacity: u64, max_clients: usize) -> RunningNode {
     NodeServer::bind(NodeConfig {
         socket_path: dir.join("node.sock"),
         capacity_bytes: capacity,
         slab_bytes: MIB,
+        max_clients,
         ..NodeConfig::default()
     })
     .unwrap_or_else(|e| panic!("the node did not start: {e}"))
@@ -112,15 +118,7 @@ fn a_full_tier_sends_pages_on_to_donors() {
 #[test]
 fn a_node_that_serves_as_many_clients_as_it_may_is_done_without() {
     let dir = tempfile::tempdir().unwrap();
-    let n = NodeServer::bind(NodeConfig {
-        socket_path: dir.path().join("node.sock"),
-        capacity_bytes: 64 * MIB,
-        slab_bytes: MIB,
-        max_clients: 1,
-        ..NodeConfig::default()
-    })
-    .unwrap()
-    .spawn();
+    let n = node_serving(dir.path(), 64 * MIB, 1);
     let _taken = NodeClient::connect(n.socket_path(), NodeClientConfig::default())
         .expect("the node's one connection");
     let donor = in_process(256 * MIB, MIB);
