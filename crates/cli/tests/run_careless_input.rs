@@ -90,6 +90,26 @@ fn a_keep_free_watermark_above_the_machine_is_refused() {
 }
 
 #[test]
+fn a_local_donor_capacity_below_one_slab_names_the_flag() {
+    // It used to fail in the embedded donor, whose message named the donor's own flags.
+    for kind in ["node", "tcp"] {
+        let o = farmem_run(
+            &[
+                "--local-donor",
+                kind,
+                "--local-donor-capacity",
+                "0",
+                "--local-mem",
+                "32MiB",
+            ],
+            &["true"],
+        );
+        refused(&o, &["--local-donor-capacity 0 bytes holds not one slab"]);
+        assert!(!stderr(&o).contains("--slab-size"), "{}", text(&o));
+    }
+}
+
+#[test]
 fn a_heap_reserve_below_the_minimum_names_the_flag() {
     // It used to fail inside the program, naming an internal setting.
     for size in ["0", "1MiB"] {

@@ -689,6 +689,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     crate::cmd::stale_dirs::sweep(&std::env::temp_dir());
 
+    let slab = farmem_runtime::RuntimeConfig::default().embedded_slab_size_bytes;
+    if let Some(c) = args.local_donor_capacity.filter(|&c| c < slab) {
+        bail!(
+            "--local-donor-capacity {c} bytes holds not one slab of {}: give at least that",
+            crate::cmd::stats::human_bytes(slab)
+        );
+    }
     let capacity = args
         .local_donor_capacity
         .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
