@@ -145,16 +145,6 @@ fn resize_by_root_works_and_another_user_is_denied() {
     assert!(out.status.success(), "{}", stderr(&out));
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("capacity 8.0 MiB -> 4.0 MiB"), "{said}");
-    // Below one slab (1 MiB here) is refused, as at start; 0 used to be taken.
-    for tiny in ["0", "4KiB"] {
-        let out = farmem(&["node", "--resize", tiny, "--socket", &s]);
-        assert!(!out.status.success(), "--resize {tiny}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("holds not one slab"),
-            "{}",
-            stderr(&out)
-        );
-    }
     // nobody may connect (the socket's group is made nobody's) but not resize.
     std::os::unix::fs::chown(dir.path().join("node.sock"), None, Some(65534)).unwrap();
     let out = output_within(

@@ -23,7 +23,7 @@
 //!   EBUSY while mapped) every watcher round, on a FREE of a held slab, on a disconnect, and
 //!   when a client reaches a bound (beyond it: ERROR BadRequest): [`MAX_HOLDS_PER_CLIENT`] live
 //!   holds per connection, [`MAX_HOLDS_PER_UID`] per user, and in all what the open-files
-//!   limit leaves once every client connection and every slab the machine could hold has its
+//!   limit leaves once every client connection and every slab of the capacity has its
 //!   descriptors (each hold keeps one open).
 //! - **Capacity**: used bytes count slabs being made and being freed, so the cap holds at every
 //!   instant. RESIZE (root or the node's own uid only) changes it at run time.
@@ -1531,14 +1531,6 @@ impl Connection {
                 sh.node_uid, self.peer.uid
             );
             return self.reply(sh.error(req, ErrorCode::Denied, msg), None);
-        }
-        if capacity_bytes < sh.cfg.slab_bytes {
-            // As at start: a node that lends nothing would ask every client for all it holds.
-            let msg = format!(
-                "capacity {capacity_bytes} bytes holds not one slab of {} bytes; to stop lending, stop the node",
-                sh.cfg.slab_bytes
-            );
-            return self.reply(sh.error(req, ErrorCode::BadRequest, msg), None);
         }
         if let Some((limit, what)) = sh.memory_limit {
             if capacity_bytes > limit {

@@ -131,12 +131,15 @@ fn a_resize_above_the_machines_memory_is_refused() {
 
 #[test]
 fn below_keep_free_no_slab_is_lent() {
-    // A watermark no host reaches: the node is under pressure from its first check.
+    // A watermark no host reaches (all its memory but a page; at or above it the node refuses
+    // to start): the node is under pressure from its first check.
+    let keep_free =
+        farmem_donor::host::mem_total_bytes().expect("MemTotal in /proc/meminfo") - 4096;
     let node = Node::start(&[
         "--capacity",
         &(4 * SLAB).to_string(),
         "--keep-free",
-        "100TiB",
+        &keep_free.to_string(),
     ]);
     let c = node.client();
     let e = c.alloc_slab().unwrap_err();
@@ -144,7 +147,7 @@ fn below_keep_free_no_slab_is_lent() {
     assert!(e.is_full());
     let s = node.stats();
     assert!(s.under_pressure);
-    assert_eq!(s.keep_free_bytes, Some(100 << 40));
+    assert_eq!(s.keep_free_bytes, Some(keep_free));
     assert!(s.mem_available_bytes.is_some());
     assert_eq!(s.refusals.pressure, 1);
 }

@@ -41,7 +41,7 @@ Under pressure: with --keep-free SIZE the node checks the host's available memor
 four times a second; below SIZE it lends no new slabs and asks its clients, largest users first, \
 to give back enough slabs to cover the shortfall (they move those pages to their donors, or back \
 into their own memory: nothing is lost). A --resize below the memory in use does the same for \
-the excess.
+the excess (--resize 0 drains the node: every client is asked for all it holds).
 
 A client that disconnects or dies gets its slabs freed (their memory returned to the host at \
 once). A client that sends garbage is disconnected; the others keep being served. One user \
