@@ -234,6 +234,14 @@ impl NodeError {
     pub fn is_full(&self) -> bool {
         matches!(self, NodeError::Full { .. } | NodeError::Pressure)
     }
+
+    /// True when the node could not take this client now ([`NodeError::TooManyClients`]) or
+    /// did not answer in time ([`NodeError::Timeout`]): a program does without that node
+    /// rather than fail (one user's idle connections, or a stuck node, must not stop
+    /// everyone's programs).
+    pub fn is_busy(&self) -> bool {
+        matches!(self, NodeError::TooManyClients { .. } | NodeError::Timeout)
+    }
 }
 
 /// Checks that `path` may be trusted with this program's pages (see the module docs).

@@ -970,40 +970,34 @@ impl NodeServer {
                 return;
             }
         };
-        if sh.connections.load(Ordering::Acquire) >= sh.cfg.max_clients {
+        // Refused with one ERROR TooManyClients frame (the client says why) and a rate-limited
+        // warn line naming the bound.
+        let refuse = |message: String, why: std::fmt::Arguments<'_>| {
             let _ = stream.set_nonblocking(true);
-            let frame = sh.error(
-                0,
-                ErrorCode::TooManyClients,
-                format!(
-                    "node full: it serves {} clients, its limit; try again later",
-                    sh.cfg.max_clients
-                ),
-            );
+            let frame = sh.error(0, ErrorCode::TooManyClients, message);
             let _ = rustix::net::send(&stream, &frame, SendFlags::NOSIGNAL);
             sh.warn(format_args!(
-                "refused client pid {} uid {}: {} clients connected already",
-                peer.pid, peer.uid, sh.cfg.max_clients
+                "refused client pid {} uid {}: {why}",
+                peer.pid, peer.uid
             ));
-            return;
+        };
+        if sh.connections.load(Ordering::Acquire) >= sh.cfg.max_clients {
+            let max = sh.cfg.max_clients;
+            return refuse(
+                format!("node full: it serves {max} clients, its limit; try again later"),
+                format_args!("{max} clients connected already"),
+            );
         }
         if !sh.admit_uid(peer.uid) {
-            let _ = stream.set_nonblocking(true);
-            let frame = sh.error(
-                0,
-                ErrorCode::TooManyClients,
+            let max = sh.cfg.max_clients_per_uid;
+            return refuse(
                 format!(
-                    "uid {} has {} connections to this node, the most one user may have; \
+                    "uid {} has {max} connections to this node, the most one user may have; \
                      close some or try again later",
-                    peer.uid, sh.cfg.max_clients_per_uid
+                    peer.uid
                 ),
+                format_args!("that user has {max} connections already"),
             );
-            let _ = rustix::net::send(&stream, &frame, SendFlags::NOSIGNAL);
-            sh.warn(format_args!(
-                "refused client pid {} uid {}: that user has {} connections already",
-                peer.pid, peer.uid, sh.cfg.max_clients_per_uid
-            ));
-            return;
         }
         let out = match stream.try_clone() {
             Ok(s) => {

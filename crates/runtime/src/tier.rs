@@ -82,13 +82,6 @@ pub(crate) struct Tier {
     _private: Option<crate::embedded::PrivateNode>,
 }
 
-/// A node that serves as many connections as it may (in all, or of this user), or does not
-/// answer in time: the program does without it rather than fail (one user's idle connections,
-/// or a stuck node, must not stop everyone's programs).
-fn is_busy(e: &NodeError) -> bool {
-    matches!(e, NodeError::TooManyClients { .. } | NodeError::Timeout)
-}
-
 impl Tier {
     /// Opens the host tier `cfg.tier` asks for (see the module doc); `None`: no tier.
     pub(crate) fn open(cfg: &RuntimeConfig) -> Result<Option<Tier>, RuntimeError> {
@@ -102,7 +95,7 @@ impl Tier {
                 Ok(t) => Ok(Some(t)),
                 // `farmem run` checked this node before the program started; one that fills up
                 // or stalls since (or before a child of the program starts) must not stop it.
-                Err(RuntimeError::Node { source, .. }) if is_busy(&source) => {
+                Err(RuntimeError::Node { source, .. }) if source.is_busy() => {
                     tracing::warn!("not using the node at {}: {source}", path.display());
                     Tier::without_host_node(cfg, ncfg)
                 }
@@ -125,7 +118,7 @@ impl Tier {
                                 path.display()
                             );
                         }
-                        Err(RuntimeError::Node { source, .. }) if is_busy(&source) => {
+                        Err(RuntimeError::Node { source, .. }) if source.is_busy() => {
                             tracing::warn!(
                                 "not using the host's tier at {}: {source}",
                                 path.display()

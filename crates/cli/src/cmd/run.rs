@@ -1131,10 +1131,7 @@ mod preflight {
             }
             // A node that serves as many connections as it may, or is stuck, must not stop
             // the program: it runs on a private node instead.
-            Err(
-                e @ (farmem_node::NodeError::TooManyClients { .. }
-                | farmem_node::NodeError::Timeout),
-            ) => {
+            Err(e) if e.is_busy() => {
                 tracing::warn!("not using the host's node at {}: {e}", path.display());
                 Ok(false)
             }
