@@ -227,3 +227,76 @@ fn an_embedded_donor_lowers_a_computed_capacity_to_the_machine() {
     let _ = child.wait();
     assert!(line.starts_with("farmem donor listening on"), "{line:?}");
 }
+
+#[test]
+fn sizes_beyond_the_machine_or_any_link_name_their_flag() {
+    // Each was taken: a 1000TiB mapping threshold made farmem manage nothing, a 1000TiB heal
+    // rate left healing unpaced, a 1000TiB private node was silently capped.
+    let dir = Scratch::new("careless-sizes");
+    let marker = dir.path("ran");
+    let touch = ["touch", marker.to_str().unwrap()];
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["--mmap-threshold", "1000TiB"],
+            &[
+                "--mmap-threshold 1000.0 TiB",
+                "more than this machine's memory",
+                "256KiB",
+            ],
+        ),
+        (
+            &["--heal-rate", "1000TiB"],
+            &[
+                "--heal-rate 1000.0 TiB/s",
+                "faster than any link",
+                "at most 100.0 GiB/s",
+            ],
+        ),
+        (
+            &["--local-donor-capacity", "1000TiB"],
+            &[
+                "--local-donor-capacity 1000.0 TiB",
+                "more than this machine's memory",
+            ],
+        ),
+        (
+            &["--local-donor", "tcp", "--local-donor-capacity", "1000TiB"],
+            &[
+                "--local-donor-capacity 1000.0 TiB",
+                "more than this machine's memory",
+            ],
+        ),
+    ];
+    for (flags, needles) in cases {
+        let mut args = vec!["--local-mem", "64MiB"];
+        args.extend_from_slice(flags);
+        let o = farmem_run(&args, &touch);
+        refused(&o, needles);
+        assert!(!marker.exists(), "the program ran anyway: {flags:?}");
+    }
+}
+
+#[test]
+fn a_token_file_that_is_not_a_regular_file_is_refused_without_chmod_advice() {
+    // `--token-file /dev/full` advised `chmod 600 /dev/full`.
+    let dir = Scratch::new("careless-token-kind");
+    let folder = dir.path("folder");
+    std::fs::create_dir(&folder).unwrap();
+    let folder = folder.to_str().unwrap().to_string();
+    for (path, kind) in [
+        ("/dev/full", "a character device"),
+        ("/dev/null", "a character device"),
+        (folder.as_str(), "a directory"),
+    ] {
+        let o = farmem_run(&["--local-mem", "64MiB", "--token-file", path], &["true"]);
+        refused(&o, &["is not a regular file", kind]);
+        assert!(!stderr(&o).contains(&format!("chmod 600 {path}")), "{}", text(&o));
+        let o = Command::new(farmem())
+            .args(["donor", "--capacity", "64MiB", "--listen", "127.0.0.1:0"])
+            .args(["--token-file", path])
+            .output()
+            .unwrap();
+        refused(&o, &["is not a regular file", kind]);
+        assert!(!stderr(&o).contains(&format!("chmod 600 {path}")), "{}", text(&o));
+    }
+}

@@ -362,6 +362,9 @@ pub struct StatsSummary {
     pub fetch_errors: u64,
     /// Failed sends.
     pub send_errors: u64,
+    /// Fetched pages that failed their seal check (also counted in `fetch_errors`).
+    #[serde(default)]
+    pub seal_rejected: u64,
     /// The last error the runtime reported, if any.
     pub last_error: Option<String>,
     /// Donor fetches served by another copy after the first failed or was slow.
@@ -411,6 +414,7 @@ impl From<&Stats> for StatsSummary {
             pool_bytes: s.pool_capacity_pages * page,
             fetch_errors: s.fetch_errors,
             send_errors: s.send_errors,
+            seal_rejected: s.seal_rejected,
             last_error: s.last_error.clone(),
             failovers: s.failovers,
             dead_donors: s.dead_donors.clone(),
@@ -464,6 +468,7 @@ impl StatsSummary {
         self.pool_bytes += o.pool_bytes;
         self.fetch_errors += o.fetch_errors;
         self.send_errors += o.send_errors;
+        self.seal_rejected += o.seal_rejected;
         if o.last_error.is_some() {
             self.last_error.clone_from(&o.last_error);
         }

@@ -152,6 +152,16 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path)
         .with_context(|| format!("reading the token file {}", path.display()))?;
+    // A device, FIFO or directory holds no secret (and `chmod 600 /dev/full` is advice that
+    // would break the machine): only a regular file is a token file.
+    if !meta.is_file() {
+        bail!(
+            "the token file {} is not a regular file ({}); give a file holding the token \
+             (e.g. `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`)",
+            path.display(),
+            file_kind(&meta)
+        );
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         bail!(
@@ -179,6 +189,25 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(token.to_vec())
 }
 
+/// What a non-regular file is, for errors.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// Reads a capacity file: one size (`512MiB`, `1GiB`, bytes), surrounding whitespace ignored.
 /// A file writable by group or others is refused (only the donor's owner may change it), as is
 /// a capacity of zero.
@@ -186,6 +215,14 @@ pub fn read_capacity_file(path: &Path) -> anyhow::Result<u64> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path)
         .with_context(|| format!("reading the capacity file {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "the capacity file {} is not a regular file ({}); give a file holding one size \
+             such as 4GiB",
+            path.display(),
+            file_kind(&meta)
+        );
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o022 != 0 {
         bail!(

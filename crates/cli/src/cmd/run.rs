@@ -623,10 +623,25 @@ pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
 
 /// The summary's account of donor failures, empty when none happened.
 fn failure_part(v: &farmem_runtime::StatsSummary) -> String {
-    if v.dead_donors.is_empty() && v.failovers == 0 && v.backup_pages_read == 0 {
-        return String::new();
+    let mut s = String::new();
+    // Failed fetches and sends come first: a run whose fetches all failed served no fault
+    // and read nothing, and without them its summary said only "0 faults … remote in 0 B".
+    if v.fetch_errors > 0 || v.send_errors > 0 {
+        s += &format!(
+            "; {} fetches and {} sends failed",
+            v.fetch_errors, v.send_errors
+        );
+        if v.seal_rejected > 0 {
+            s += &format!(
+                " ({} fetched pages failed their seal check: altered, swapped or stale)",
+                v.seal_rejected
+            );
+        }
     }
-    let mut s = format!("; {} reads failed over", v.failovers);
+    if v.dead_donors.is_empty() && v.failovers == 0 && v.backup_pages_read == 0 {
+        return s;
+    }
+    s += &format!("; {} reads failed over", v.failovers);
     if !v.dead_donors.is_empty() {
         s += &format!(", dead donors: {}", v.dead_donors.join("; "));
     }
@@ -696,6 +711,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             crate::cmd::stats::human_bytes(slab)
         );
     }
+    preflight::check_sizes(&args)?;
     let capacity = args
         .local_donor_capacity
         .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
@@ -1035,6 +1051,45 @@ fn pids_list(pids: &[u32]) -> String {
 mod preflight {
     use super::*;
 
+    /// The fastest heal pace taken: no link farmem runs over carries more, so a larger rate
+    /// is a typo (and would leave healing unpaced without saying so).
+    const MAX_HEAL_RATE_BYTES: u64 = 100 << 30;
+
+    /// Sizes that parse but cannot be meant: a mapping threshold or private-node capacity
+    /// beyond this machine's memory, a heal rate beyond any link.
+    pub fn check_sizes(args: &RunArgs) -> anyhow::Result<()> {
+        if let Some(rate) = args.heal_rate.filter(|&r| r > MAX_HEAL_RATE_BYTES) {
+            bail!(
+                "--heal-rate {}/s is faster than any link farmem runs over: give at most {}/s \
+                 (the default, 256MiB, keeps the program's bandwidth)",
+                fmt_bytes(rate),
+                fmt_bytes(MAX_HEAL_RATE_BYTES)
+            );
+        }
+        let Some(total) = farmem_donor::host::mem_total_bytes() else {
+            return Ok(());
+        };
+        if args.mmap_threshold > total {
+            bail!(
+                "--mmap-threshold {} is more than this machine's memory ({}): no mapping that \
+                 large could be paged, so farmem would manage nothing; give a size such as \
+                 256KiB (the default)",
+                fmt_bytes(args.mmap_threshold),
+                fmt_bytes(total)
+            );
+        }
+        if let Some(c) = args.local_donor_capacity.filter(|&c| c > total) {
+            bail!(
+                "--local-donor-capacity {} is more than this machine's memory ({}): give at \
+                 most {}",
+                fmt_bytes(c),
+                fmt_bytes(total),
+                fmt_bytes(total)
+            );
+        }
+        Ok(())
+    }
+
     pub fn check_budget(budget_bytes: u64) -> anyhow::Result<()> {
         // Each process of the tree asks for a least share (`farmem_tree::LEAST_SHARE_BYTES`
         // of budget and a pool of a fifth); below that the coordinator grants the least share
@@ -1340,6 +1395,35 @@ mod tests {
         });
         assert!(none.contains("accuracy n/a"), "{none}");
         assert!(!none.contains("RSS"), "not measured, not shown: {none}");
+    }
+
+    #[test]
+    fn failed_fetches_are_counted_in_the_summary() {
+        // After failed fetches from a hostile donor the summary said "0 faults … remote in
+        // 0 B" and nothing else.
+        let line = |fetch_errors: u64, seal_rejected: u64, send_errors: u64| {
+            summary_line(&StatsFile {
+                summary: Some(StatsSummary {
+                    fetch_errors,
+                    seal_rejected,
+                    send_errors,
+                    ..StatsSummary::default()
+                }),
+                ..StatsFile::default()
+            })
+        };
+        let s = line(5, 5, 1);
+        assert!(
+            s.contains("; 5 fetches and 1 sends failed (5 fetched pages failed their seal check"),
+            "{s}"
+        );
+        let s = line(2, 0, 0);
+        assert!(
+            s.contains("; 2 fetches and 0 sends failed") && !s.contains("seal"),
+            "{s}"
+        );
+        let s = line(0, 0, 0);
+        assert!(!s.contains("failed"), "nothing failed: {s}");
     }
 
     #[test]
