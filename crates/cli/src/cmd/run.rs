@@ -83,7 +83,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub backup_file: Option<PathBuf>,
     /// Most bytes a second re-replication copies between donors after a donor is lost (e.g.
-    /// 256MiB, the default), so healing does not take the program's bandwidth.
+    /// 256MiB, the default; at most 100GiB), so healing does not take the program's bandwidth.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub heal_rate: Option<u64>,
     /// File holding the donors' token (1 to 256 bytes, one trailing newline stripped; mode
@@ -119,7 +119,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<PathBuf>,
     /// Private anonymous mappings (writable, or PROT_NONE reservations) of at least this size
-    /// become far-memory regions.
+    /// become far-memory regions (at most the machine's memory).
     #[arg(long, value_name = "SIZE", default_value = "256KiB", value_parser = parse_size)]
     pub mmap_threshold: u64,
     /// Address space reserved for the program's heap (virtual; costs nothing until used).
