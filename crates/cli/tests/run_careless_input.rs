@@ -290,13 +290,21 @@ fn a_token_file_that_is_not_a_regular_file_is_refused_without_chmod_advice() {
     ] {
         let o = farmem_run(&["--local-mem", "64MiB", "--token-file", path], &["true"]);
         refused(&o, &["is not a regular file", kind]);
-        assert!(!stderr(&o).contains(&format!("chmod 600 {path}")), "{}", text(&o));
+        assert!(
+            !stderr(&o).contains(&format!("chmod 600 {path}")),
+            "{}",
+            text(&o)
+        );
         let o = Command::new(farmem())
             .args(["donor", "--capacity", "64MiB", "--listen", "127.0.0.1:0"])
             .args(["--token-file", path])
             .output()
             .unwrap();
         refused(&o, &["is not a regular file", kind]);
-        assert!(!stderr(&o).contains(&format!("chmod 600 {path}")), "{}", text(&o));
+        assert!(
+            !stderr(&o).contains(&format!("chmod 600 {path}")),
+            "{}",
+            text(&o)
+        );
     }
 }

@@ -27,9 +27,13 @@
 //!   donor on this host holds this machine's memory, which the program could be read from
 //!   anyway, and sealing costs about 1 µs a page each way.
 //!
+//! - A far slab's copy on a donor is a *piece* of a donor slab ([`crate::pack`]): the far slab
+//!   size is the smallest of every home's (the host tier's 4 MiB beside donors' 64 MiB), and
+//!   a donor slab holds as many far slabs as fit, filled before another is taken.
+//!
 //! # Limitations
 //!
-//! Slabs are never returned to donors while the runtime lives (freed far pages are reused
+//! Far slabs are never returned to donors while the runtime lives (freed far pages are reused
 //! instead); donors reclaim them when the connection closes (after their orphan grace period).
 
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
@@ -44,6 +48,7 @@ use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
 use crate::failover::ReadTimes;
 use crate::health::Health;
 use crate::lentdonors::LentDonors;
+use crate::pack::{Pack, Piece};
 use crate::replicas::{Replica, Replicas, MAX_REPLICAS};
 use crate::seal::{SealError, Sealer};
 use crate::tier::Tier;
@@ -54,7 +59,10 @@ pub(crate) struct Donor {
     pub(crate) read: DonorClient,
     pub(crate) write: DonorClient,
     pub(crate) capacity_bytes: u64,
+    /// Far slab copies placed on it (pieces of its slabs).
     pub(crate) slabs_placed: Mutex<u64>,
+    /// Its slabs and the far slabs packed into them ([`crate::pack`]).
+    pub(crate) pack: Mutex<Pack>,
     /// Alive, suspected or dead ([`crate::health`]).
     pub(crate) health: Health,
 }
@@ -103,9 +111,9 @@ pub(crate) struct Far {
     /// re-replication copies a chunk or changes a replica list ([`crate::heal`]), so a copy
     /// never overwrites a newer write.
     pub(crate) copy_gate: RwLock<()>,
-    /// Replicas dropped from placement (donor, donor slab): freed on that donor if it comes
-    /// back, never read again.
-    pub(crate) dropped: Mutex<Vec<(usize, u32)>>,
+    /// Replicas dropped from placement: freed on their donor if it comes back, never read
+    /// again.
+    pub(crate) dropped: Mutex<Vec<Replica>>,
     /// Wakes the heal thread: a donor is suspected, or a slab lost a replica.
     pub(crate) heal_cv: Condvar,
     pub(crate) heal_mu: Mutex<bool>,
@@ -186,6 +194,8 @@ impl Far {
                         write,
                         capacity_bytes: info.capacity_bytes,
                         slabs_placed: Mutex::new(0),
+                        // Cut once the far slab size is known (below).
+                        pack: Mutex::new(Pack::new(1, 1)),
                         health: Health::default(),
                     });
                 }
@@ -243,6 +253,11 @@ impl Far {
                 reason: format!("slab size {slab_bytes} is not a positive multiple of 4096"),
             });
         }
+        let slab_pages = slab_bytes / PAGE_SIZE as u64;
+        for d in &donors {
+            *d.pack.lock() =
+                Pack::new(d.read.info().slab_size_bytes / PAGE_SIZE as u64, slab_pages);
+        }
         // The host tier is this machine's memory: never sealed (see the module doc).
         let seal = match cfg.seal {
             SealMode::On => !addrs.is_empty(),
@@ -270,6 +285,8 @@ impl Far {
                 read: c.clone(),
                 write: c,
                 slabs_placed: Mutex::new(0),
+                // Read only: nothing is placed on a borrowed connection.
+                pack: Mutex::new(Pack::new(1, 1)),
                 health: Health::default(),
             })
             .collect();
@@ -279,7 +296,7 @@ impl Far {
             far_floor: cfg.far_floor,
             lent: cfg.lent_donors.clone(),
             client_base: ccfg.clone(),
-            slab_pages: slab_bytes / PAGE_SIZE as u64,
+            slab_pages,
             replicas,
             placement: Mutex::new(Vec::new()),
             tier,
@@ -403,10 +420,10 @@ impl Far {
         while got.len() < n {
             let mut placed = false;
             for d in self.choice_order(besides, &got) {
-                match self.donors[d].write.alloc_slab() {
-                    Ok(slab) => {
+                match self.take_piece(d) {
+                    Ok(piece) => {
                         *self.donors[d].slabs_placed.lock() += 1;
-                        got.push(d, slab, false);
+                        got.push(Replica::new(d, piece, false));
                         placed = true;
                         break;
                     }
@@ -460,6 +477,41 @@ impl Far {
             .map(Home::Donors)
     }
 
+    /// A piece of one of donor `d`'s slabs for a far slab: of a slab this runtime holds there
+    /// if one has room, else of a new one.
+    fn take_piece(&self, d: usize) -> Result<Piece, farmem_transport::TransportError> {
+        let donor = &self.donors[d];
+        donor.pack.lock().take(|| donor.write.alloc_slab())
+    }
+
+    /// Gives copy `x` of a far slab up: its piece is free for another far slab, and its donor
+    /// slab, once no far slab uses it, is freed on the donor.
+    pub(crate) fn release(&self, x: Replica) {
+        let Some(donor) = self.donors.get(x.donor) else {
+            return; // a borrowed connection's: not ours to free
+        };
+        *donor.slabs_placed.lock() = donor.slabs_placed.lock().saturating_sub(1);
+        let empty = donor.pack.lock().release(x.piece());
+        if let Some(slab) = empty {
+            if let Err(e) = donor.write.free_slab(slab) {
+                tracing::warn!("freeing slab {slab} on {}: {e}", donor.write.addr());
+            }
+        }
+    }
+
+    /// Bytes of donor slabs held now, and the bytes far slabs fill of them: what this runtime
+    /// takes of its donors against what it uses.
+    pub(crate) fn donor_bytes(&self) -> (u64, u64) {
+        let far_slab = self.slab_pages * PAGE_SIZE as u64;
+        self.donors.iter().fold((0, 0), |(taken, filled), d| {
+            let (held, pieces) = d.pack.lock().usage();
+            (
+                taken + held as u64 * d.read.info().slab_size_bytes,
+                filled + pieces as u64 * far_slab,
+            )
+        })
+    }
+
     /// Live donor indexes (not in `a` or `b`) in the order to try for a new slab: the less
     /// loaded of two random ones first, then the other, then the rest.
     fn choice_order(&self, a: &Replicas, b: &Replicas) -> Vec<usize> {
@@ -510,7 +562,7 @@ impl Far {
         let mut out: Vec<(usize, PageAddr)> = r
             .readable()
             .filter(|x| self.backup.is_none() || !self.donor(x.donor).health.is_dead())
-            .map(|x| (x.donor, PageAddr { slab: x.slab, page }))
+            .map(|x| (x.donor, x.addr(page)))
             .collect();
         out.sort_by_key(|(d, _)| {
             let h = &self.donor(*d).health;
@@ -554,10 +606,7 @@ impl Far {
                 let h = health(x);
                 if h.is_live() || (!live && h.is_suspect()) {
                     groups[x.donor].push(PageWrite {
-                        addr: PageAddr {
-                            slab: x.slab,
-                            page: *page,
-                        },
+                        addr: x.addr(*page),
                         data,
                     });
                     any = true;
@@ -630,7 +679,7 @@ impl Far {
         let mut gone = None;
         self.update_replicas(idx, |r| gone = r.remove(d));
         if let Some(x) = gone {
-            self.dropped.lock().push((x.donor, x.slab));
+            self.dropped.lock().push(x);
             self.wake_healer();
         }
     }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use farmem_transport::{PageAddr, PageWrite};
 
 use crate::health::Cause;
-use crate::replicas::Replicas;
+use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
 use crate::{RuntimeError, PAGE_SIZE};
 
@@ -211,19 +211,16 @@ fn free_stale_copies(sh: &Shared) -> usize {
     if sh.state.lock().far_pages.any_frozen() {
         return 0;
     }
-    let stale: Vec<(usize, u32)> = {
+    let stale: Vec<Replica> = {
         let mut dropped = sh.far.dropped.lock();
         let (live, rest): (Vec<_>, Vec<_>) = dropped
             .drain(..)
-            .partition(|(x, _)| sh.far.donors[*x].health.is_live());
+            .partition(|x| sh.far.donors[x.donor].health.is_live());
         *dropped = rest;
         live
     };
-    for &(d, slab) in &stale {
-        let donor = &sh.far.donors[d];
-        if let Err(e) = donor.write.free_slab(slab) {
-            tracing::warn!("freeing stale slab {slab} on {}: {e}", donor.write.addr());
-        }
+    for &x in &stale {
+        sh.far.release(x);
     }
     stale.len()
 }
@@ -262,6 +259,9 @@ fn classify(addr: &str) -> Cause {
 fn declare_dead(sh: &Shared, d: usize, cause: Cause) {
     let far = &sh.far;
     far.donors[d].health.declare_dead(cause);
+    // If it comes back restarted, the slab ids held there mean nothing (or another client's):
+    // no new far slab goes into them.
+    far.donors[d].pack.lock().close_all();
     let mut dropped = 0;
     {
         let _gate = far.copy_gate.write();
@@ -276,7 +276,7 @@ fn declare_dead(sh: &Shared, d: usize, cause: Cause) {
         for m in st.mem.oldest_first() {
             if let Some(s) = st.mem.get_mut(m) {
                 if let Some(x) = s.donors.remove(d) {
-                    far.dropped.lock().push((x.donor, x.slab));
+                    far.dropped.lock().push(x);
                     s.mark_all_unflushed();
                 }
             }
@@ -307,7 +307,8 @@ enum Healed {
 /// Where a slab's pages are copied from.
 #[derive(Clone, Copy)]
 pub(crate) enum Source {
-    Donor(usize, u32),
+    /// A complete copy on a donor.
+    Donor(Replica),
     Backup,
 }
 
@@ -336,7 +337,7 @@ fn heal_one(sh: &Shared) -> Healed {
             continue;
         }
         let source = match live.first() {
-            Some(x) => Source::Donor(x.donor, x.slab),
+            Some(x) => Source::Donor(*x),
             None if far.backup.is_some() => Source::Backup,
             None => continue, // no copy left to heal from: lost unless its donor returns
         };
@@ -374,11 +375,16 @@ pub(crate) fn copy_slab(
     {
         let _gate = far.copy_gate.write();
         if far
-            .update_replicas(idx, |x| x.push(dest.donor, dest.slab, true))
+            .update_replicas(idx, |x| {
+                x.push(Replica {
+                    filling: true,
+                    ..dest
+                })
+            })
             .is_none_or(|x| !x.has(dest.donor))
         {
             drop(_gate);
-            let _ = far.donors[dest.donor].write.free_slab(dest.slab);
+            far.release(dest);
             return Err(RuntimeError::Internal("the slab left the donors meanwhile"));
         }
     }
@@ -389,7 +395,7 @@ pub(crate) fn copy_slab(
     let mut page = 0u64;
     while page < far.slab_pages {
         let n = chunk.min(far.slab_pages - page);
-        if let Err(e) = copy_chunk(sh, source, dest.donor, dest.slab, first_far, page, n) {
+        if let Err(e) = copy_chunk(sh, source, dest, first_far, page, n) {
             far.drop_replica(idx, dest.donor);
             return Err(e);
         }
@@ -422,8 +428,7 @@ pub(crate) fn copy_slab(
 fn copy_chunk(
     sh: &Shared,
     source: Source,
-    dest: usize,
-    dest_slab: u32,
+    dest: Replica,
     first_far: u64,
     page: u64,
     n: u64,
@@ -433,13 +438,9 @@ fn copy_chunk(
     let mut data = vec![0u8; n as usize * PAGE_SIZE];
     let mut present = vec![true; n as usize];
     match source {
-        Source::Donor(d, slab) => {
-            let addrs: Vec<PageAddr> = (page..page + n)
-                .map(|p| PageAddr {
-                    slab,
-                    page: p as u32,
-                })
-                .collect();
+        Source::Donor(x) => {
+            let d = x.donor;
+            let addrs: Vec<PageAddr> = (page..page + n).map(|p| x.addr(p as u32)).collect();
             far.donors[d]
                 .write
                 .read_pages(&addrs, &mut data)
@@ -464,23 +465,20 @@ fn copy_chunk(
         .enumerate()
         .filter(|(i, _)| present[*i])
         .map(|(i, d)| PageWrite {
-            addr: PageAddr {
-                slab: dest_slab,
-                page: (page + i as u64) as u32,
-            },
+            addr: dest.addr((page + i as u64) as u32),
             data: d,
         })
         .collect();
     if writes.is_empty() {
         return Ok(());
     }
-    far.donors[dest]
+    far.donors[dest.donor]
         .write
         .write_pages(&writes)
         .map_err(|source| {
-            far.on_error(dest, &source);
+            far.on_error(dest.donor, &source);
             RuntimeError::Donor {
-                addr: far.donors[dest].write.addr().to_string(),
+                addr: far.donors[dest.donor].write.addr().to_string(),
                 step: "writing a slab's new copy",
                 source,
             }

@@ -18,10 +18,10 @@
 //! - A child knows the copies a slab had at the fork. A parent that heals a slab elsewhere
 //!   after a donor death does not tell its children.
 
-use farmem_transport::{ClientConfig, DonorClient, PageAddr, ReconnectKey};
+use farmem_transport::{ClientConfig, DonorClient, ReconnectKey};
 
 use crate::embedded::FAULT_PATH_SPIN;
-use crate::replicas::Replicas;
+use crate::replicas::{Replica, Replicas};
 use crate::seal::{LentSeals, SealError};
 use crate::PAGE_SIZE;
 
@@ -184,7 +184,11 @@ impl LentDonors {
                 let mut mine = Replicas::empty();
                 for x in r.readable() {
                     if let Some(Some(d)) = index.get(x.donor) {
-                        mine.push(*d, x.slab, false);
+                        mine.push(Replica {
+                            donor: *d,
+                            filling: false,
+                            ..x
+                        });
                     }
                 }
                 homes.push((*idx, mine));
@@ -233,7 +237,7 @@ impl LentDonors {
                 };
                 let mut data = vec![0u8; PAGE_SIZE];
                 let read = c
-                    .read_pages(&[PageAddr { slab: x.slab, page }], &mut data)
+                    .read_pages(&[x.addr(page)], &mut data)
                     .map_err(|e| e.to_string())
                     .and_then(|()| self.open(far, &mut data).map_err(|e| e.to_string()));
                 match read {

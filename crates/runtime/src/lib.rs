@@ -80,6 +80,7 @@ mod lentdonors;
 mod memslabs;
 mod migrate;
 mod mm;
+mod pack;
 mod pages;
 mod prefetch;
 mod prefetch_thread;
@@ -573,6 +574,7 @@ impl Runtime {
         s.budget_pages = sh.budget.limit();
         s.pool_capacity_pages = u64::from(pool_limit);
         s.slabs_placed = sh.far.slabs_placed();
+        (s.donor_bytes_taken, s.donor_bytes_filled) = sh.far.donor_bytes();
         s.replicas = sh.far.replicas as u64;
         (s.slabs_degraded, s.slabs_lost) = sh.far.slab_health();
         s.dead_donors = sh

@@ -28,7 +28,7 @@ use farmem_transport::PageAddr;
 use crate::far::Home;
 use crate::heal::{copy_slab, Source};
 use crate::memslabs::MemKind;
-use crate::replicas::Replicas;
+use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
 use crate::{RuntimeError, PAGE_SIZE};
 
@@ -62,34 +62,47 @@ pub(crate) fn poll(sh: &Shared) {
     }
 }
 
-/// Moves donor `d`'s slab `slab` elsewhere and frees it there. `Ok(false)`: not one of this
-/// runtime's (already given back).
+/// Moves every far slab packed into donor `d`'s slab `slab` elsewhere and frees it there.
+/// `Ok(false)`: not one of this runtime's (already given back), or kept for now.
 fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
     let far = &sh.far;
-    let found = far
+    // No new far slab goes into it while its far slabs move out.
+    let pieces = far.donors[d].pack.lock().close(slab);
+    let on_it: Vec<(u64, Replicas, Replica)> = far
         .donor_slabs()
         .into_iter()
-        .find(|(_, r)| r.as_slice().iter().any(|x| x.donor == d && x.slab == slab));
-    if let Some((idx, _)) = found {
-        if lent(sh, idx) {
-            tracing::debug!(
-                "donor {} asked for slab {slab} back: kept while a forked child reads it",
-                far.donors[d].write.addr()
-            );
+        .filter_map(|(idx, r)| {
+            let x = r
+                .as_slice()
+                .iter()
+                .find(|x| x.donor == d && x.slab == slab)
+                .copied();
+            x.map(|x| (idx, r, x))
+        })
+        .collect();
+    if let Some((idx, ..)) = on_it.iter().find(|(idx, ..)| lent(sh, *idx)) {
+        tracing::debug!(
+            "donor {} asked for slab {slab} back: kept while a forked child reads far slab \
+             {idx} in it",
+            far.donors[d].write.addr()
+        );
+        return Ok(false);
+    }
+    for (idx, r, x) in &on_it {
+        if !move_slab(sh, *idx, *r, *x)? {
             return Ok(false);
         }
     }
-    match found {
-        Some((idx, r)) => {
-            if !move_slab(sh, idx, r, d, slab)? {
-                return Ok(false);
-            }
-        }
-        None => {
-            if !drop_memory_copy(sh, d, slab) {
-                return Ok(false);
-            }
-        }
+    let memory_copies = drop_memory_copies(sh, d, slab);
+    // Stale copies dropped there earlier go with it (never freed twice: the id may be reused).
+    let stale = {
+        let mut dropped = far.dropped.lock();
+        let before = dropped.len();
+        dropped.retain(|x| !(x.donor == d && x.slab == slab));
+        before - dropped.len()
+    };
+    if pieces == 0 && on_it.is_empty() && memory_copies == 0 && stale == 0 {
+        return Ok(false);
     }
     far.donors[d]
         .write
@@ -99,7 +112,9 @@ fn give_back(sh: &Shared, d: usize, slab: u32) -> Result<bool, RuntimeError> {
             step: "freeing a slab given back",
             source,
         })?;
-    *far.donors[d].slabs_placed.lock() -= 1;
+    far.donors[d].pack.lock().forget(slab);
+    let mut placed = far.donors[d].slabs_placed.lock();
+    *placed = placed.saturating_sub((on_it.len() + memory_copies) as u64);
     Ok(true)
 }
 
@@ -115,24 +130,19 @@ fn lent(sh: &Shared, idx: u64) -> bool {
         .any_frozen_in_slab(idx, sh.far.slab_pages)
 }
 
-/// Moves far slab `idx` (copies `r`) off donor `d` (its copy `slab`): see the module doc.
-/// `Ok(false)`: a fork lent the slab meanwhile, and donor `d`'s copy stays.
-fn move_slab(
-    sh: &Shared,
-    idx: u64,
-    r: Replicas,
-    d: usize,
-    slab: u32,
-) -> Result<bool, RuntimeError> {
+/// Moves far slab `idx` (copies `r`) off the donor of its copy `x`: see the module doc.
+/// `Ok(false)`: a fork lent the slab meanwhile, and that copy stays.
+fn move_slab(sh: &Shared, idx: u64, r: Replicas, x: Replica) -> Result<bool, RuntimeError> {
     let far = &sh.far;
+    let d = x.donor;
     let spare = (0..far.donors.len()).any(|x| !r.has(x) && far.donors[x].health.is_live());
     let other_copy = r
         .readable()
         .any(|x| x.donor != d && far.donors[x.donor].health.is_live());
-    if spare && copy_slab(sh, idx, r, Source::Donor(d, slab)).is_ok() {
+    if spare && copy_slab(sh, idx, r, Source::Donor(x)).is_ok() {
         // Copied: the asking donor's copy is one too many now.
     } else if !other_copy {
-        return to_local_memory(sh, idx, d, slab);
+        return to_local_memory(sh, idx, x);
     }
     let _gate = far.copy_gate.write();
     if lent(sh, idx) {
@@ -144,11 +154,12 @@ fn move_slab(
     Ok(true)
 }
 
-/// Takes donor `d`'s copy `slab` away from the memory slab holding it, if one does; its pages
-/// are written through again to a new copy.
-fn drop_memory_copy(sh: &Shared, d: usize, slab: u32) -> bool {
+/// Takes donor `d`'s copies in its slab `slab` away from the memory slabs holding them; their
+/// pages are written through again to new copies. Returns how many.
+fn drop_memory_copies(sh: &Shared, d: usize, slab: u32) -> usize {
     let _gate = sh.far.copy_gate.write();
     let mut st = sh.state.lock();
+    let mut dropped = 0;
     for m in st.mem.oldest_first() {
         if let Some(s) = st.mem.get_mut(m) {
             if s.donors
@@ -158,18 +169,19 @@ fn drop_memory_copy(sh: &Shared, d: usize, slab: u32) -> bool {
             {
                 s.donors.remove(d);
                 s.mark_all_unflushed();
-                return true;
+                dropped += 1;
             }
         }
     }
-    false
+    dropped
 }
 
-/// Moves far slab `idx`, whose only copy is donor `d`'s `slab`, into private memory of this
-/// process, and makes that its home. `Ok(false)`: a fork lent the slab meanwhile, and it
-/// stays on the donor.
-fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<bool, RuntimeError> {
+/// Moves far slab `idx`, whose only copy is `x`, into private memory of this process, and
+/// makes that its home. `Ok(false)`: a fork lent the slab meanwhile, and it stays on the
+/// donor.
+fn to_local_memory(sh: &Shared, idx: u64, x: Replica) -> Result<bool, RuntimeError> {
     let far = &sh.far;
+    let (d, slab) = (x.donor, x.slab);
     let pages = far.slab_pages as usize;
     let local = Mapping::anonymous(pages * PAGE_SIZE).map_err(|source| RuntimeError::Mmap {
         op: "mapping local memory for a slab a donor asked back",
@@ -186,12 +198,7 @@ fn to_local_memory(sh: &Shared, idx: u64, d: usize, slab: u32) -> Result<bool, R
     let mut data = vec![0u8; batch * PAGE_SIZE];
     for start in (0..pages).step_by(batch) {
         let n = batch.min(pages - start);
-        let addrs: Vec<PageAddr> = (start..start + n)
-            .map(|p| PageAddr {
-                slab,
-                page: p as u32,
-            })
-            .collect();
+        let addrs: Vec<PageAddr> = (start..start + n).map(|p| x.addr(p as u32)).collect();
         let buf = &mut data[..n * PAGE_SIZE];
         far.donors[d]
             .write

@@ -1,9 +1,13 @@
-//! The donor copies of one far slab: up to [`MAX_REPLICAS`] (donor, donor slab) pairs, kept
+//! The donor copies of one far slab: up to [`MAX_REPLICAS`] (donor, piece of a donor slab), kept
 //! inline so a slab's home stays a small `Copy` value that is looked up on every fault.
 //!
 //! The first replica in the list is the one reads go to while its donor is alive; the order
 //! otherwise carries no meaning. A replica being filled by re-replication ([`crate::heal`]) is
 //! written by the sender like the others but not read until its copy is complete.
+
+use farmem_transport::PageAddr;
+
+use crate::pack::Piece;
 
 /// Most replicas of one slab (`--replicas` is at most this).
 pub const MAX_REPLICAS: usize = 4;
@@ -15,8 +19,39 @@ pub(crate) struct Replica {
     pub(crate) donor: usize,
     /// The donor's slab id.
     pub(crate) slab: u32,
+    /// The far slab's first page in that donor slab ([`crate::pack`]: a donor slab holds
+    /// several far slabs).
+    pub(crate) base: u32,
     /// Being filled by re-replication: written, not yet read from.
     pub(crate) filling: bool,
+}
+
+impl Replica {
+    /// A copy of a far slab on donor `donor`, in `piece`.
+    pub(crate) fn new(donor: usize, piece: Piece, filling: bool) -> Replica {
+        Replica {
+            donor,
+            slab: piece.slab,
+            base: piece.base,
+            filling,
+        }
+    }
+
+    /// Where the copy of page `page` of the far slab is on the donor.
+    pub(crate) fn addr(&self, page: u32) -> PageAddr {
+        PageAddr {
+            slab: self.slab,
+            page: self.base + page,
+        }
+    }
+
+    /// The piece of a donor slab this copy takes.
+    pub(crate) fn piece(&self) -> Piece {
+        Piece {
+            slab: self.slab,
+            base: self.base,
+        }
+    }
 }
 
 /// The donor copies of one far slab.
@@ -32,6 +67,7 @@ impl Replicas {
         let none = Replica {
             donor: usize::MAX,
             slab: 0,
+            base: 0,
             filling: false,
         };
         Replicas {
@@ -60,13 +96,9 @@ impl Replicas {
 
     /// Adds a replica (ignored when full or when the donor already has one: a slab never
     /// has two copies on one donor).
-    pub(crate) fn push(&mut self, donor: usize, slab: u32, filling: bool) {
-        if self.len() < MAX_REPLICAS && !self.has(donor) {
-            self.r[self.len()] = Replica {
-                donor,
-                slab,
-                filling,
-            };
+    pub(crate) fn push(&mut self, x: Replica) {
+        if self.len() < MAX_REPLICAS && !self.has(x.donor) {
+            self.r[self.len()] = x;
             self.n += 1;
         }
     }
@@ -102,10 +134,10 @@ mod tests {
     #[test]
     fn replicas_keep_order_refuse_duplicates_and_remove() {
         let mut r = Replicas::empty();
-        r.push(2, 10, false);
-        r.push(0, 11, false);
-        r.push(2, 12, false); // a second copy on donor 2 is refused
-        r.push(1, 13, true);
+        r.push(Replica::new(2, Piece { slab: 10, base: 0 }, false));
+        r.push(Replica::new(0, Piece { slab: 11, base: 0 }, false));
+        r.push(Replica::new(2, Piece { slab: 12, base: 0 }, false)); // a second copy on donor 2 is refused
+        r.push(Replica::new(1, Piece { slab: 13, base: 0 }, true));
         assert_eq!(r.len(), 3);
         assert_eq!(
             r.readable().map(|x| x.donor).collect::<Vec<_>>(),
@@ -120,7 +152,7 @@ mod tests {
         );
         assert!(r.remove(2).is_none());
         for d in 3..9 {
-            r.push(d, 0, false);
+            r.push(Replica::new(d, Piece { slab: 0, base: 0 }, false));
         }
         assert_eq!(r.len(), MAX_REPLICAS);
         assert!(!Replicas::empty().has(0) && Replicas::empty().is_empty());

@@ -157,6 +157,13 @@ pub struct Stats {
     pub pool_capacity_pages: u64,
     /// Slabs placed on donors.
     pub slabs_placed: u64,
+    /// Bytes of donor slabs this runtime holds now (what it takes of the donors' capacity).
+    #[serde(default)]
+    pub donor_bytes_taken: u64,
+    /// Of those, bytes its far slabs fill (far slabs are packed into donor slabs:
+    /// [`crate::pack`]).
+    #[serde(default)]
+    pub donor_bytes_filled: u64,
     /// Failed fetches (each retried; a page that cannot be fetched is poisoned: SIGBUS).
     pub fetch_errors: u64,
     /// Failed sends (retried; pages stay in the pool meanwhile).
@@ -365,6 +372,11 @@ pub struct StatsSummary {
     /// Fetched pages that failed their seal check (also counted in `fetch_errors`).
     #[serde(default)]
     pub seal_rejected: u64,
+    /// Bytes of donor slabs held at the end, and the bytes far slabs filled of them.
+    #[serde(default)]
+    pub donor_bytes_taken: u64,
+    #[serde(default)]
+    pub donor_bytes_filled: u64,
     /// The last error the runtime reported, if any.
     pub last_error: Option<String>,
     /// Donor fetches served by another copy after the first failed or was slow.
@@ -415,6 +427,8 @@ impl From<&Stats> for StatsSummary {
             fetch_errors: s.fetch_errors,
             send_errors: s.send_errors,
             seal_rejected: s.seal_rejected,
+            donor_bytes_taken: s.donor_bytes_taken,
+            donor_bytes_filled: s.donor_bytes_filled,
             last_error: s.last_error.clone(),
             failovers: s.failovers,
             dead_donors: s.dead_donors.clone(),
@@ -469,6 +483,8 @@ impl StatsSummary {
         self.fetch_errors += o.fetch_errors;
         self.send_errors += o.send_errors;
         self.seal_rejected += o.seal_rejected;
+        self.donor_bytes_taken += o.donor_bytes_taken;
+        self.donor_bytes_filled += o.donor_bytes_filled;
         if o.last_error.is_some() {
             self.last_error.clone_from(&o.last_error);
         }

@@ -56,7 +56,7 @@ use farmem_node::{NodeClient, NodeClientConfig, NodeError, SlabHold, TierSlab};
 
 use crate::far::Home;
 use crate::memslabs::MemKind;
-use crate::replicas::Replicas;
+use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
 use crate::{RuntimeConfig, RuntimeError, TierMode, PAGE_SIZE};
 
@@ -454,7 +454,10 @@ fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
                         s.mark_all_unflushed();
                     }
                     for x in more.as_slice() {
-                        s.donors.push(x.donor, x.slab, false);
+                        s.donors.push(Replica {
+                            filling: false,
+                            ..*x
+                        });
                     }
                 }
             }

@@ -467,8 +467,22 @@ pub fn summary_line(stats: &StatsFile) -> String {
         pct(v.prefetch_coverage),
     ) + &rss_part(stats)
         + &tree_part(stats)
+        + &donor_part(&v)
         + &fork_part(&v)
         + &failure_part(&v)
+}
+
+/// What the run took of its donors' slabs and how much of it its far slabs filled, empty
+/// when it held no donor slab at the end.
+fn donor_part(v: &farmem_runtime::StatsSummary) -> String {
+    if v.donor_bytes_taken == 0 {
+        return String::new();
+    }
+    format!(
+        "; donor slabs held {} ({} filled)",
+        fmt_bytes(v.donor_bytes_taken),
+        fmt_bytes(v.donor_bytes_filled)
+    )
 }
 
 /// The summary's account of forks that lent far pages to their children, empty when

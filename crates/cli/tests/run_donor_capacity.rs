@@ -1,0 +1,81 @@
+//! Donor capacity used to the last byte: with the host tier in front (4 MiB node slabs) and
+//! donors of 64 MiB slabs, each far slab took a whole donor slab, so three donors were "full"
+//! holding a sixteenth of what they lent, write-back failed and the budget broke (6.5× with
+//! three 1 GiB donors and a 1 GB Python dict). Far slabs are now packed into donor slabs: the
+//! same shape at test size runs within its budget, prints what it prints without farmem, and
+//! the donors' slabs are filled but for one partly filled slab each.
+
+use std::process::Command;
+
+use farmem_node::child::child_node_command;
+use farmem_testkit::bins::{farmem, require_preload_lib};
+use farmem_testkit::donor::Donor;
+use farmem_testkit::run::*;
+
+/// Writes 160 blocks of 1 MiB (each its own mapping, so far memory) and hashes them.
+const PROGRAM: &str = "
+import hashlib
+blocks = [hashlib.sha256(str(i).encode()).digest() * 32768 for i in range(160)]
+h = hashlib.sha256()
+for b in blocks:
+    h.update(b)
+print(h.hexdigest())
+";
+
+#[test]
+fn donors_behind_the_host_tier_are_filled_before_they_are_full() {
+    require_preload_lib();
+    let python = require_program("python3", "python3");
+    let dir = Scratch::new("donor-capacity");
+    let socket = dir.path("node.sock");
+    let _node = child_node_command(farmem(), &socket)
+        .args(["--capacity", "32MiB", "--slab-size", "4MiB"])
+        .spawn()
+        .unwrap_or_else(|e| panic!("the node did not start: {e}"));
+    let donors: Vec<Donor> = (0..3).map(|_| Donor::start("192MiB", "64MiB")).collect();
+    let native = Command::new(&python)
+        .args(["-c", PROGRAM])
+        .output()
+        .unwrap();
+    assert!(native.status.success(), "{}", text(&native));
+
+    let mut args = vec![
+        "--local-mem".to_string(),
+        "48MiB".into(),
+        "--node".into(),
+        socket.to_str().unwrap().into(),
+    ];
+    for d in &donors {
+        args.push("--donor".into());
+        args.push(d.addr.to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = farmem_run(&args, &[python.to_str().unwrap(), "-c", PROGRAM]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, native.stdout, "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("did not hold"), "{err}");
+    assert!(!err.contains("donors are full"), "{err}");
+    assert!(err.contains("donor slabs held"), "{err}");
+
+    // What the donors lend (their own figures; a finished client's slabs wait out its grace)
+    // is what their memory holds.
+    let (mut used, mut committed) = (0u64, 0u64);
+    for d in &donors {
+        let o = Command::new(farmem())
+            .args(["stats", "--json", "--donor", &d.addr.to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        used += v["used_bytes"].as_u64().unwrap();
+        committed += v["committed_bytes"].as_u64().unwrap();
+    }
+    assert!(used > 0, "nothing reached the donors");
+    // At most one partly filled slab per donor (at this size that is most of the gap; with
+    // 1 GiB donors and a 1 GB dict the donors held pages in 97% of what they lent).
+    assert!(
+        used - committed.min(used) <= 3 * (64 << 20),
+        "the donors lend {used} bytes and hold pages in {committed}: nearly empty slabs"
+    );
+}
