@@ -449,12 +449,17 @@ impl Far {
             return Ok(got);
         }
         match last {
-            Some((d, source, true)) => Err(RuntimeError::DonorsFull {
-                donors: self.donors.len(),
-                capacity_bytes: self.capacity_bytes(),
-                addr: self.donors[d].read.addr().to_string(),
-                source,
-            }),
+            Some((d, source, true)) => {
+                let (taken_bytes, filled_bytes) = self.donor_bytes();
+                Err(RuntimeError::DonorsFull {
+                    live: self.live_donors(),
+                    donors: self.donors.len(),
+                    addr: self.donors[d].read.addr().to_string(),
+                    taken_bytes,
+                    filled_bytes,
+                    source,
+                })
+            }
             Some((d, source, false)) => Err(RuntimeError::Donor {
                 addr: self.donors[d].read.addr().to_string(),
                 step: "allocating a slab",

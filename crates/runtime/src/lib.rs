@@ -146,16 +146,21 @@ pub enum RuntimeError {
         #[source]
         source: farmem_transport::TransportError,
     },
+    /// Every live donor refused a slab. Says what ran out in the donor's own words (capacity,
+    /// a tenant's or client's quota, its host's memory) and what this runtime holds of them,
+    /// so "full" is never stranded capacity taken for exhaustion.
     #[error(
-        "the donors are full: no slab could be placed on any of {donors} donor(s) lending \
-         {capacity_bytes} bytes in total (last refusal from {addr}); start more donors or give \
-         them more --capacity, or raise the budget"
+        "the donors are full: no slab could be placed on any of the {live} live donor(s) of \
+         {donors}; {addr} refused: {source}; this program holds {taken_bytes} bytes of donor \
+         slabs, {filled_bytes} of them filled; start more donors or give them more --capacity, \
+         or raise the budget"
     )]
     DonorsFull {
+        live: usize,
         donors: usize,
-        capacity_bytes: u64,
         addr: String,
-        #[source]
+        taken_bytes: u64,
+        filled_bytes: u64,
         source: farmem_transport::TransportError,
     },
     #[error(

@@ -332,6 +332,12 @@ fn donor_with_too_little_capacity_gives_a_clear_error() {
     );
     let e = s.last_error.clone().expect("the full donor is reported");
     assert!(e.contains("donors are full"), "{e}");
+    // What ran out, in the donor's words, and what this program holds of it.
+    assert!(
+        e.contains("refused: ") && e.contains("capacity exhausted"),
+        "{e}"
+    );
+    assert!(e.contains("bytes of donor slabs"), "{e}");
     // SAFETY: done with the mapping.
     unsafe { libc::munmap(a as *mut _, len) };
 }
