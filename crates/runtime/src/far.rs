@@ -457,7 +457,7 @@ impl Far {
                     addr: self.donors[d].read.addr().to_string(),
                     taken_bytes,
                     filled_bytes,
-                    source,
+                    source: Box::new(source),
                 })
             }
             Some((d, source, false)) => Err(RuntimeError::Donor {

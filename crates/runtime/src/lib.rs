@@ -161,7 +161,7 @@ pub enum RuntimeError {
         addr: String,
         taken_bytes: u64,
         filled_bytes: u64,
-        source: farmem_transport::TransportError,
+        source: Box<farmem_transport::TransportError>,
     },
     #[error(
         "a region of {len_bytes} bytes needs up to {needed_bytes} bytes of far memory beyond \
