@@ -59,6 +59,7 @@ mod tests {
             replicas: None,
             backup_file: None,
             heal_rate_bytes: None,
+            over_budget: farmem_runtime::OverBudget::Allow,
             stats_file: None,
             tree_dir: None,
             record_trace: None,

@@ -111,6 +111,7 @@ fn runtime_config(cfg: &RunSettings) -> Result<RuntimeConfig, String> {
         tier: cfg.tier.clone(),
         replicas: cfg.replicas,
         backup_file: cfg.backup_file.clone(),
+        over_budget: cfg.over_budget,
         ..Default::default()
     };
     if let Some(r) = cfg.heal_rate_bytes {

@@ -106,6 +106,33 @@ pub struct RuntimeConfig {
     /// A forked child's runtime whose parent left pages on donors ([`crate::Lent::donors`]):
     /// it reads them as the parent's client. `None` elsewhere.
     pub lent_donors: Option<crate::LentDonors>,
+    /// What happens when write-back fails for good (far memory ran out) with resident pages at
+    /// the budget ([`OverBudget`]).
+    pub over_budget: OverBudget,
+}
+
+/// What the runtime does when its far memory runs out: write-back fails (every donor full or
+/// gone, the node out of room) while resident pages are at the budget, so nothing can be
+/// evicted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverBudget {
+    /// The budget holds as a memory cgroup's limit holds: faulting threads wait for
+    /// write-back (backpressure); if it still fails after `wait`, the process is killed
+    /// (SIGKILL, as an OOM kill) with a message saying what ran out.
+    Fail {
+        /// How long write-back may fail before the process is ended.
+        wait: Duration,
+    },
+    /// Faults are served beyond the budget while write-back fails; the stats and `farmem
+    /// run`'s summary say so. In a container with a hard memory limit that can be an OOM
+    /// kill later.
+    Allow,
+}
+
+impl OverBudget {
+    /// `farmem run`'s default wait before a run whose far memory ran out is ended.
+    pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 }
 
 /// Where the host tier comes from ([`crate::tier`]).
@@ -176,6 +203,8 @@ impl Default for RuntimeConfig {
             heal_rate_bytes: 256 << 20,
             far_floor: 0,
             lent_donors: None,
+            // The library's default: an embedding program decides; `farmem run` fails.
+            over_budget: OverBudget::Allow,
         }
     }
 }
@@ -196,6 +225,7 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("replicas", &self.replicas)
             .field("backup_file", &self.backup_file)
             .field("heal_rate_bytes", &self.heal_rate_bytes)
+            .field("over_budget", &self.over_budget)
             .finish_non_exhaustive()
     }
 }

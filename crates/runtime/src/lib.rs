@@ -106,8 +106,8 @@ use farmem_uffd::UffdError;
 
 pub use budget::Usage;
 pub use config::{
-    split_local_memory, split_local_pages, RuntimeConfig, SealMode, TierMode, MIN_BUDGET_BYTES,
-    MIN_LOCAL_BYTES,
+    split_local_memory, split_local_pages, OverBudget, RuntimeConfig, SealMode, TierMode,
+    MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
 pub use embedded::PrivateNode;
 pub use fork::{ForkPlan, Lent};

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub const RUN_SETTINGS_VAR: &str = "FARMEM_RUN_SETTINGS";
 
 /// Version of the settings' layout; bumped on every change of [`RunSettings`].
-pub const RUN_SETTINGS_VERSION: u32 = 4;
+pub const RUN_SETTINGS_VERSION: u32 = 5;
 
 /// In a tree directory ([`RunSettings::tree_dir`]): the folder of the processes' stats files
 /// (`PID.json`, each a [`crate::StatsFile`]) and the budget coordinator's socket.
@@ -66,6 +66,8 @@ pub struct RunSettings {
     pub backup_file: Option<PathBuf>,
     /// Most bytes a second re-replication copies (the runtime's default when absent).
     pub heal_rate_bytes: Option<u64>,
+    /// When far memory runs out: wait, then end the program; or run over the budget.
+    pub over_budget: crate::OverBudget,
     /// JSON stats file, rewritten every second and at exit (without `tree_dir`).
     pub stats_file: Option<PathBuf>,
     /// The process tree's directory (`farmem run` makes it, private): every process of the
@@ -173,6 +175,9 @@ mod tests {
             replicas: Some(2),
             backup_file: Some("/var/tmp/backup".into()),
             heal_rate_bytes: None,
+            over_budget: crate::OverBudget::Fail {
+                wait: std::time::Duration::from_secs(30),
+            },
             stats_file: Some("/tmp/stats.json".into()),
             tree_dir: None,
             record_trace: None,

@@ -75,6 +75,9 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
             } else {
                 sh.count_error(msg, false);
             }
+            sh.failing_since
+                .lock()
+                .get_or_insert_with(std::time::Instant::now);
             sh.send_failing.store(true, Ordering::Relaxed);
             sh.commit_cv.notify_all();
             let mut st = sh.state.lock();
@@ -89,6 +92,7 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
         backoff = Duration::from_millis(10);
         failing = FailureLog::default();
         sh.send_failing.store(false, Ordering::Relaxed);
+        *sh.failing_since.lock() = None;
         acknowledge(&sh, &batch);
     }
 }

@@ -24,7 +24,7 @@ use crate::pages::{Pages, Released};
 use crate::prefetch::Prefetch;
 use crate::slots::{PoolMemory, Slots};
 use crate::stats::{FaultKind, StatsCell};
-use crate::{RuntimeConfig, RuntimeError, PAGE_SIZE};
+use crate::{OverBudget, RuntimeConfig, RuntimeError, PAGE_SIZE};
 
 /// A page copied out of the pool, waiting to be sent.
 pub(crate) struct Staged {
@@ -121,8 +121,13 @@ pub(crate) struct Shared {
     pub(crate) read_seq: AtomicU64,
     pub(crate) handled_seq: AtomicU64,
     /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
-    /// pool slots, so faults must not wait for it.
+    /// pool slots. With [`OverBudget::Allow`] faults then do not wait for it; with
+    /// [`OverBudget::Fail`] they wait (backpressure) until `failing_since` is older than the
+    /// wait, and the process is then ended ([`Shared::far_memory_ran_out`]).
     pub(crate) send_failing: AtomicBool,
+    /// When write-back started failing (None while it works).
+    pub(crate) failing_since: Mutex<Option<Instant>>,
+    pub(crate) over_budget: OverBudget,
     /// The evictor cannot make progress right now (three rounds in a row moved no victim:
     /// pages in ranges made read-only, or shared and not droppable): faults must not wait for
     /// it (the budget is exceeded meanwhile).
@@ -263,6 +268,8 @@ impl Shared {
             read_seq: AtomicU64::new(0),
             handled_seq: AtomicU64::new(0),
             send_failing: AtomicBool::new(false),
+            failing_since: Mutex::new(None),
+            over_budget: cfg.over_budget,
             evictor_blocked: AtomicBool::new(false),
             dropping: AtomicBool::new(false),
             pf,
@@ -333,10 +340,11 @@ impl Shared {
     }
 
     /// Before a page is installed: if resident pages are at the budget, wake the evictor and
-    /// wait for it (the headroom normally makes this rare). Not when write-back is failing
-    /// (the evictor cannot free pool slots), where waiting would only stall the program: the
-    /// budget is then exceeded and the error is in the stats. Nor when the evictor cannot
-    /// make progress (`evictor_blocked`). Not for the fault thread: see
+    /// wait for it (the headroom normally makes this rare). When write-back is failing (the
+    /// evictor cannot free pool slots), [`OverBudget`] decides: `Allow` does not wait (the
+    /// budget is exceeded and the error is in the stats), `Fail` waits for write-back to work
+    /// again and ends the process once it has failed for longer than its wait. Not when the
+    /// evictor cannot make progress (`evictor_blocked`). Not for the fault thread: see
     /// [`Shared::room_for_fault`].
     pub(crate) fn make_room(&self, st: &mut MutexGuard<'_, State>) {
         self.wait_for_room(st, false);
@@ -348,18 +356,65 @@ impl Shared {
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.must_wait_for_room(st)
             && !(fault_thread && self.dropping.load(Ordering::Acquire))
-            && Instant::now() < deadline
         {
+            match self.backpressure() {
+                // Write-back works: the evictor makes room soon; a safety valve all the same.
+                None if Instant::now() >= deadline => return,
+                None => {}
+                Some(failing) => {
+                    if let OverBudget::Fail { wait } = self.over_budget {
+                        if failing >= wait {
+                            self.far_memory_ran_out(wait);
+                        }
+                    }
+                }
+            }
             self.evict_cv.notify_one();
             self.commit_cv.wait_for(st, Duration::from_millis(2));
         }
     }
 
+    /// How long write-back has been failing, if it is and faults are to wait for it
+    /// ([`OverBudget::Fail`]).
+    fn backpressure(&self) -> Option<Duration> {
+        if !matches!(self.over_budget, OverBudget::Fail { .. })
+            || !self.send_failing.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        Some(
+            self.failing_since
+                .lock()
+                .map_or(Duration::ZERO, |t| t.elapsed()),
+        )
+    }
+
     fn must_wait_for_room(&self, st: &State) -> bool {
         st.pages.resident() >= self.budget.limit()
             && !st.paused
-            && !self.send_failing.load(Ordering::Relaxed)
+            && (!self.send_failing.load(Ordering::Relaxed)
+                || matches!(self.over_budget, OverBudget::Fail { .. }))
             && !self.evictor_blocked.load(Ordering::Relaxed)
+    }
+
+    /// Far memory ran out and stayed out for `wait` with the program at its budget: ends the
+    /// process as a memory cgroup's OOM kill would, saying what ran out (the last write-back
+    /// error) and what the user can do.
+    fn far_memory_ran_out(&self, wait: Duration) -> ! {
+        let last = self.stats.lock().s.last_error.clone();
+        let msg = format!(
+            "farmem: far memory ran out: write-back has failed for {} s with this process at \
+             its budget ({} pages), so it is killed, as a memory limit's OOM kill would (the \
+             last error: {}); start more donors or give them more --capacity, raise \
+             --local-mem, or run with --over-budget allow to let it grow past its budget",
+            wait.as_secs(),
+            self.budget.limit(),
+            last.as_deref().unwrap_or("none recorded")
+        );
+        tracing::error!("{msg}");
+        // SIGKILL cannot be caught or blocked: the process ends here, as an OOM kill ends it.
+        let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
+        unreachable!("SIGKILL to this process returned")
     }
 
     /// [`Shared::make_room`] for the fault thread. While the evictor drops shared pages it

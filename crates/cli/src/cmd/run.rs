@@ -112,6 +112,20 @@ pub struct RunArgs {
     #[arg(long, value_name = "MODE", default_value = "auto",
           value_parser = |s: &str| s.parse::<SealMode>().map_err(|e| e.to_string()))]
     pub seal: SealMode,
+    /// When far memory runs out (every donor full or gone, the node out of room) and the
+    /// program is at its budget: `fail` (the default) holds the budget as a container's
+    /// memory limit does — faulting threads wait for write-back, and if far memory is still
+    /// unavailable after --over-budget-wait the program is killed (SIGKILL, like an OOM kill)
+    /// with a message saying what ran out; `allow` lets the program grow past its budget
+    /// instead, with a warning (in a container with a hard limit that usually ends in an OOM
+    /// kill anyway, later and without saying why).
+    #[arg(long, value_name = "MODE", default_value = "fail", value_parser = ["fail", "allow"])]
+    pub over_budget: String,
+    /// Seconds far memory may stay unavailable before `--over-budget fail` ends the program
+    /// (a donor that stalls or restarts is usually failed over or back within seconds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub over_budget_wait: u64,
     /// Write the runtime's counters as JSON to FILE, every second and at exit.
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
@@ -823,6 +837,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         replicas: args.replicas.map(usize::from),
         backup_file: backup_file.clone(),
         heal_rate_bytes: args.heal_rate,
+        over_budget: match args.over_budget.as_str() {
+            "allow" => farmem_runtime::OverBudget::Allow,
+            _ => farmem_runtime::OverBudget::Fail {
+                wait: Duration::from_secs(args.over_budget_wait),
+            },
+        },
         stats_file: None,
         tree_dir: Some(tree.path().to_path_buf()),
         record_trace: args.record_trace.clone(),
