@@ -87,9 +87,10 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     };
     assert_eq!(v["donor"], addr.as_str());
     assert_eq!(n("capacity_bytes"), (256u64 << 20) as f64);
-    assert_eq!(n("slab_size_bytes"), (64u64 << 20) as f64);
-    assert_eq!(n("used_bytes"), (64u64 << 20) as f64);
-    assert_eq!(n("free_bytes"), (192u64 << 20) as f64);
+    // The default slab: 4 MiB (see docs/architecture.md, Donor: slab size).
+    assert_eq!(n("slab_size_bytes"), (4u64 << 20) as f64);
+    assert_eq!(n("used_bytes"), (4u64 << 20) as f64);
+    assert_eq!(n("free_bytes"), (252u64 << 20) as f64);
     assert_eq!(n("slabs"), 1.0);
     assert_eq!(
         n("clients"),
@@ -120,9 +121,9 @@ fn stats_reports_a_live_donors_figures_as_json_and_as_a_table() {
     let table = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "capacity     256.0 MiB",
-        "used         64.0 MiB (25.0%)",
-        "free         192.0 MiB",
-        "slabs        1 of 64.0 MiB",
+        "used         4.0 MiB (1.6%)",
+        "free         252.0 MiB",
+        "slabs        1 of 4.0 MiB",
         "clients      1",
         "(lifetime average)",
         "service p50",

@@ -101,8 +101,11 @@ pub struct DonorArgs {
     /// Read MemAvailable from FILE instead of /proc/meminfo (for tests).
     #[arg(long, value_name = "FILE", hide = true)]
     pub meminfo_file: Option<PathBuf>,
-    /// Size of one slab (a multiple of 4 KiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    /// Size of one slab (a multiple of 4 KiB). The default, 4 MiB, is the host tier's: a
+    /// client packs its far slabs into a donor's slabs, and leaves at most one slab partly
+    /// filled on each donor, so smaller slabs strand less capacity; an allocation is one round
+    /// trip per slab.
+    #[arg(long, default_value = "4MiB", value_parser = parse_size, value_name = "SIZE")]
     pub slab_size: u64,
     /// File holding the auth token clients must prove (1 to 256 bytes; one trailing newline
     /// is stripped; mode 600).
