@@ -79,3 +79,68 @@ fn donors_behind_the_host_tier_are_filled_before_they_are_full() {
         "the donors lend {used} bytes and hold pages in {committed}: nearly empty slabs"
     );
 }
+
+/// Each process of the tree writes 110 blocks of 1 MiB (a mapping each: many regions), then
+/// reads them all back.
+const TREE_PROGRAM: &str = r#"
+import hashlib, sys
+n = int(sys.argv[1])
+blocks = [hashlib.sha256(b"%d-%d" % (n, i)).digest() * 32768 for i in range(110)]
+h = hashlib.sha256()
+for b in blocks:
+    h.update(b)
+print(h.hexdigest())
+"#;
+
+#[test]
+fn a_tree_of_programs_fills_its_donors_before_they_are_full() {
+    require_preload_lib();
+    let python = require_program("python3", "python3");
+    // Four processes of 110 MiB each at 64 MiB of local memory, two copies of every far page:
+    // more than three donors of 256 MiB hold, so they fill up. The default slab size: each
+    // process leaves at most its last far slab partly filled (with 64 MiB slabs the donors
+    // were "full" holding pages in 89% of their capacity).
+    let donors: Vec<Donor> = (0..3)
+        .map(|_| Donor::spawn(&["--capacity", "256MiB"]))
+        .collect();
+    let script = format!(
+        "for i in 1 2 3 4; do {} -c '{}' $i & done; wait",
+        python.display(),
+        TREE_PROGRAM.replace('\'', "'\\''")
+    );
+    let mut args = vec![
+        "--local-mem".to_string(),
+        "64MiB".into(),
+        "--over-budget-wait".into(),
+        "5".into(),
+    ];
+    for d in &donors {
+        args.push("--donor".into());
+        args.push(d.addr.to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = farmem_run(&args, &["sh", "-c", &script]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("donors are full"),
+        "the donors were meant to fill up: {}",
+        text(&o)
+    );
+    assert!(!err.contains("did not hold"), "{err}");
+    // When they said "full", the donors' slabs held pages in at least 90% of their capacity.
+    let (mut capacity, mut committed) = (0u64, 0u64);
+    for d in &donors {
+        let o = Command::new(farmem())
+            .args(["stats", "--json", "--donor", &d.addr.to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        capacity += v["capacity_bytes"].as_u64().unwrap();
+        committed += v["committed_bytes"].as_u64().unwrap();
+    }
+    assert!(
+        committed * 10 >= capacity * 9,
+        "the donors were full holding pages in {committed} of {capacity} bytes"
+    );
+}
