@@ -144,3 +144,54 @@ fn a_tree_of_programs_fills_its_donors_before_they_are_full() {
         "the donors were full holding pages in {committed} of {capacity} bytes"
     );
 }
+
+/// Writes 96 blocks of 1 MiB, frees them, and does it again `rounds` times.
+const ROUNDS_PROGRAM: &str = r#"
+import hashlib, sys
+for r in range(int(sys.argv[1])):
+    blocks = [hashlib.sha256(b"%d-%d" % (r, i)).digest() * 32768 for i in range(96)]
+    h = hashlib.sha256()
+    for b in blocks:
+        h.update(b)
+    print(h.hexdigest())
+    del blocks
+"#;
+
+/// What two donors lend after `rounds` rounds of ROUNDS_PROGRAM at 32 MiB.
+fn lent_after(rounds: &str) -> u64 {
+    let python = require_program("python3", "python3");
+    let donors: Vec<Donor> = (0..2)
+        .map(|_| Donor::spawn(&["--capacity", "512MiB"]))
+        .collect();
+    let (a, b) = (donors[0].addr.to_string(), donors[1].addr.to_string());
+    let o = farmem_run(
+        &["--local-mem", "32MiB", "--donor", &a, "--donor", &b],
+        &[python.to_str().unwrap(), "-c", ROUNDS_PROGRAM, rounds],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    donors
+        .iter()
+        .map(|d| {
+            let o = Command::new(farmem())
+                .args(["stats", "--json", "--donor", &d.addr.to_string()])
+                .output()
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            v["used_bytes"].as_u64().unwrap()
+        })
+        .sum()
+}
+
+#[test]
+fn memory_a_program_frees_and_takes_again_reuses_its_far_slabs() {
+    require_preload_lib();
+    let once = lent_after("1");
+    let thrice = lent_after("3");
+    assert!(once > 64 << 20, "the first round went far: {once}");
+    // Freed far pages are taken again: three rounds hold what one does (a slab or two of
+    // slack per donor for the order pages go out in).
+    assert!(
+        thrice <= once + 4 * (4 << 20),
+        "three rounds took {thrice} bytes of the donors, one round {once}"
+    );
+}
