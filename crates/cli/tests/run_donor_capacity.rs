@@ -195,3 +195,68 @@ fn memory_a_program_frees_and_takes_again_reuses_its_far_slabs() {
         "three rounds took {thrice} bytes of the donors, one round {once}"
     );
 }
+
+/// The user's trial: a dict of about 1 GB of strings.
+const DICT_PROGRAM: &str = "
+import random, hashlib
+random.seed(7)
+d = {}
+for i in range(1_000_000):
+    d[i] = random.randbytes(500).hex()
+h = hashlib.sha256()
+for i in range(0, len(d), 3):
+    h.update(d[i].encode())
+print(len(d), h.hexdigest())
+";
+
+#[test]
+fn a_one_gigabyte_dict_on_three_donors_keeps_its_budget() {
+    require_preload_lib();
+    let python = require_program("python3", "python3");
+    let dir = Scratch::new("donor-capacity-dict");
+    let socket = dir.path("node.sock");
+    let _node = child_node_command(farmem(), &socket)
+        .args(["--capacity", "256MiB"])
+        .spawn()
+        .unwrap_or_else(|e| panic!("the node did not start: {e}"));
+    let donors: Vec<Donor> = (0..3)
+        .map(|_| Donor::spawn(&["--capacity", "1GiB"]))
+        .collect();
+    let native = Command::new(&python)
+        .args(["-c", DICT_PROGRAM])
+        .output()
+        .unwrap();
+    assert!(native.status.success(), "{}", text(&native));
+    let mut args = vec![
+        "--local-mem".to_string(),
+        "128MiB".into(),
+        "--node".into(),
+        socket.to_str().unwrap().into(),
+    ];
+    for d in &donors {
+        args.push("--donor".into());
+        args.push(d.addr.to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = farmem_run(&args, &[python.to_str().unwrap(), "-c", DICT_PROGRAM]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, native.stdout, "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("did not hold"), "{err}");
+    assert!(!err.contains("donors are full"), "{err}");
+    let (mut used, mut committed) = (0u64, 0u64);
+    for d in &donors {
+        let o = Command::new(farmem())
+            .args(["stats", "--json", "--donor", &d.addr.to_string()])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        used += v["used_bytes"].as_u64().unwrap();
+        committed += v["committed_bytes"].as_u64().unwrap();
+    }
+    assert!(used > 1 << 30, "the dict went to the donors: {used}");
+    assert!(
+        committed * 10 >= used * 9,
+        "the donors lend {used} bytes and hold pages in {committed}"
+    );
+}
