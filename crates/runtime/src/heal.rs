@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use farmem_transport::{PageAddr, PageWrite};
 
+use crate::failure_log::FailureLog;
 use crate::health::Cause;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
@@ -59,6 +60,7 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
     let mut next_reclaim_poll = Instant::now();
     // The death each donor had when last looked at: a new one starts a healing episode.
     let mut deaths_seen: Vec<Option<Instant>> = vec![None; far.donors.len()];
+    let mut no_room_log = FailureLog::default();
     while !sh.shutdown.load(Ordering::Relaxed) {
         {
             // Until the next reclaim poll or dead-donor probe is due, unless woken (a donor
@@ -111,7 +113,26 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
                 episode.get_or_insert_with(Instant::now);
                 more = true;
             }
-            Healed::NoRoom => blocked_until = Instant::now() + NO_ROOM_RETRY,
+            Healed::NoRoom { why } => {
+                blocked_until = Instant::now() + NO_ROOM_RETRY;
+                if let Some(why) = why {
+                    if let Some(n) = no_room_log.should_log(&why) {
+                        let (short, _) = far.slab_health();
+                        let again = if n > 0 {
+                            format!(" (tried {n} times more since said)")
+                        } else {
+                            String::new()
+                        };
+                        tracing::warn!(
+                            "re-replication waits: {short} far slabs are short of copies and \
+                             no live donor takes a new one ({} of {} donors live): {why}; \
+                             retrying every second{again}",
+                            far.live_donors(),
+                            far.donors.len()
+                        );
+                    }
+                }
+            }
             Healed::Nothing => {
                 if let Some(t0) = episode.take() {
                     let took = t0.elapsed().as_secs_f64();
@@ -298,8 +319,8 @@ fn has_live_copy(sh: &Shared, r: &Replicas, besides: Option<usize>) -> bool {
 enum Healed {
     /// Copied one slab.
     One,
-    /// Slabs need copies but no live donor can take one now.
-    NoRoom,
+    /// Slabs need copies but no live donor can take one now (why, when a try failed).
+    NoRoom { why: Option<String> },
     /// Nothing (more) to do.
     Nothing,
 }
@@ -316,6 +337,7 @@ pub(crate) enum Source {
 fn heal_one(sh: &Shared) -> Healed {
     let far = &sh.far;
     let mut no_room = false;
+    let mut why = None;
     for (idx, r) in far.donor_slabs() {
         if r.as_slice()
             .iter()
@@ -348,13 +370,16 @@ fn heal_one(sh: &Shared) -> Healed {
         match copy_slab(sh, idx, r, source) {
             Ok(()) => return Healed::One,
             Err(e) => {
-                tracing::warn!("re-replicating far slab {idx}: {e}");
+                // Every other slab short of copies would meet the same refusal: one try a
+                // round, not one per slab.
+                why = Some(e.to_string());
                 no_room = true;
+                break;
             }
         }
     }
     if no_room {
-        Healed::NoRoom
+        Healed::NoRoom { why }
     } else {
         Healed::Nothing
     }

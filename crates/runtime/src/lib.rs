@@ -69,6 +69,7 @@ mod embedded;
 mod events;
 mod evict;
 mod failover;
+mod failure_log;
 mod far;
 mod farpages;
 mod fault;

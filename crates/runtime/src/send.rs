@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
 use crate::replicas::Replicas;
@@ -40,6 +41,8 @@ fn staged_live(st: &State, s: &Staged) -> bool {
 /// The sender. Runs until shutdown.
 pub(crate) fn send_loop(sh: Arc<Shared>) {
     let mut backoff = Duration::from_millis(10);
+    // A failure that lasts (a node gone, donors full) is retried every second at most:
+    // logging each retry filled the program's stderr with one error line a second.
     let mut failing = FailureLog::default();
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
@@ -70,10 +73,10 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
                  retrying): {e}",
                 batch.len()
             );
-            if failing.should_log(&e.to_string()) {
-                sh.report(msg, false);
-            } else {
-                sh.count_error(msg, false);
+            match failing.should_log(&e.to_string()) {
+                Some(0) => sh.report(msg, false),
+                Some(n) => sh.report(format!("{msg} (and {n} times more since said)"), false),
+                None => sh.count_error(msg, false),
             }
             sh.failing_since
                 .lock()
@@ -94,31 +97,6 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
         sh.send_failing.store(false, Ordering::Relaxed);
         *sh.failing_since.lock() = None;
         acknowledge(&sh, &batch);
-    }
-}
-
-/// Which failed write-backs are logged: a failure that lasts (a node gone, donors full) is
-/// retried every second at most, and logging each retry filled the program's stderr with one
-/// error line a second. The first failure is logged, then a failure with another cause at
-/// once and the same one every [`FAILURE_LOG_EVERY`]; all are counted (`send_errors`).
-#[derive(Default)]
-struct FailureLog {
-    last: Option<(std::time::Instant, String)>,
-}
-
-/// How often a lasting write-back failure with one cause is logged again.
-const FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
-
-impl FailureLog {
-    fn should_log(&mut self, cause: &str) -> bool {
-        let due = self
-            .last
-            .as_ref()
-            .is_none_or(|(t, c)| c != cause || t.elapsed() >= FAILURE_LOG_EVERY);
-        if due {
-            self.last = Some((std::time::Instant::now(), cause.to_string()));
-        }
-        due
     }
 }
 

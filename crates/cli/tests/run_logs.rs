@@ -1,0 +1,73 @@
+//! What the program's user is told while a condition lasts: once, with a count, then at most
+//! every 30 s — not a line per slab and per try. In a user's trial, re-replication with the
+//! donors full printed "re-replicating far slab N: the donors are full …" 145 times a second
+//! for 75 s into the program's own stderr.
+
+use std::time::Duration;
+
+use farmem_testkit::bins::require_preload_lib;
+use farmem_testkit::donor::Donor;
+use farmem_testkit::run::*;
+
+/// Writes 96 MiB, says so, waits, and hashes it.
+const PROGRAM: &str = "
+import hashlib, sys, time
+blocks = [hashlib.sha256(str(i).encode()).digest() * 32768 for i in range(96)]
+print('written', flush=True)
+time.sleep(6)
+h = hashlib.sha256()
+for b in blocks:
+    h.update(b)
+print(h.hexdigest())
+";
+
+#[test]
+fn re_replication_with_no_room_is_said_once_with_what_ran_out() {
+    require_preload_lib();
+    let python = require_program("python3", "python3");
+    let dir = Scratch::new("run-logs");
+    // Two roomy donors and one that fills at once: when a roomy one dies, its slabs' new
+    // copies have nowhere to go (the other roomy one holds their other copy).
+    let mut roomy = Donor::start("256MiB", "1MiB");
+    let other = Donor::start("256MiB", "1MiB");
+    let small = Donor::start("8MiB", "1MiB");
+    let (a, b, c) = (
+        roomy.addr.to_string(),
+        other.addr.to_string(),
+        small.addr.to_string(),
+    );
+    let log = dir.path("run.log");
+    let mut r = farmem_spawn(
+        &[
+            "--local-mem",
+            "32MiB",
+            "--donor",
+            &a,
+            "--donor",
+            &b,
+            "--donor",
+            &c,
+        ],
+        &[python.to_str().unwrap(), "-c", PROGRAM],
+        &log,
+    );
+    let t0 = std::time::Instant::now();
+    while !r.log_text().contains("written") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", r.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    roomy.signal("-KILL");
+    let _ = roomy.wait_exit();
+    let status = r.wait(Duration::from_secs(120));
+    let out = r.log_text();
+    assert!(status.success(), "{out}");
+    let waits = out.matches("re-replication waits").count();
+    assert!(
+        (1..=2).contains(&waits),
+        "said {waits} times over a 6 s wait: {out}"
+    );
+    assert!(!out.contains("re-replicating far slab"), "{out}");
+    // What ran out, in the donor's words, and how many donors are live now.
+    assert!(out.contains("capacity exhausted"), "{out}");
+    assert!(out.contains("(2 of 3 donors live)"), "{out}");
+}
