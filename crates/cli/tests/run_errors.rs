@@ -153,6 +153,63 @@ fn donor_refusing_the_token_is_reported() {
 }
 
 #[test]
+fn a_command_this_user_may_not_run_is_not_called_missing() {
+    // As nobody: a program behind a folder it may not search was "COMMAND not found: … does
+    // not exist"; so was one it may not execute.
+    use std::os::unix::fs::PermissionsExt;
+    let setpriv = require_program("setpriv", "util-linux");
+    let dir = Scratch::new("not-yours");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let private = dir.path("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let hidden = private.join("prog.sh");
+    std::fs::write(&hidden, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root_only = dir.path("root-only.sh");
+    std::fs::write(&root_only, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&root_only, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        Command::new(&setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(farmem())
+            .args(["run", "--local-mem", "64MiB", "--"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = as_nobody(&[hidden.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("cannot be reached by this user"),
+        "{}",
+        text(&o)
+    );
+    assert!(!stderr(&o).contains("does not exist"), "{}", text(&o));
+    let o = as_nobody(&[root_only.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("is not executable by this user"),
+        "{}",
+        text(&o)
+    );
+    // Found on PATH but not runnable: named, 126.
+    let o = Command::new(&setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .env("PATH", dir.0.to_str().unwrap())
+        .arg(farmem())
+        .args(["run", "--local-mem", "64MiB", "--", "root-only.sh"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("root-only.sh: is not executable by this user"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn userfaultfd_unavailable_to_the_user_is_explained() {
     // As user nobody, /dev/userfaultfd (root only) and the syscall (vm.unprivileged_userfaultfd
     // is 0 here) are both refused.

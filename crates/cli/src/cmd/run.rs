@@ -208,32 +208,38 @@ fn command_error(exit_code: u8, message: String) -> anyhow::Error {
 /// match in PATH.
 pub fn resolve_command(cmd: &OsStr, path_var: Option<&OsStr>) -> anyhow::Result<PathBuf> {
     let p = Path::new(cmd);
-    let is_exec = |p: &Path| {
-        p.metadata()
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
     if cmd.as_encoded_bytes().contains(&b'/') {
-        if !p.exists() {
-            return Err(command_error(
+        return match runnable(p) {
+            Runnable::Yes => Ok(p.to_path_buf()),
+            Runnable::Missing => Err(command_error(
                 127,
                 format!("COMMAND not found: {} does not exist", p.display()),
-            ));
-        }
-        if !is_exec(p) {
-            return Err(command_error(
+            )),
+            Runnable::No(why) => Err(command_error(
                 126,
-                format!("COMMAND {} is not an executable file", p.display()),
-            ));
-        }
-        return Ok(p.to_path_buf());
+                format!("COMMAND {}: {why}", p.display()),
+            )),
+        };
     }
     let path_var = path_var.unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+    // A file found on PATH that this user may not run is named (the shell says "Permission
+    // denied", exit 126), unless a later directory has one that runs.
+    let mut refused = None;
     for dir in std::env::split_paths(path_var) {
         let cand = dir.join(p);
-        if is_exec(&cand) {
-            return Ok(cand);
+        match runnable(&cand) {
+            Runnable::Yes => return Ok(cand),
+            Runnable::No(why) => {
+                refused.get_or_insert((cand, why));
+            }
+            Runnable::Missing => {}
         }
+    }
+    if let Some((cand, why)) = refused {
+        return Err(command_error(
+            126,
+            format!("COMMAND {}: {why}", cand.display()),
+        ));
     }
     Err(command_error(
         127,
@@ -243,6 +249,43 @@ pub fn resolve_command(cmd: &OsStr, path_var: Option<&OsStr>) -> anyhow::Result<
             path_var.to_string_lossy()
         ),
     ))
+}
+
+/// Whether this user can run the file at a path, and if not, why.
+enum Runnable {
+    Yes,
+    Missing,
+    No(String),
+}
+
+/// Tells "does not exist" from "cannot be reached" (a folder on the way this user may not
+/// search) from "not a file" from "not executable by this user": a program the user could not
+/// run was reported as not existing.
+fn runnable(p: &Path) -> Runnable {
+    let meta = match std::fs::metadata(p) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Runnable::Missing,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Runnable::No(format!(
+                "cannot be reached by this user ({e}): a folder on its path is not searchable \
+                 for it; run as a user who may, or give the folders o+x"
+            ))
+        }
+        Err(e) => return Runnable::No(format!("cannot be read ({e})")),
+    };
+    if !meta.is_file() {
+        return Runnable::No("is not an executable file (a directory or a device)".into());
+    }
+    match nix::unistd::access(p, nix::unistd::AccessFlags::X_OK) {
+        Ok(()) if meta.permissions().mode() & 0o111 != 0 => Runnable::Yes,
+        Ok(()) => Runnable::No("is not an executable file (no x bit: chmod +x it)".into()),
+        Err(e) => Runnable::No(format!(
+            "is not executable by this user ({e}; mode {:04o}, owner uid {}): chmod it, or run \
+             as a user who may",
+            meta.permissions().mode() & 0o7777,
+            std::os::unix::fs::MetadataExt::uid(&meta)
+        )),
+    }
 }
 
 /// What kind of executable a file is, as far as LD_PRELOAD is concerned.
