@@ -71,3 +71,67 @@ fn re_replication_with_no_room_is_said_once_with_what_ran_out() {
     assert!(out.contains("capacity exhausted"), "{out}");
     assert!(out.contains("(2 of 3 donors live)"), "{out}");
 }
+
+/// Writes 64 MiB, says so, waits, and hashes it.
+const SHORT_PROGRAM: &str = "
+import hashlib, time
+blocks = [hashlib.sha256(str(i).encode()).digest() * 32768 for i in range(64)]
+print('written', flush=True)
+time.sleep(2)
+h = hashlib.sha256()
+for b in blocks:
+    h.update(b)
+print(h.hexdigest())
+";
+
+/// Runs SHORT_PROGRAM on three donors with `extra` flags, killing one donor once it wrote
+/// (`kill`), and returns the exit status and the log.
+fn run_with_donor_loss(extra: &[&str], kill: bool) -> (std::process::ExitStatus, String) {
+    require_preload_lib();
+    let python = require_program("python3", "python3");
+    let dir = Scratch::new("run-degraded");
+    let mut donors: Vec<Donor> = (0..3).map(|_| Donor::start("256MiB", "1MiB")).collect();
+    let addrs: Vec<String> = donors.iter().map(|d| d.addr.to_string()).collect();
+    let mut args = vec!["--local-mem", "32MiB"];
+    for a in &addrs {
+        args.extend(["--donor", a.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    let log = dir.path("run.log");
+    let mut r = farmem_spawn(
+        &args,
+        &[python.to_str().unwrap(), "-c", SHORT_PROGRAM],
+        &log,
+    );
+    let t0 = std::time::Instant::now();
+    while !r.log_text().contains("written") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", r.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if kill {
+        donors[0].signal("-KILL");
+        let _ = donors[0].wait_exit();
+    }
+    let status = r.wait(Duration::from_secs(120));
+    (status, r.log_text())
+}
+
+#[test]
+fn a_run_that_lost_a_donor_says_it_ended_degraded_and_can_fail_for_scripts() {
+    let (status, out) = run_with_donor_loss(&["--fail-if-degraded"], true);
+    assert_eq!(status.code(), Some(75), "{out}");
+    assert!(
+        out.contains("the run ended degraded (dead donors: "),
+        "{out}"
+    );
+    assert!(out.contains("crash"), "{out}");
+    let (status, out) = run_with_donor_loss(&[], true);
+    assert!(status.success(), "{out}");
+    assert!(
+        out.contains("farmem: warning: the run ended degraded: dead donors: "),
+        "{out}"
+    );
+    let (status, out) = run_with_donor_loss(&["--fail-if-degraded"], false);
+    assert!(status.success(), "{out}");
+    assert!(!out.contains("degraded"), "{out}");
+}

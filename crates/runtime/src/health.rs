@@ -58,6 +58,9 @@ impl std::fmt::Display for Cause {
 pub(crate) struct Health {
     state: AtomicU8,
     dead: Mutex<Option<(Cause, Instant)>>,
+    /// Deaths it came back from: the cause and how long it was dead, so a donor declared
+    /// dead during a link drop and then back is still named at the end.
+    past: Mutex<Vec<(Cause, std::time::Duration)>>,
     /// A probe of this donor is running (one at a time).
     probing: AtomicBool,
     /// Reads given up on in a row for slowness (reset by any answer in time).
@@ -88,7 +91,9 @@ impl Health {
 
     /// The probe found the donor answering again.
     pub(crate) fn revive(&self) {
-        *self.dead.lock() = None;
+        if let Some((cause, at)) = self.dead.lock().take() {
+            self.past.lock().push((cause, at.elapsed()));
+        }
         self.state.store(LIVE, Ordering::Release);
     }
 
@@ -123,6 +128,11 @@ impl Health {
 
     pub(crate) fn end_probe(&self) {
         self.probing.store(false, Ordering::Release);
+    }
+
+    /// The deaths it came back from: each cause and how long it lasted.
+    pub(crate) fn past_deaths(&self) -> Vec<(Cause, std::time::Duration)> {
+        self.past.lock().clone()
     }
 
     /// Why and since when the donor is dead, if it is.

@@ -583,6 +583,23 @@ impl Runtime {
         (s.donor_bytes_taken, s.donor_bytes_filled) = sh.far.donor_bytes();
         s.replicas = sh.far.replicas as u64;
         (s.slabs_degraded, s.slabs_lost) = sh.far.slab_health();
+        s.donors_back = sh
+            .far
+            .donors
+            .iter()
+            .flat_map(|d| {
+                d.health
+                    .past_deaths()
+                    .into_iter()
+                    .map(move |(cause, lasted)| {
+                        format!(
+                            "{}: {cause}, back after {:.1} s",
+                            d.read.addr(),
+                            lasted.as_secs_f64()
+                        )
+                    })
+            })
+            .collect();
         s.dead_donors = sh
             .far
             .donors

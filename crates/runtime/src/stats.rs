@@ -177,6 +177,9 @@ pub struct Stats {
     pub replicas: u64,
     /// Donors declared dead (each with the kind of failure: crash, stall, partition, restart).
     pub dead_donors: Vec<String>,
+    /// Donors declared dead that came back (each with the kind and how long it lasted).
+    #[serde(default)]
+    pub donors_back: Vec<String>,
     /// Donor fetches served by another copy (a replica or the backup file) after the first
     /// failed or was slow.
     pub failovers: u64,
@@ -385,6 +388,9 @@ pub struct StatsSummary {
     /// Donors declared dead, each with the kind of failure.
     #[serde(default)]
     pub dead_donors: Vec<String>,
+    /// Donors declared dead that came back, each with the kind and how long it lasted.
+    #[serde(default)]
+    pub donors_back: Vec<String>,
     /// Far slabs with fewer live copies than `--replicas` at the end.
     #[serde(default)]
     pub slabs_degraded: u64,
@@ -432,6 +438,7 @@ impl From<&Stats> for StatsSummary {
             last_error: s.last_error.clone(),
             failovers: s.failovers,
             dead_donors: s.dead_donors.clone(),
+            donors_back: s.donors_back.clone(),
             slabs_degraded: s.slabs_degraded,
             slabs_healed: s.slabs_healed,
             last_heal_s: s.last_heal_s,
@@ -443,6 +450,25 @@ impl From<&Stats> for StatsSummary {
 }
 
 impl StatsSummary {
+    /// Why the run ended degraded, if it did: far slabs short of copies at the end, donors
+    /// dead, donors that died and came back.
+    pub fn degraded(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if self.slabs_degraded > 0 {
+            why.push(format!("{} far slabs short of copies", self.slabs_degraded));
+        }
+        if !self.dead_donors.is_empty() {
+            why.push(format!("dead donors: {}", self.dead_donors.join("; ")));
+        }
+        if !self.donors_back.is_empty() {
+            why.push(format!(
+                "donors dead for a while: {}",
+                self.donors_back.join("; ")
+            ));
+        }
+        (!why.is_empty()).then(|| why.join(", "))
+    }
+
     /// Adds another process's figures (a process tree's total): counts and bytes add up,
     /// prefetch ratios are weighted by pages prefetched, peaks and budgets add up (an upper
     /// bound; the tree's own peak is [`TreeStats::peak_local_bytes`]), the last error is the
@@ -494,6 +520,11 @@ impl StatsSummary {
         for d in &o.dead_donors {
             if !self.dead_donors.contains(d) {
                 self.dead_donors.push(d.clone());
+            }
+        }
+        for d in &o.donors_back {
+            if !self.donors_back.contains(d) {
+                self.donors_back.push(d.clone());
             }
         }
         self.slabs_degraded += o.slabs_degraded;

@@ -126,6 +126,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub over_budget_wait: u64,
+    /// Exit with status 75 (EX_TEMPFAIL) when the program succeeded but the run ended
+    /// degraded: far slabs short of copies, a donor dead (or dead for a while). For scripts
+    /// that must know their data was at risk.
+    #[arg(long)]
+    pub fail_if_degraded: bool,
     /// Write the runtime's counters as JSON to FILE, every second and at exit.
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
@@ -487,6 +492,10 @@ fn start_local_donor(capacity_bytes: u64) -> anyhow::Result<ChildDonor> {
 // ---------------------------------------------------------------------------------------------
 // the summary line
 
+/// `farmem run`'s exit status when the program succeeded but the run ended degraded and
+/// `--fail-if-degraded` was given (EX_TEMPFAIL).
+pub const DEGRADED_STATUS: u8 = 75;
+
 /// The summary printed at exit, from the `summary` of the stats file (zeros and "n/a" when the
 /// file has none: no runtime was started).
 pub fn summary_line(stats: &StatsFile) -> String {
@@ -709,12 +718,19 @@ fn failure_part(v: &farmem_runtime::StatsSummary) -> String {
             );
         }
     }
-    if v.dead_donors.is_empty() && v.failovers == 0 && v.backup_pages_read == 0 {
+    if v.dead_donors.is_empty()
+        && v.donors_back.is_empty()
+        && v.failovers == 0
+        && v.backup_pages_read == 0
+    {
         return s;
     }
     s += &format!("; {} reads failed over", v.failovers);
     if !v.dead_donors.is_empty() {
         s += &format!(", dead donors: {}", v.dead_donors.join("; "));
+    }
+    if !v.donors_back.is_empty() {
+        s += &format!(", donors dead for a while: {}", v.donors_back.join("; "));
     }
     if v.slabs_healed > 0 {
         s += &format!(", {} slab copies re-made", v.slabs_healed);
@@ -995,11 +1011,26 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
-    let code: u8 = match (status.code(), status.signal()) {
+    let mut code: u8 = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(s)) => 128u8.saturating_add(s as u8),
         _ => 1,
     };
+    let degraded = account
+        .as_ref()
+        .and_then(|v| v.summary.as_ref())
+        .and_then(|s| s.degraded());
+    if let Some(why) = &degraded {
+        if args.fail_if_degraded && code == 0 {
+            eprintln!(
+                "farmem: the run ended degraded ({why}): exit status {DEGRADED_STATUS} \
+                 (--fail-if-degraded)"
+            );
+            code = DEGRADED_STATUS;
+        } else if !args.quiet {
+            eprintln!("farmem: warning: the run ended degraded: {why}");
+        }
+    }
     if !args.quiet {
         match &account {
             Some(v) => {
@@ -1472,6 +1503,26 @@ mod tests {
         });
         assert!(none.contains("accuracy n/a"), "{none}");
         assert!(!none.contains("RSS"), "not measured, not shown: {none}");
+    }
+
+    #[test]
+    fn a_donor_dead_for_a_while_is_named_and_makes_the_run_degraded() {
+        let v = StatsSummary {
+            donors_back: vec!["10.0.0.5:7070: stall (connections accepted, requests \
+                               unanswered), back after 10.2 s"
+                .into()],
+            ..StatsSummary::default()
+        };
+        let s = summary_line(&StatsFile {
+            summary: Some(v.clone()),
+            ..StatsFile::default()
+        });
+        assert!(
+            s.contains("donors dead for a while: 10.0.0.5:7070: stall"),
+            "{s}"
+        );
+        assert!(v.degraded().unwrap().contains("back after 10.2 s"));
+        assert_eq!(StatsSummary::default().degraded(), None);
     }
 
     #[test]
