@@ -196,3 +196,64 @@ fn stats_on_an_unreachable_or_malformed_address_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/token"), "{err}");
 }
+
+#[test]
+fn several_donors_are_one_table_and_one_that_does_not_answer_is_named() {
+    let dir = farmem_testkit::run::Scratch::new("stats-several");
+    let token_file = dir.path("token");
+    std::fs::write(&token_file, "stats-test-token").unwrap();
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (_a, a) = start_donor(&token_file);
+    let (_b, b) = start_donor(&token_file);
+    // A port nothing listens on.
+    let gone = format!("127.0.0.1:{}", farmem_testkit::clients::free_port());
+    let token = token_file.to_str().unwrap();
+    let args = |json: bool| {
+        let mut v = vec![
+            "stats",
+            "--donor",
+            &a,
+            "--donor",
+            &b,
+            "--donor",
+            &gone,
+            "--token-file",
+            token,
+            "--interval-ms",
+            "0",
+        ];
+        if json {
+            v.push("--json");
+        }
+        farmem(&v)
+    };
+    let out = args(false);
+    assert_eq!(out.status.code(), Some(1), "one donor did not answer");
+    let table = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "donor ",
+        &format!("{a} "),
+        &format!("{b} "),
+        "256.0 MiB",
+        "all 2 answering: capacity 512.0 MiB",
+        &format!("NOT ANSWERING {gone}"),
+    ] {
+        assert!(table.contains(needle), "{needle:?} missing from:\n{table}");
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 3 donors did not answer"));
+    let out = args(true);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = v.as_array().expect("an array, one element per donor");
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["donor"], a.as_str());
+    assert_eq!(rows[1]["capacity_bytes"], 256u64 << 20);
+    assert_eq!(rows[2]["donor"], gone.as_str());
+    assert!(rows[2]["error"]
+        .as_str()
+        .unwrap()
+        .contains("could not connect"));
+}

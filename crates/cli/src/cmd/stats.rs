@@ -1,4 +1,6 @@
-//! `farmem stats --donor ADDR`: a donor's capacity, use and load, as a table or JSON; and
+//! `farmem stats --donor ADDR`: a donor's capacity, use and load, as a table or JSON (with
+//! `--donor` more than once, one row per donor, asked at once; one that does not answer is a
+//! row saying why, and the exit status 1); and
 //! `farmem stats --node [PATH]`: the host tier's capacity, use, holds, clients and reclaims.
 //!
 //! Asks the donor for its counters (STATS) over an ordinary client connection. Requests per
@@ -35,9 +37,10 @@ use serde::Serialize;
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("server").required(true).args(["donor", "node"])))]
 pub struct StatsArgs {
-    /// The donor to ask, HOST:PORT (e.g. 127.0.0.1:7070).
+    /// The donor to ask, HOST:PORT (e.g. 127.0.0.1:7070); more than once for a table of
+    /// several (JSON: an array).
     #[arg(long, value_name = "ADDR")]
-    pub donor: Option<String>,
+    pub donor: Vec<String>,
     /// Ask the host tier's node instead, on its Unix socket (default /run/farmem/node.sock).
     #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = farmem_node::DEFAULT_SOCKET_PATH, conflicts_with_all = ["donor", "token_file"])]
     pub node: Option<PathBuf>,
@@ -109,22 +112,133 @@ pub fn run(args: StatsArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.node {
         return node_stats(path, &args);
     }
-    let report = collect(&args)?;
+    if let [donor] = args.donor.as_slice() {
+        let report = collect(donor, &args)?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer(&mut out, &report)?;
+            writeln!(out)?;
+        } else {
+            write!(out, "{}", render(&report))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    several(&args)
+}
+
+/// `--donor` more than once: every donor asked at once (one interval for all), one row each.
+fn several(args: &StatsArgs) -> anyhow::Result<ExitCode> {
+    let results: Vec<(String, anyhow::Result<StatsReport>)> = std::thread::scope(|s| {
+        let asked: Vec<_> = args
+            .donor
+            .iter()
+            .map(|d| (d.clone(), s.spawn(move || collect(d, args))))
+            .collect();
+        asked
+            .into_iter()
+            .map(|(d, h)| {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("asking {d} panicked")));
+                (d, r)
+            })
+            .collect()
+    });
+    let failed = results.iter().filter(|(_, r)| r.is_err()).count();
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer(&mut out, &report)?;
+        let rows: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(d, r)| match r {
+                Ok(rep) => serde_json::to_value(rep).unwrap_or(serde_json::Value::Null),
+                Err(e) => serde_json::json!({ "donor": d, "error": format!("{e:#}") }),
+            })
+            .collect();
+        serde_json::to_writer(&mut out, &rows)?;
         writeln!(out)?;
     } else {
-        write!(out, "{}", render(&report))?;
+        write!(out, "{}", render_table(&results))?;
+    }
+    drop(out);
+    if failed > 0 {
+        eprintln!(
+            "farmem stats: {failed} of {} donors did not answer (see their rows)",
+            results.len()
+        );
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Connects, samples and builds the report.
-pub fn collect(args: &StatsArgs) -> anyhow::Result<StatsReport> {
-    let Some(donor) = args.donor.as_deref() else {
-        anyhow::bail!("name the donor to ask with --donor HOST:PORT");
-    };
+/// One row per donor: what each lends, holds and serves.
+fn render_table(results: &[(String, anyhow::Result<StatsReport>)]) -> String {
+    let mut rows = vec![[
+        "donor".to_string(),
+        "capacity".into(),
+        "used".into(),
+        "committed".into(),
+        "slabs".into(),
+        "clients".into(),
+        "requests/s".into(),
+        "p99".into(),
+        "wanted back".into(),
+    ]];
+    let mut errors = Vec::new();
+    let (mut cap, mut used, mut committed) = (0, 0, 0);
+    for (d, r) in results {
+        match r {
+            Ok(r) => {
+                cap += r.capacity_bytes;
+                used += r.used_bytes;
+                committed += r.committed_bytes;
+                rows.push([
+                    d.clone(),
+                    human_bytes(r.capacity_bytes),
+                    format!(
+                        "{} ({:.0}%)",
+                        human_bytes(r.used_bytes),
+                        percent(r.used_bytes, r.capacity_bytes)
+                    ),
+                    human_bytes(r.committed_bytes),
+                    format!("{} of {}", r.slabs, human_bytes(r.slab_size_bytes)),
+                    r.clients.to_string(),
+                    format!("{:.1}", r.requests_per_s),
+                    format!("{:.1} µs", r.service_p99_us),
+                    human_bytes(r.reclaim_wanted_bytes),
+                ]);
+            }
+            Err(e) => errors.push(format!("{d}: {e:#}")),
+        }
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out += cells.join("  ").trim_end();
+        out.push('\n');
+    }
+    out += &format!(
+        "all {} answering: capacity {}, used {} ({:.0}%), committed {}\n",
+        rows.len() - 1,
+        human_bytes(cap),
+        human_bytes(used),
+        percent(used, cap),
+        human_bytes(committed)
+    );
+    for e in errors {
+        out += &format!("NOT ANSWERING {e}\n");
+    }
+    out
+}
+
+/// Connects to `donor`, samples and builds the report.
+pub fn collect(donor: &str, args: &StatsArgs) -> anyhow::Result<StatsReport> {
     let token = args
         .token_file
         .as_deref()
