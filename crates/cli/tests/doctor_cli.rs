@@ -1,6 +1,8 @@
 //! `farmem doctor` end to end: it passes on this machine (root, /dev/userfaultfd, Linux >= 6.8)
 //! and prints one line per check; `--json` says the same; a check that fails (a donor address
-//! that refuses connections) makes it exit non-zero, naming the address and what to do.
+//! that refuses connections) makes it exit non-zero, naming the address and what to do; a
+//! refused token, a careless token file, several donors and a node this user may not use are
+//! each told apart with their fix.
 
 use std::process::{Command, Output};
 
@@ -87,10 +89,10 @@ fn a_donor_that_refuses_connections_fails_the_doctor() {
     let out = String::from_utf8_lossy(&o.stdout);
     let line = out
         .lines()
-        .find(|l| l.contains("donor round trip"))
+        .find(|l| l.contains(&format!("donor {addr}")))
         .unwrap_or_else(|| panic!("no donor line:\n{out}"));
     assert!(line.starts_with("FAILED "), "{line}");
-    assert!(line.contains(&addr), "{line}");
+    assert!(line.contains("nothing answers at"), "{line}");
     assert!(line.contains("farmem donor --listen"), "{line}");
     // The other checks still ran and passed.
     assert!(
@@ -102,4 +104,117 @@ fn a_donor_that_refuses_connections_fails_the_doctor() {
     assert_eq!(json.status.code(), Some(1), "{}", text(&json));
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v["ok"], false, "{v}");
+}
+
+/// The line of check `name` in doctor's table output.
+fn line_of(o: &Output, name: &str) -> String {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find(|l| l.get(8..).is_some_and(|r| r.starts_with(name)))
+        .unwrap_or_else(|| panic!("no line for {name}:\n{out}"))
+        .to_string()
+}
+
+#[test]
+fn a_refused_token_is_named_as_the_cause_and_each_donor_is_checked() {
+    use farmem_testkit::donor::Donor;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = farmem_testkit::run::Scratch::new("doctor-token");
+    let good = dir.path("good");
+    let wrong = dir.path("wrong");
+    std::fs::write(&good, "the-donors-token\n").unwrap();
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    for f in [&good, &wrong] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let a = Donor::spawn(&[
+        "--capacity",
+        "64MiB",
+        "--token-file",
+        good.to_str().unwrap(),
+    ]);
+    let b = Donor::spawn(&[
+        "--capacity",
+        "64MiB",
+        "--token-file",
+        good.to_str().unwrap(),
+    ]);
+    let (a, b) = (a.addr.to_string(), b.addr.to_string());
+    // The wrong token: the refusal is the cause, not "start a donor there".
+    let o = doctor(&["--donor", &a, "--token-file", wrong.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let line = line_of(&o, &format!("donor {a}"));
+    assert!(
+        line.starts_with("FAILED ") && line.contains("refused the auth token"),
+        "{line}"
+    );
+    assert!(!line.contains("start a donor"), "{line}");
+    // The right one, two donors: a line each, with what each lends.
+    let o = doctor(&[
+        "--donor",
+        &a,
+        "--donor",
+        &b,
+        "--token-file",
+        good.to_str().unwrap(),
+    ]);
+    for d in [&a, &b] {
+        let line = line_of(&o, &format!("donor {d}"));
+        assert!(
+            line.starts_with("ok ") && line.contains("lends 64.0 MiB in slabs of"),
+            "{line}"
+        );
+    }
+    assert!(line_of(&o, "token file").starts_with("ok "), "{}", text(&o));
+    // A token file others may read: said, with the fix, and the donors not asked with it.
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = doctor(&["--donor", &a, "--token-file", wrong.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let line = line_of(&o, "token file");
+    assert!(
+        line.starts_with("FAILED ") && line.contains("chmod 600"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_node_this_user_may_not_use_is_told_from_one_not_running() {
+    use std::os::unix::fs::PermissionsExt;
+    let setpriv = farmem_testkit::run::require_program("setpriv", "util-linux");
+    let dir = farmem_testkit::run::Scratch::new("doctor-node");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path("node.sock");
+    // Not running: a note (farmem run starts a private node).
+    let o = doctor(&["--node", socket.to_str().unwrap()]);
+    let line = line_of(&o, "host tier node");
+    assert!(
+        line.starts_with("note ") && line.contains("no node runs at"),
+        "{line}"
+    );
+    let _node = farmem_node::child::child_node_command(env!("CARGO_BIN_EXE_farmem"), &socket)
+        .args(["--capacity", "64MiB"])
+        .spawn()
+        .unwrap_or_else(|e| panic!("the node did not start: {e}"));
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Root uses it.
+    let o = doctor(&["--node", socket.to_str().unwrap()]);
+    let line = line_of(&o, "host tier node");
+    assert!(
+        line.starts_with("ok ") && line.contains("lends 64.0 MiB"),
+        "{line}"
+    );
+    // Another user may not: said so, with the socket's mode and owner, not "start one".
+    let o = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_farmem"))
+        .args(["doctor", "--node", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let line = line_of(&o, "host tier node");
+    assert!(
+        line.starts_with("FAILED ") && line.contains("this user may not use it"),
+        "{line}"
+    );
+    assert!(line.contains("mode 0600, uid 0"), "{line}");
+    assert!(!line.contains("start one"), "{line}");
 }

@@ -3,7 +3,10 @@
 //! runtime's own error when userfaultfd is unavailable), and takes two quick figures: the
 //! userfaultfd fault floor (faults answered from memory by a handler thread in this process)
 //! and a donor round trip (one 4 KiB page read from a donor started in this process on
-//! 127.0.0.1:0, or from `--donor ADDR`).
+//! 127.0.0.1:0, or from each `--donor ADDR`, with what it lends). It also checks what users
+//! met: the token file (`--token-file`: mode, kind, size), each donor telling "nothing listens
+//! there" from "it refused the token", and the host's node (`--node`, default the host's
+//! socket) telling "not running" from "this user may not use it".
 //!
 //! One line per check, `ok`, `note` (farmem runs, with less) or `FAILED` with what to do; the
 //! exit status is 1 if any check failed. `--json` prints the same as one object.
@@ -25,13 +28,17 @@ pub struct DoctorArgs {
     /// Print the checks as one JSON object: {"ok", "checks": [{"name", "status", "detail"}]}.
     #[arg(long)]
     pub json: bool,
-    /// Measure the round trip to this donor (HOST:PORT) instead of one started in this process.
-    /// One slab is taken for the check and freed after it.
+    /// Check this donor (HOST:PORT; more than once for several) and measure its round trip
+    /// instead of one started in this process. One slab is taken for the check and freed
+    /// after it.
     #[arg(long, value_name = "ADDR")]
-    pub donor: Option<String>,
-    /// File holding the token to present to --donor.
+    pub donor: Vec<String>,
+    /// File holding the token to present to --donor (checked as `farmem run` reads it).
     #[arg(long, value_name = "FILE", requires = "donor")]
     pub token_file: Option<std::path::PathBuf>,
+    /// The host tier's node socket to check (default: the host's, /run/farmem/node.sock).
+    #[arg(long, value_name = "PATH")]
+    pub node: Option<std::path::PathBuf>,
 }
 
 /// The oldest kernel farmem runs on (userfaultfd MOVE).
@@ -151,7 +158,24 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         )),
     }
     checks.push(check_fault_floor());
-    checks.push(check_donor(&args));
+    let token = match &args.token_file {
+        Some(f) => {
+            let (check, token) = check_token_file(f);
+            checks.push(check);
+            token
+        }
+        None => None,
+    };
+    if args.donor.is_empty() {
+        checks.push(check_donor(None, None));
+    } else if args.token_file.is_none() || token.is_some() {
+        checks.extend(
+            args.donor
+                .iter()
+                .map(|d| check_donor(Some(d), token.clone())),
+        );
+    }
+    checks.push(check_node(args.node.as_deref()));
     let report = Report {
         ok: checks.iter().all(|c| c.status != Status::Failed),
         checks,
@@ -274,57 +298,174 @@ fn check_fault_floor() -> Check {
     }
 }
 
-fn check_donor(args: &DoctorArgs) -> Check {
-    let name = "donor round trip";
-    let measured = (|| -> anyhow::Result<(String, f64)> {
-        let mut cfg = ClientConfig {
-            connect_timeout: Duration::from_secs(3),
-            ..ClientConfig::default()
-        };
-        if let Some(f) = &args.token_file {
-            cfg.token = Some(
-                std::fs::read(f)
-                    .with_context(|| format!("reading the token file {}", f.display()))?,
-            );
-        }
-        let (_local, addr, whose) = match &args.donor {
-            Some(addr) => (None, addr.clone(), "donor"),
-            None => {
-                let donor = DonorServer::bind(DonorConfig {
-                    listen: "127.0.0.1:0".into(),
-                    capacity_bytes: 16 << 20,
-                    slab_size_bytes: 1 << 20,
-                    ..DonorConfig::default()
-                })
-                .context("starting a donor in this process on 127.0.0.1")?
-                .spawn();
-                let addr = donor.local_addr().to_string();
-                (Some(donor), addr, "in-process donor")
-            }
-        };
-        let p50 = donor_p50_us(&addr, cfg).with_context(|| match &args.donor {
-            Some(_) => format!(
-                "{whose} {addr}: start a donor there (farmem donor --listen {addr}) or give \
-                 the address of a running one"
+/// The token file as `farmem run` and `farmem donor` read it (regular file, mode 600, 1 to 256
+/// bytes); the token, when it can be used.
+fn check_token_file(f: &std::path::Path) -> (Check, Option<Vec<u8>>) {
+    match crate::cmd::donor::read_token_file(f) {
+        Ok(t) => (
+            Check::new(
+                "token file",
+                Status::Ok,
+                format!(
+                    "{}: a {}-byte token, private to its owner",
+                    f.display(),
+                    t.len()
+                ),
             ),
-            None => format!("{whose} {addr}: loopback TCP to this process failed"),
-        })?;
-        Ok((format!("{whose} {addr}"), p50))
-    })();
-    match measured {
-        Ok((whose, p50)) => Check::new(
-            name,
-            Status::Ok,
-            format!("p50 {p50:.1} µs (one 4 KiB page from the {whose}, {SAMPLES} reads)"),
+            Some(t),
         ),
-        Err(e) => Check::new(name, Status::Failed, format!("{e:#}")),
+        Err(e) => (
+            Check::new(
+                "token file",
+                Status::Failed,
+                format!("{e:#} (the donors were not asked)"),
+            ),
+            None,
+        ),
     }
 }
 
-/// Writes one page to a slab of the donor at `addr`, reads it back [`SAMPLES`] times, frees
-/// the slab; the median read, microseconds.
-fn donor_p50_us(addr: &str, cfg: ClientConfig) -> anyhow::Result<f64> {
-    let client = DonorClient::connect(addr, cfg).context("connecting")?;
+/// One donor (`addr`), or one started in this process: reachable, accepting the token, what it
+/// lends, and a page's round trip. The failure says its real cause first: nothing listening
+/// there, the token refused, or another refusal in the donor's words.
+fn check_donor(addr: Option<&str>, token: Option<Vec<u8>>) -> Check {
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_secs(3),
+        token,
+        ..ClientConfig::default()
+    };
+    let (name, _local, addr, whose) = match addr {
+        Some(a) => (format!("donor {a}"), None, a.to_string(), "donor"),
+        None => {
+            let started = DonorServer::bind(DonorConfig {
+                listen: "127.0.0.1:0".into(),
+                capacity_bytes: 16 << 20,
+                slab_size_bytes: 1 << 20,
+                ..DonorConfig::default()
+            });
+            match started {
+                Ok(d) => {
+                    let d = d.spawn();
+                    let a = d.local_addr().to_string();
+                    (
+                        "donor round trip".to_string(),
+                        Some(d),
+                        a,
+                        "in-process donor",
+                    )
+                }
+                Err(e) => {
+                    return Check::new(
+                        "donor round trip",
+                        Status::Failed,
+                        format!("starting a donor in this process on 127.0.0.1: {e}"),
+                    )
+                }
+            }
+        }
+    };
+    let client = match DonorClient::connect(&addr, cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            let why = match &e {
+                farmem_transport::TransportError::Connect { source, .. } => format!(
+                    "nothing answers at {addr} ({source}): start a donor there (farmem donor \
+                     --listen {addr}) or give the address of a running one"
+                ),
+                // The transport's words name the cause and the fix (a refused token: check
+                // --token-file on both sides).
+                _ => e.to_string(),
+            };
+            return Check::new(name, Status::Failed, why);
+        }
+    };
+    let info = client.info();
+    let lends = format!(
+        "lends {} in slabs of {}",
+        crate::cmd::stats::human_bytes(info.capacity_bytes),
+        crate::cmd::stats::human_bytes(info.slab_size_bytes)
+    );
+    match donor_p50_us(&client) {
+        Ok(p50) => Check::new(
+            name,
+            Status::Ok,
+            format!(
+                "p50 {p50:.1} µs (one 4 KiB page from the {whose} {addr}, {SAMPLES} reads); \
+                 {lends}"
+            ),
+        ),
+        Err(e) => Check::new(name, Status::Failed, format!("{addr} ({lends}): {e:#}")),
+    }
+}
+
+/// The host tier's node: running and usable by this user, not running (a note: `farmem run`
+/// starts a private node), or there but not for this user (its socket's mode or group).
+fn check_node(path: Option<&std::path::Path>) -> Check {
+    use std::os::unix::fs::MetadataExt;
+    let name = "host tier node";
+    let path = path
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(farmem_node::default_socket_path);
+    let shown = path.display();
+    match farmem_node::NodeClient::connect(&path, farmem_node::NodeClientConfig::default()) {
+        Ok(c) => match c.stats() {
+            Ok(s) => Check::new(
+                name,
+                Status::Ok,
+                format!(
+                    "{shown}: lends {} ({} in use), {} clients",
+                    crate::cmd::stats::human_bytes(s.capacity_bytes),
+                    crate::cmd::stats::human_bytes(s.used_bytes),
+                    s.clients.len().saturating_sub(1)
+                ),
+            ),
+            Err(e) => Check::new(name, Status::Failed, format!("{shown}: {e}")),
+        },
+        Err(farmem_node::NodeError::Connect { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            let owner = std::fs::metadata(&path)
+                .map(|m| {
+                    format!(
+                        " (mode {:04o}, uid {} gid {})",
+                        m.mode() & 0o7777,
+                        m.uid(),
+                        m.gid()
+                    )
+                })
+                .unwrap_or_default();
+            Check::new(
+                name,
+                Status::Failed,
+                format!(
+                    "a node runs at {shown} but this user may not use it{owner}: ask for \
+                     membership of the socket's group, or run without it (farmem run \
+                     --local-donor tcp, or --node PATH of a node of your own)"
+                ),
+            )
+        }
+        Err(farmem_node::NodeError::Connect { source, .. })
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            Check::new(
+                name,
+                Status::Note,
+                format!(
+                    "no node runs at {shown}: farmem run starts a private node for each \
+                     program (one host tier for all: farmem node --capacity SIZE)"
+                ),
+            )
+        }
+        Err(e) => Check::new(name, Status::Failed, e.to_string()),
+    }
+}
+
+/// Writes one page to a slab of the donor, reads it back [`SAMPLES`] times, frees the slab;
+/// the median read, microseconds.
+fn donor_p50_us(client: &DonorClient) -> anyhow::Result<f64> {
     let slab = client.alloc_slab().context("allocating a slab")?;
     let page = PageAddr { slab, page: 0 };
     let data = vec![0x5au8; PAGE_SIZE];
