@@ -135,3 +135,40 @@ fn a_run_that_lost_a_donor_says_it_ended_degraded_and_can_fail_for_scripts() {
     assert!(status.success(), "{out}");
     assert!(!out.contains("degraded"), "{out}");
 }
+
+#[test]
+fn the_stats_file_says_what_the_run_holds_on_each_donor() {
+    require_preload_lib();
+    let python = require_program("python3", "python3");
+    let dir = Scratch::new("run-per-donor");
+    let donors: Vec<Donor> = (0..2).map(|_| Donor::start("256MiB", "1MiB")).collect();
+    let (a, b) = (donors[0].addr.to_string(), donors[1].addr.to_string());
+    let stats = dir.path("stats.json");
+    let o = farmem_run(
+        &[
+            "--local-mem",
+            "32MiB",
+            "--donor",
+            &a,
+            "--donor",
+            &b,
+            "--stats",
+            stats.to_str().unwrap(),
+        ],
+        &[python.to_str().unwrap(), "-c", SHORT_PROGRAM],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_stats(&stats);
+    let per = v["summary"]["donors"]
+        .as_array()
+        .expect("per-donor figures");
+    assert_eq!(per.len(), 2, "{v}");
+    for (d, addr) in per.iter().zip([&a, &b]) {
+        assert_eq!(d["addr"], addr.as_str(), "{d}");
+        assert_eq!(d["health"], "live", "{d}");
+        assert_eq!(d["capacity_bytes"], 256u64 << 20, "{d}");
+        // Two copies of every far slab: both donors hold some.
+        assert!(d["far_slabs"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["bytes_taken"].as_u64().unwrap() >= d["bytes_filled"].as_u64().unwrap());
+    }
+}

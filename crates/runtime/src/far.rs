@@ -504,6 +504,34 @@ impl Far {
         }
     }
 
+    /// What this runtime holds on each of its donors now.
+    pub(crate) fn donor_uses(&self) -> Vec<crate::stats::DonorUse> {
+        let far_slab = self.slab_pages * PAGE_SIZE as u64;
+        self.donors
+            .iter()
+            .map(|d| {
+                let (held, pieces) = d.pack.lock().usage();
+                let info = d.read.info();
+                crate::stats::DonorUse {
+                    addr: d.read.addr().to_string(),
+                    health: if d.health.is_dead() {
+                        "dead"
+                    } else if d.health.is_suspect() {
+                        "suspect"
+                    } else {
+                        "live"
+                    }
+                    .into(),
+                    far_slabs: *d.slabs_placed.lock(),
+                    bytes_taken: held as u64 * info.slab_size_bytes,
+                    bytes_filled: pieces as u64 * far_slab,
+                    capacity_bytes: info.capacity_bytes,
+                    slab_size_bytes: info.slab_size_bytes,
+                }
+            })
+            .collect()
+    }
+
     /// Bytes of donor slabs held now, and the bytes far slabs fill of them: what this runtime
     /// takes of its donors against what it uses.
     pub(crate) fn donor_bytes(&self) -> (u64, u64) {

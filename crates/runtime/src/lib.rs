@@ -117,9 +117,9 @@ pub use prefetch::PrefetchInstall;
 pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use seal::SealError;
 pub use stats::{
-    clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, FaultLatency, LatencySummary,
-    PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu, TreeProcess, TreeStats,
-    UnmanagedMapping, UnmanagedReport, UnpagedProcess,
+    clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, DonorUse, FaultLatency,
+    LatencySummary, PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu,
+    TreeProcess, TreeStats, UnmanagedMapping, UnmanagedReport, UnpagedProcess,
 };
 
 use shared::Shared;
@@ -581,6 +581,7 @@ impl Runtime {
         s.pool_capacity_pages = u64::from(pool_limit);
         s.slabs_placed = sh.far.slabs_placed();
         (s.donor_bytes_taken, s.donor_bytes_filled) = sh.far.donor_bytes();
+        s.donors = sh.far.donor_uses();
         s.replicas = sh.far.replicas as u64;
         (s.slabs_degraded, s.slabs_lost) = sh.far.slab_health();
         s.donors_back = sh

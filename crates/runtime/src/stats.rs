@@ -55,6 +55,23 @@ pub struct FaultLatency {
     pub failover: LatencySummary,
 }
 
+/// What a runtime holds on one donor.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DonorUse {
+    /// HOST:PORT.
+    pub addr: String,
+    /// `live`, `suspect` or `dead`.
+    pub health: String,
+    /// Far slab copies placed there now.
+    pub far_slabs: u64,
+    /// Bytes of its slabs held, and the bytes far slabs fill of them.
+    pub bytes_taken: u64,
+    pub bytes_filled: u64,
+    /// What it lends in all (as it said when this runtime connected) and its slab size.
+    pub capacity_bytes: u64,
+    pub slab_size_bytes: u64,
+}
+
 /// A snapshot of the runtime's counters (process-wide).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Stats {
@@ -180,6 +197,9 @@ pub struct Stats {
     /// Donors declared dead that came back (each with the kind and how long it lasted).
     #[serde(default)]
     pub donors_back: Vec<String>,
+    /// Each donor this runtime uses: where it is, its health, what this runtime holds there.
+    #[serde(default)]
+    pub donors: Vec<DonorUse>,
     /// Donor fetches served by another copy (a replica or the backup file) after the first
     /// failed or was slow.
     pub failovers: u64,
@@ -375,6 +395,9 @@ pub struct StatsSummary {
     /// Fetched pages that failed their seal check (also counted in `fetch_errors`).
     #[serde(default)]
     pub seal_rejected: u64,
+    /// What the run holds on each donor (a tree's processes added up per donor).
+    #[serde(default)]
+    pub donors: Vec<DonorUse>,
     /// Bytes of donor slabs held at the end, and the bytes far slabs filled of them.
     #[serde(default)]
     pub donor_bytes_taken: u64,
@@ -433,6 +456,7 @@ impl From<&Stats> for StatsSummary {
             fetch_errors: s.fetch_errors,
             send_errors: s.send_errors,
             seal_rejected: s.seal_rejected,
+            donors: s.donors.clone(),
             donor_bytes_taken: s.donor_bytes_taken,
             donor_bytes_filled: s.donor_bytes_filled,
             last_error: s.last_error.clone(),
@@ -510,6 +534,20 @@ impl StatsSummary {
         self.send_errors += o.send_errors;
         self.seal_rejected += o.seal_rejected;
         self.donor_bytes_taken += o.donor_bytes_taken;
+        for d in &o.donors {
+            match self.donors.iter_mut().find(|x| x.addr == d.addr) {
+                Some(x) => {
+                    x.far_slabs += d.far_slabs;
+                    x.bytes_taken += d.bytes_taken;
+                    x.bytes_filled += d.bytes_filled;
+                    // The worst health any process saw.
+                    if d.health == "dead" || (d.health == "suspect" && x.health == "live") {
+                        x.health.clone_from(&d.health);
+                    }
+                }
+                None => self.donors.push(d.clone()),
+            }
+        }
         self.donor_bytes_filled += o.donor_bytes_filled;
         if o.last_error.is_some() {
             self.last_error.clone_from(&o.last_error);
