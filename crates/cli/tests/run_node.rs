@@ -297,6 +297,10 @@ fn two_programs_share_one_node_within_its_cap() {
             "32MiB".into(),
             "--stats".into(),
             stats.to_str().unwrap().to_string(),
+            // The second program's pages wait over its budget until the first one exits and
+            // its slabs come back (by default it would be killed after 30 s at its budget).
+            "--over-budget".into(),
+            "allow".into(),
         ]
     };
     let (sa, sb) = (dir.path("a.json"), dir.path("b.json"));

@@ -107,6 +107,8 @@ pub(crate) struct Far {
     pub(crate) sealer: Option<Sealer>,
     /// The local backup file (`--backup-file`), if any.
     pub(crate) backup: Option<Backup>,
+    /// When new far slabs last went to the backup file alone ([`Far::alloc_on_donor`]).
+    backup_only_log: Mutex<crate::failure_log::FailureLog>,
     /// Held shared while pages are written to a slab's replicas, exclusively while
     /// re-replication copies a chunk or changes a replica list ([`crate::heal`]), so a copy
     /// never overwrites a newer write.
@@ -302,6 +304,7 @@ impl Far {
             tier,
             sealer,
             backup,
+            backup_only_log: Mutex::default(),
             copy_gate: RwLock::new(()),
             dropped: Mutex::new(Vec::new()),
             heal_cv: Condvar::new(),
@@ -465,21 +468,58 @@ impl Far {
                 step: "allocating a slab",
                 source,
             }),
-            None => Err(RuntimeError::NowhereToPlace {
-                tier: self
-                    .tier
-                    .as_ref()
-                    .map_or_else(|| "no host tier".into(), Tier::describe),
-                node_gone: self.tier.as_ref().is_some_and(Tier::is_gone),
-            }),
+            None => Err(self.nowhere_to_place()),
         }
     }
 
     /// Allocates a new far slab's replicas, without recording them: the caller records them
     /// with [`Far::set_home`].
+    /// The error for a far slab neither the host tier nor any donor takes.
+    pub(crate) fn nowhere_to_place(&self) -> RuntimeError {
+        RuntimeError::NowhereToPlace {
+            tier: self.tier.as_ref().map(Tier::describe),
+            node_gone: self.tier.as_ref().is_some_and(Tier::is_gone),
+            donors: self.donors.len(),
+        }
+    }
+
+    /// With a backup file, a slab no donor takes (none live, or all full) lives in the file
+    /// alone (no replica: its pages are written there directly and read from there) until
+    /// re-replication finds a donor for it: the program pages at disk speed and keeps its
+    /// budget, as Infiniswap falls back to its disk.
     pub(crate) fn alloc_on_donor(&self) -> Result<Home, RuntimeError> {
-        self.alloc_replicas(self.replicas, &Replicas::empty())
-            .map(Home::Donors)
+        match self.alloc_replicas(self.replicas, &Replicas::empty()) {
+            Ok(r) => Ok(Home::Donors(r)),
+            Err(e @ (RuntimeError::DonorsFull { .. } | RuntimeError::NowhereToPlace { .. }))
+                if self.backup.is_some() && !self.donors.is_empty() =>
+            {
+                self.backup_only_slab(&e);
+                Ok(Home::Donors(Replicas::empty()))
+            }
+            Err(e) if self.backup.is_some() && self.live_donors() == 0 => {
+                self.backup_only_slab(&e);
+                Ok(Home::Donors(Replicas::empty()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Says (once a cause, then every 30 s) that new far slabs go to the backup file alone.
+    fn backup_only_slab(&self, why: &RuntimeError) {
+        let why = why.to_string();
+        if let Some(n) = self.backup_only_log.lock().should_log(&why) {
+            let again = if n > 0 {
+                format!(" ({n} more slabs since said)")
+            } else {
+                String::new()
+            };
+            tracing::warn!(
+                "no donor takes a new far slab ({} of {} donors live: {why}): new far pages go \
+                 to the backup file alone, at disk speed, until re-replication finds a donor{again}",
+                self.live_donors(),
+                self.donors.len()
+            );
+        }
     }
 
     /// A piece of one of donor `d`'s slabs for a far slab: of a slab this runtime holds there
@@ -495,7 +535,12 @@ impl Far {
         let Some(donor) = self.donors.get(x.donor) else {
             return; // a borrowed connection's: not ours to free
         };
-        *donor.slabs_placed.lock() = donor.slabs_placed.lock().saturating_sub(1);
+        {
+            // One guard: `*m.lock() = m.lock() - 1` holds the first guard to the statement's
+            // end and deadlocks on the second.
+            let mut placed = donor.slabs_placed.lock();
+            *placed = placed.saturating_sub(1);
+        }
         let empty = donor.pack.lock().release(x.piece());
         if let Some(slab) = empty {
             if let Err(e) = donor.write.free_slab(slab) {

@@ -181,11 +181,14 @@ pub enum RuntimeError {
         #[source]
         source: farmem_node::NodeError,
     },
-    #[error("nowhere to put evicted pages: {tier} {}", nowhere_why(*.node_gone))]
+    #[error("nowhere to put evicted pages: {}", nowhere_why(.tier.as_deref(), *.node_gone, *.donors))]
     NowhereToPlace {
-        tier: String,
+        /// The host tier, described, if one is used.
+        tier: Option<String>,
         /// The node has ended (its connection is closed), rather than being full.
         node_gone: bool,
+        /// Donors configured (none of them live, when this is said).
+        donors: usize,
     },
     #[error("the private node (this program's host tier) could not be started: {reason}")]
     PrivateNode { reason: String },
@@ -239,14 +242,31 @@ pub enum RuntimeError {
     Internal(&'static str),
 }
 
-/// The rest of [`RuntimeError::NowhereToPlace`]'s message: why, and what to do.
-fn nowhere_why(node_gone: bool) -> &'static str {
-    if node_gone {
-        "is gone (its node ended: was `farmem run` or the node killed?) and no donor is \
-         configured; the pages stay in this process, over the budget"
+/// [`RuntimeError::NowhereToPlace`]'s message: what is out of room, and what to do. It said
+/// "no host tier lends no more slabs and no donor is configured" with every donor dead.
+fn nowhere_why(tier: Option<&str>, node_gone: bool, donors: usize) -> String {
+    let tier = match tier {
+        Some(t) if node_gone => {
+            format!("{t} is gone (its node ended: was `farmem run` or the node killed?)")
+        }
+        Some(t) => format!("{t} lends no more slabs"),
+        None => "there is no host tier".into(),
+    };
+    if donors == 0 && node_gone {
+        format!(
+            "{tier} and no donor is configured; the pages stay in this process, over the budget"
+        )
+    } else if donors == 0 {
+        format!(
+            "{tier} and no donor is configured; the pages stay in this process: give the node \
+             more --capacity, name donors with --donor, or raise the budget"
+        )
     } else {
-        "lends no more slabs and no donor is configured; give the node more --capacity, name \
-         donors with --donor, or raise the budget"
+        format!(
+            "{tier} and none of the {donors} donor(s) is live (see the warnings above for each); \
+             the pages wait in the write-back pool until one answers: restart the donors, or \
+             give --backup-file so pages go to disk meanwhile"
+        )
     }
 }
 

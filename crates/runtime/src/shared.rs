@@ -377,9 +377,7 @@ impl Shared {
     /// How long write-back has been failing, if it is and faults are to wait for it
     /// ([`OverBudget::Fail`]).
     fn backpressure(&self) -> Option<Duration> {
-        if !matches!(self.over_budget, OverBudget::Fail { .. })
-            || !self.send_failing.load(Ordering::Relaxed)
-        {
+        if !self.budget_enforced() || !self.send_failing.load(Ordering::Relaxed) {
             return None;
         }
         Some(
@@ -392,9 +390,22 @@ impl Shared {
     fn must_wait_for_room(&self, st: &State) -> bool {
         st.pages.resident() >= self.budget.limit()
             && !st.paused
-            && (!self.send_failing.load(Ordering::Relaxed)
-                || matches!(self.over_budget, OverBudget::Fail { .. }))
+            && (!self.send_failing.load(Ordering::Relaxed) || self.budget_enforced())
             && !self.evictor_blocked.load(Ordering::Relaxed)
+    }
+
+    /// Whether failing write-back makes faults wait and, in the end, kills the process
+    /// ([`OverBudget::Fail`]). Not once the node that was the only place for pages has ended
+    /// (`farmem run` or the node was killed): nothing can ever take the pages again, and
+    /// killing the program would lose what it holds; it keeps them, over its budget.
+    fn budget_enforced(&self) -> bool {
+        matches!(self.over_budget, OverBudget::Fail { .. })
+            && !(self.far.donors.is_empty()
+                && self
+                    .far
+                    .tier
+                    .as_ref()
+                    .is_some_and(crate::tier::Tier::is_gone))
     }
 
     /// Far memory ran out and stayed out for `wait` with the program at its budget: ends the

@@ -278,16 +278,7 @@ impl Shared {
                 self.far.set_home(idx, Some(home));
                 home
             }
-            None if self.far.donors.is_empty() => {
-                return Err(RuntimeError::NowhereToPlace {
-                    tier: self
-                        .far
-                        .tier
-                        .as_ref()
-                        .map_or_else(|| "no host tier".into(), Tier::describe),
-                    node_gone: self.far.tier.as_ref().is_some_and(Tier::is_gone),
-                })
-            }
+            None if self.far.donors.is_empty() => return Err(self.far.nowhere_to_place()),
             None => {
                 let home = self.far.alloc_on_donor()?;
                 self.far.set_home(idx, Some(home));

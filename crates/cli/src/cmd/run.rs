@@ -281,9 +281,13 @@ fn runnable(p: &Path) -> Runnable {
     if !meta.is_file() {
         return Runnable::No("is not an executable file (a directory or a device)".into());
     }
+    // No x bit at all first: access(X_OK) refuses that to root too, and "not executable by
+    // this user" would send root looking at users.
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Runnable::No("is not an executable file (no x bit: chmod +x it)".into());
+    }
     match nix::unistd::access(p, nix::unistd::AccessFlags::X_OK) {
-        Ok(()) if meta.permissions().mode() & 0o111 != 0 => Runnable::Yes,
-        Ok(()) => Runnable::No("is not an executable file (no x bit: chmod +x it)".into()),
+        Ok(()) => Runnable::Yes,
         Err(e) => Runnable::No(format!(
             "is not executable by this user ({e}; mode {:04o}, owner uid {}): chmod it, or run \
              as a user who may",
