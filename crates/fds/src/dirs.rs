@@ -185,15 +185,18 @@ impl OwnedDir {
         })
     }
 
-    /// The path of `entry` in this directory through its descriptor (`/proc/self/fd/N/…`),
-    /// short enough for a socket address, and pinned to the directory opened.
-    pub fn entry_path(&self, entry: &OsStr) -> PathBuf {
-        Path::new(&format!("/proc/self/fd/{}", self.fd.as_raw_fd())).join(entry)
-    }
-
-    /// The entries (name and type, not following links); `None` if it cannot be read.
-    pub fn entries(&self) -> Option<Vec<(OsString, FileType)>> {
-        entries(self.fd.as_fd())
+    /// The sockets in it (not links to sockets), each as a path through the directory's
+    /// descriptor (`/proc/self/fd/N/NAME`: short enough for a socket address, and pinned to the
+    /// directory opened); `None` if it cannot be read.
+    pub fn sockets(&self) -> Option<Vec<PathBuf>> {
+        let here = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
+        let list = entries(self.fd.as_fd())?;
+        Some(
+            list.into_iter()
+                .filter(|(_, kind)| *kind == FileType::Socket)
+                .map(|(name, _)| here.join(name))
+                .collect(),
+        )
     }
 
     /// Removes everything in it (links and sockets as names, never followed), then the
