@@ -112,10 +112,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "MODE", default_value = "auto",
           value_parser = |s: &str| s.parse::<SealMode>().map_err(|e| e.to_string()))]
     pub seal: SealMode,
-    /// Write the runtime's counters as JSON to FILE, every second and at exit.
+    /// Write the runtime's counters as JSON to FILE, every second and at exit. Each write
+    /// replaces FILE atomically (a randomly named temporary file next to it, mode 0600, renamed
+    /// over it); an existing FILE that is a link, a FIFO, a device or another user's file is
+    /// refused.
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
-    /// Record the program's page accesses into a trace file (for `farmem sim`).
+    /// Record the program's page accesses into a trace file (for `farmem sim`). A new FILE gets
+    /// mode 0600; an existing one must be this user's regular file (it is truncated): a link,
+    /// a FIFO, a device or another user's file is refused.
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<PathBuf>,
     /// Private anonymous mappings (writable, or PROT_NONE reservations) of at least this size
