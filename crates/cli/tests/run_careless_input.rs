@@ -1,6 +1,7 @@
 //! Careless input, each refused with one clear error line and a non-zero exit before anything
-//! starts: `farmem run` with an unwritable --stats path, --record-trace /dev/full, --local-mem
-//! above the machine's memory, token files that are world-readable, empty or over-long;
+//! starts: `farmem run` with an unwritable --stats path, --record-trace /dev/full (a device),
+//! --local-mem above the machine's memory, token files that are world-readable, empty or
+//! over-long;
 //! `farmem donor` with a --capacity above the machine's memory. A token file's one trailing
 //! newline is not part of the token (`echo secret > tok` works against a file without it).
 
@@ -53,12 +54,20 @@ fn stats_to_an_unwritable_path_fails_before_the_program_starts() {
 }
 
 #[test]
-fn record_trace_to_a_full_device_fails() {
+fn record_trace_to_a_device_is_refused() {
+    // It used to be opened (and /dev/full failed with "No space left"): farmem writes only
+    // regular files of its user's (see run_output_files.rs).
     let o = farmem_run(
         &["--local-mem", "256MiB", "--record-trace", "/dev/full"],
         &["true"],
     );
-    refused(&o, &["--record-trace /dev/full", "No space left"]);
+    refused(
+        &o,
+        &[
+            "--record-trace /dev/full",
+            "is a character device, not a regular file",
+        ],
+    );
 }
 
 #[test]

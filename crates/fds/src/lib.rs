@@ -1,6 +1,8 @@
 //! farmem-fds: the descriptors farmem keeps open inside a program's process (its
 //! userfaultfds, the sockets to the host tier, the donors and the tree's coordinator, the
-//! backup file), kept out of the program's way.
+//! backup file), kept out of the program's way; and how farmem opens the files and
+//! directories it makes for a user ([`files`], [`dirs`]) so other local users cannot redirect
+//! them.
 //!
 //! A program owns its descriptor table and uses it freely: a shell runs `exec 4>file`
 //! (`dup2` onto 4), a daemon closes every descriptor above 2, `subprocess` closes them all in
@@ -26,6 +28,9 @@
 //! - A program that makes the system call itself (`syscall(SYS_close_range, ...)`) still
 //!   closes them; so does a static binary (which farmem does not page anyway).
 //! - At most [`SLOTS`] descriptors are recorded; more are moved but not protected.
+
+pub mod dirs;
+pub mod files;
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};

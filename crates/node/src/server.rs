@@ -163,6 +163,10 @@ pub enum NodeServerError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    /// The socket's folder belongs to another user, or others may write to it without the
+    /// sticky bit: they could swap the socket for a link between its bind and its chmod.
+    #[error("the socket's folder is unsafe: {0}")]
+    UnsafeDir(#[source] farmem_fds::dirs::DirError),
     /// A live node already answers on the path.
     #[error("a node is already listening on {}; stop it first or pick another --socket", path.display())]
     AlreadyRunning { path: PathBuf },
@@ -676,6 +680,7 @@ fn prepare_path(path: &Path) -> Result<(), NodeServerError> {
                     source,
                 })?;
         }
+        farmem_fds::dirs::check_shared_parent(dir).map_err(NodeServerError::UnsafeDir)?;
     }
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,

@@ -5,7 +5,6 @@
 //! from glibc, never from region memory.
 
 use std::ffi::c_int;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -510,18 +509,16 @@ fn measure_unmanaged() -> Option<UnmanagedReport> {
     }
 }
 
-/// Writes the stats file atomically (temporary file + rename).
-fn write_stats(path: &Path, final_: bool) -> std::io::Result<()> {
-    // The periodic writer and the exit hook share one temporary path: one writer at a time,
-    // or their bytes interleave into a corrupt file.
+/// Writes the stats file atomically, without following a link another user planted there
+/// ([`farmem_fds::files::replace`]: a temporary file with a random name, then a rename).
+fn write_stats(path: &Path, final_: bool) -> Result<(), farmem_fds::files::FileError> {
+    // The periodic writer and the exit hook write the same file: one at a time, so the
+    // last rename is the newest content.
     let _one_writer = WriterLock::take();
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        serde_json::to_writer(&mut f, &stats_file(final_))?;
-        f.write_all(b"\n")?;
-    }
-    std::fs::rename(&tmp, path)
+    farmem_fds::files::replace(path, |w| {
+        serde_json::to_writer(&mut *w, &stats_file(final_))?;
+        w.write_all(b"\n")
+    })
 }
 
 /// The stats writers' lock: the pid of the process whose thread holds it. Not a mutex: a

@@ -13,8 +13,9 @@
 //! - A read first waits until every write queued before it is on the file ([`Backup::flush`]),
 //!   so the file never hands back an older version of a page than the one last sent; pages
 //!   never written to the file are reported absent, never read as zeros.
-//! - The file is created new (an existing one is refused: it may be another program's), mode
-//!   0600, and removed when the runtime ends: it holds nothing once the program is gone.
+//! - The file is created new (`O_CREAT|O_EXCL|O_NOFOLLOW`: an existing file or a link planted
+//!   at the name is refused, it may be another program's or another user's), mode 0600, and
+//!   removed when the runtime ends: it holds nothing once the program is gone.
 //!
 //! # Limitations
 //!
@@ -89,6 +90,8 @@ impl Backup {
             .read(true)
             .write(true)
             .create_new(true)
+            // O_EXCL already refuses a link at the name; said again, plainly.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .mode(0o600)
             .open(path)
             .map(farmem_fds::protect)

@@ -152,7 +152,7 @@ impl PrivateNode {
                 stop: Some(stop),
             }),
             Err(reason) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = farmem_fds::dirs::remove_private_dir(&dir);
                 Err(RuntimeError::PrivateNode { reason })
             }
         }
@@ -179,25 +179,13 @@ impl Drop for PrivateNode {
         drop(self.stop.take());
         // The node is killed (SIGKILL), so its socket file stays behind: remove it. (Its
         // keeper may still be reaping it; the socket file is not needed for that.)
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = farmem_fds::dirs::remove_private_dir(&self.dir);
     }
 }
 
-/// A new directory only this user can enter, under the temporary directory.
+/// A new directory only this user can enter, under the temporary directory (an unguessable
+/// name; a temporary directory other users could rename entries of is refused).
 fn private_dir() -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
-    for _ in 0..16 {
-        let dir = base.join(format!(
-            "farmem-node-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other("16 random names were all taken"))
+    farmem_fds::dirs::private_dir(&std::env::temp_dir(), "farmem-node-")
+        .map_err(std::io::Error::other)
 }

@@ -74,13 +74,14 @@ pub enum TraceError {
         /// Why.
         source: std::io::Error,
     },
-    /// The trace file could not be created.
-    #[error("cannot create trace {path} (check the directory exists and is writable)")]
+    /// The trace file could not be created (or an existing path is not this user's regular
+    /// file: see [`farmem_fds::files::create_stream`]).
+    #[error("cannot create trace {path}: {source}")]
     Create {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        source: farmem_fds::files::FileError,
     },
     /// Reading failed for a reason other than the end of the file.
     #[error("cannot read the trace")]
@@ -202,10 +203,12 @@ pub struct TraceWriter<W: Write + Seek> {
 }
 
 impl TraceWriter<File> {
-    /// Creates (or truncates) the file at `path` and writes the header.
+    /// Creates (or truncates) the file at `path` and writes the header. A link at `path` is
+    /// never followed, and an existing path must be this user's regular file; a new file has
+    /// mode 0600 ([`farmem_fds::files::create_stream`]).
     pub fn create(path: impl AsRef<Path>) -> Result<Self, TraceError> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|source| TraceError::Create {
+        let file = farmem_fds::files::create_stream(path).map_err(|source| TraceError::Create {
             path: path.to_path_buf(),
             source,
         })?;

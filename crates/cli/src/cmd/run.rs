@@ -131,10 +131,15 @@ pub struct RunArgs {
     /// that must know their data was at risk.
     #[arg(long)]
     pub fail_if_degraded: bool,
-    /// Write the runtime's counters as JSON to FILE, every second and at exit.
+    /// Write the runtime's counters as JSON to FILE, every second and at exit. Each write
+    /// replaces FILE atomically (a randomly named temporary file next to it, mode 0600, renamed
+    /// over it); an existing FILE that is a link, a FIFO, a device or another user's file is
+    /// refused.
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
-    /// Record the program's page accesses into a trace file (for `farmem sim`).
+    /// Record the program's page accesses into a trace file (for `farmem sim`). A new FILE gets
+    /// mode 0600; an existing one must be this user's regular file (it is truncated): a link,
+    /// a FIFO, a device or another user's file is refused.
     #[arg(long, value_name = "FILE")]
     pub record_trace: Option<PathBuf>,
     /// Private anonymous mappings (writable, or PROT_NONE reservations) of at least this size
@@ -1230,30 +1235,12 @@ mod preflight {
     }
 
     /// Checks, before the program starts, that the output file `path` of `flag` can be
-    /// written: opens (or creates) it for appending and, for a new file or a character device
-    /// (`/dev/full`), writes one byte; then removes what it created. An existing file is left
-    /// as it is.
+    /// written the way farmem writes it ([`farmem_fds::files`]): an existing path must be this
+    /// user's regular file (not a link, a FIFO, a device or another user's file), and a file of
+    /// one byte must be creatable next to it (removed again). An existing file is left as it is.
     pub fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::FileTypeExt as _;
-        let existing = std::fs::metadata(path).ok().map(|m| m.file_type());
-        let probe_write = existing.is_none_or(|t| t.is_char_device());
-        let probe = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| {
-                if probe_write {
-                    f.write_all(b"\n").and_then(|()| f.flush())
-                } else {
-                    Ok(())
-                }
-            });
-        let existed = existing.is_some();
-        if !existed && path.is_file() {
-            let _ = std::fs::remove_file(path);
-        }
-        probe.map_err(|e| anyhow::anyhow!("{flag} {}: cannot write there: {e}", path.display()))
+        farmem_fds::files::check_writable(path)
+            .map_err(|e| anyhow::anyhow!("{flag} {}: cannot write there: {e}", path.display()))
     }
 
     pub fn check_userfaultfd() -> anyhow::Result<()> {

@@ -7,7 +7,6 @@
 //! hosts on `budget.sock`. This module adds them up: the summary line and `--stats` give the
 //! tree's totals, with each process's own figures and the coordinator's peak beside them.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -25,19 +24,12 @@ pub struct TreeDir {
 }
 
 impl TreeDir {
-    /// Makes a fresh directory (mode 700) in the temporary directory.
+    /// Makes a fresh directory (mode 700, an unguessable name, see
+    /// [`farmem_fds::dirs::private_dir`]) in the temporary directory.
     pub fn create() -> anyhow::Result<TreeDir> {
         use std::os::unix::fs::DirBuilderExt;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let path =
-            std::env::temp_dir().join(format!("farmem-run-{}-{nanos:08x}", std::process::id()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("creating the process tree's directory {}", path.display()))?;
+        let path = farmem_fds::dirs::private_dir(&std::env::temp_dir(), "farmem-run-")
+            .context("creating the process tree's directory")?;
         let dir = TreeDir { path };
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -77,7 +69,9 @@ impl TreeDir {
 
 impl Drop for TreeDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        if let Err(e) = farmem_fds::dirs::remove_private_dir(&self.path) {
+            tracing::warn!("removing {}: {e}", self.path.display());
+        }
     }
 }
 
@@ -172,15 +166,14 @@ fn unmanaged_total(files: &[StatsFile]) -> Option<UnmanagedReport> {
     total
 }
 
-/// Writes `file` to `path` atomically (temporary file + rename).
-pub fn write(path: &Path, file: &StatsFile) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        serde_json::to_writer(&mut f, file)?;
-        f.write_all(b"\n")?;
-    }
-    std::fs::rename(&tmp, path)
+/// Writes `file` to `path` atomically, without following a link another user planted there
+/// ([`farmem_fds::files::replace`]: mode 0600; an existing path must be this user's regular
+/// file).
+pub fn write(path: &Path, file: &StatsFile) -> Result<(), farmem_fds::files::FileError> {
+    farmem_fds::files::replace(path, |w| {
+        serde_json::to_writer(&mut *w, file)?;
+        w.write_all(b"\n")
+    })
 }
 
 #[cfg(test)]

@@ -179,7 +179,8 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
 
     if let Some(path) = &args.plot {
         let title = format!("hit ratio vs cache size: {source}");
-        std::fs::write(path, report::svg(&rows, &title))
+        let svg = report::svg(&rows, &title);
+        farmem_fds::files::replace(path, |w| w.write_all(svg.as_bytes()))
             .with_context(|| format!("cannot write the plot to {}", path.display()))?;
     }
     if args.json {

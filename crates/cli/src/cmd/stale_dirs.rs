@@ -7,14 +7,22 @@
 //!
 //! # Design
 //!
-//! A directory is removed only when all of these hold: its name is one of the two forms; it is
-//! a directory (not a symbolic link) owned by this user; no process with its PID exists (in
-//! this PID namespace); and none of the sockets in it accepts a connection. The last test
-//! keeps the directories of a run in another PID namespace that shares the temporary
-//! directory (a container): its PID is not seen here, but its sockets answer.
+//! A directory is removed only when all of these hold: the temporary directory belongs to root
+//! or this user and others cannot rename entries in it (not writable by them, or sticky); its
+//! name is one of the two forms; it is a directory (not a symbolic link) owned by this user
+//! that others cannot write to; no process with its PID exists (in this PID namespace); and
+//! none of the sockets in it accepts a connection. The last test keeps the directories of a
+//! run in another PID namespace that shares the temporary directory (a container): its PID is
+//! not seen here, but its sockets answer.
+//!
+//! The directory is opened once, without following a link, and checked, probed and emptied
+//! through that descriptor ([`farmem_fds::dirs::OwnedDir`]): another user who swaps it for a
+//! link after the check, or plants links in a directory of theirs named like farmem's, makes
+//! farmem neither follow nor remove anything outside it.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
+
+use farmem_fds::dirs::OwnedDir;
 
 /// The name prefixes of the directories `farmem run` makes.
 const PREFIXES: [&str; 2] = ["farmem-run-", "farmem-node-"];
@@ -28,38 +36,40 @@ fn pid_of(name: &str) -> Option<u32> {
 }
 
 /// Whether a socket in `dir` accepts a connection (a live node or coordinator).
-fn has_live_socket(dir: &Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+fn has_live_socket(dir: &OwnedDir) -> bool {
+    let Some(sockets) = dir.sockets() else {
         return true; // cannot tell: keep it
     };
-    entries.flatten().any(|e| {
-        e.file_type().is_ok_and(|t| t.is_socket())
-            && std::os::unix::net::UnixStream::connect(e.path()).is_ok()
-    })
+    sockets
+        .iter()
+        .any(|s| std::os::unix::net::UnixStream::connect(s).is_ok())
 }
 
-/// Removes the directories under `base` left by runs that are gone; returns how many.
+/// Removes the directories under `base` left by runs that are gone; returns how many. Nothing
+/// in a `base` that others may write to without the sticky bit (they could rename another
+/// run's live directory to a dead run's name there).
 pub fn sweep(base: &Path) -> usize {
+    if let Err(e) = farmem_fds::dirs::check_shared_parent(base) {
+        tracing::debug!("not sweeping {}: {e}", base.display());
+        return 0;
+    }
     let Ok(entries) = std::fs::read_dir(base) else {
         return 0;
     };
-    let me = nix::unistd::geteuid().as_raw();
     let mut removed = 0;
     for e in entries.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(pid_of) else {
             continue;
         };
         let path = e.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        // Not a link, this user's, closed to others: else not farmem's, kept.
+        let Some(dir) = OwnedDir::open(base, &e.file_name()) else {
             continue;
         };
-        if !meta.is_dir() || meta.uid() != me {
+        if Path::new(&format!("/proc/{pid}")).exists() || has_live_socket(&dir) {
             continue;
         }
-        if Path::new(&format!("/proc/{pid}")).exists() || has_live_socket(&path) {
-            continue;
-        }
-        if std::fs::remove_dir_all(&path).is_ok() {
+        if dir.remove().is_ok() {
             tracing::debug!(
                 "removed {}, left by a farmem run that was killed",
                 path.display()
