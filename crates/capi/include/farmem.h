@@ -3,7 +3,8 @@
  * Memory from fm_alloc lives in a region: it stays in local memory up to the budget given to
  * fm_init; the rest lives on donors (`farmem donor` processes) and comes back on access,
  * transparently. With no donor named, fm_init starts a local donor child process (the
- * `farmem` binary from $FARMEM_BIN or PATH).
+ * `farmem` binary from $FARMEM_BIN or PATH; a set-user-ID or set-group-ID program must name
+ * donors instead, since the user's environment is not trusted there).
  *
  * All functions are thread-safe. On failure they return -1 or NULL and fm_last_error()
  * says what failed and what to do.

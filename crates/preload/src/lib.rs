@@ -30,6 +30,10 @@
 //! - `MADV_FREE` is turned into `MADV_DONTNEED` while regions are active (allowed by its
 //!   semantics; the kernel would otherwise drop region pages without telling the runtime).
 //! - Alignments above 32 MiB (which mimalloc's arenas cannot serve) come from glibc.
+//! - A set-user-ID, set-group-ID or file-capability program (secure execution) is never
+//!   under farmem: the dynamic loader ignores the library's path in `LD_PRELOAD` there, and if
+//!   the library is loaded some other way (`/etc/ld.so.preload`, linked in) it stays inactive
+//!   and reads no `FARMEM_*` variable, with one warning on stderr.
 
 // The unit-test binary has no constructor (it must keep its own malloc), so the start-up path
 // is unused there.
@@ -178,6 +182,16 @@ extern "C" fn init() {
     internal(|| {
         // SAFETY: resolves glibc symbols with dlsym while this thread allocates from glibc.
         unsafe { shim::fmp_resolve_symbols() };
+        if farmem_runtime::secure::secure_execution() {
+            // The environment is the user's, the rights are the program's: settings taken
+            // from it would be files written and binaries run with those rights.
+            eprintln!(
+                "farmem: warning: this program runs set-user-ID, set-group-ID or with file \
+                 capabilities (secure execution): libfarmem_preload.so stays inactive and \
+                 ignores every FARMEM_* variable"
+            );
+            return;
+        }
         let cfg = match config::take_from_env() {
             Ok(Some(cfg)) => cfg,
             Ok(None) => {

@@ -25,12 +25,27 @@ use crate::{RuntimeConfig, RuntimeError};
 pub(crate) const FAULT_PATH_SPIN: Duration = Duration::from_micros(50);
 
 /// The `farmem` binary that starts the children: `RuntimeConfig::farmem_bin`, else
-/// `$FARMEM_BIN`, else `farmem` on PATH.
-fn farmem_binary(cfg: &RuntimeConfig) -> PathBuf {
-    cfg.farmem_bin
+/// `$FARMEM_BIN`, else `farmem` on PATH. In secure execution only an absolute
+/// `RuntimeConfig::farmem_bin`: the environment and PATH are the user's, and what they name
+/// would run with the program's rights ([`crate::secure`]).
+fn farmem_binary(cfg: &RuntimeConfig) -> Result<PathBuf, String> {
+    if crate::secure::secure_execution() {
+        return match &cfg.farmem_bin {
+            Some(bin) if bin.is_absolute() => Ok(bin.clone()),
+            _ => Err(
+                "this program runs set-user-ID, set-group-ID or with file capabilities, \
+                      so farmem starts no binary named by FARMEM_BIN, PATH or a relative path: \
+                      set RuntimeConfig::farmem_bin to the farmem binary's absolute path, or \
+                      name donors"
+                    .into(),
+            ),
+        };
+    }
+    Ok(cfg
+        .farmem_bin
         .clone()
         .or_else(|| std::env::var_os("FARMEM_BIN").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("farmem"))
+        .unwrap_or_else(|| PathBuf::from("farmem")))
 }
 
 /// What to tell a user whose child could not even be spawned.
@@ -84,7 +99,8 @@ pub(crate) struct EmbeddedDonor {
 
 impl EmbeddedDonor {
     pub(crate) fn start(cfg: &RuntimeConfig) -> Result<EmbeddedDonor, RuntimeError> {
-        let command = ChildDonorCommand::new(farmem_binary(cfg))
+        let bin = farmem_binary(cfg).map_err(|reason| RuntimeError::EmbeddedDonor { reason })?;
+        let command = ChildDonorCommand::new(bin)
             .arg("--capacity")
             .arg(cfg.embedded_capacity_bytes.to_string())
             .arg("--slab-size")
@@ -138,7 +154,7 @@ impl PrivateNode {
             // the node's per-client logs are not the program's output
             .env(
                 "FARMEM_LOG",
-                std::env::var("FARMEM_LOG").unwrap_or_else(|_| "warn".into()),
+                crate::secure::env_var_os("FARMEM_LOG").unwrap_or_else(|| "warn".into()),
             );
         let started = keep(thread_hook, "node", move || match command.spawn() {
             Ok(c) => Ok((c, String::new())),
@@ -161,7 +177,7 @@ impl PrivateNode {
     /// Starts the private node of a runtime configured with `cfg`.
     pub(crate) fn for_runtime(cfg: &RuntimeConfig) -> Result<PrivateNode, RuntimeError> {
         PrivateNode::start(
-            farmem_binary(cfg),
+            farmem_binary(cfg).map_err(|reason| RuntimeError::PrivateNode { reason })?,
             cfg.embedded_capacity_bytes,
             cfg.embedded_slab_size_bytes,
             cfg.thread_hook.clone(),
@@ -186,6 +202,7 @@ impl Drop for PrivateNode {
 /// A new directory only this user can enter, under the temporary directory (an unguessable
 /// name; a temporary directory other users could rename entries of is refused).
 fn private_dir() -> std::io::Result<PathBuf> {
-    farmem_fds::dirs::private_dir(&std::env::temp_dir(), "farmem-node-")
+    // The temporary directory as the secure-execution rules allow (crate::secure).
+    farmem_fds::dirs::private_dir(&crate::secure::temp_dir(), "farmem-node-")
         .map_err(std::io::Error::other)
 }

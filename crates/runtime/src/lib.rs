@@ -88,6 +88,7 @@ mod prefetch_thread;
 mod replicas;
 pub mod run_settings;
 mod seal;
+pub mod secure;
 mod send;
 mod shared;
 pub mod signals;

@@ -20,6 +20,14 @@ use farmem_uffd::{RegisterMode, Uffd, UffdError};
 
 use crate::{RuntimeError, PAGE_SIZE};
 
+/// Whether this process runs in secure-execution mode (`getauxval(AT_SECURE)`: set-user-ID,
+/// set-group-ID or file capabilities): see [`crate::secure`].
+pub(crate) fn at_secure() -> bool {
+    // SAFETY: getauxval only reads the auxiliary vector the kernel gave the process, which
+    // lives as long as the process; it has no preconditions (an absent entry reads as 0).
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
 /// Maps a new region of `len` bytes: private anonymous memory, 4 KiB pages only.
 pub(crate) fn map_region(len: usize) -> Result<Mapping, RuntimeError> {
     let m = Mapping::anonymous(len).map_err(|source| RuntimeError::Mmap {

@@ -377,11 +377,33 @@ pub fn classify_bytes(data: &[u8]) -> ExecKind {
 }
 
 /// Checks that LD_PRELOAD will reach the program; follows `#!` interpreters.
+/// Refuses a set-user-ID or set-group-ID program that would change this user's ids: the
+/// kernel runs it in secure-execution mode, where the dynamic loader ignores the library's path
+/// in `LD_PRELOAD` (and the library, loaded some other way, stays inactive), so it would run
+/// without farmem. File capabilities are not looked at.
+fn check_not_secure_exec(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    let mode = meta.mode();
+    let which = if mode & libc::S_ISUID != 0 && meta.uid() != nix::unistd::getuid().as_raw() {
+        "set-user-ID"
+    } else if mode & libc::S_ISGID != 0 && meta.gid() != nix::unistd::getgid().as_raw() {
+        "set-group-ID"
+    } else {
+        return Ok(());
+    };
+    bail!(
+        "{} is {which}: it runs with other rights than yours, where the dynamic loader ignores \
+         LD_PRELOAD, so farmem cannot page its memory (run it without farmem)",
+        path.display()
+    )
+}
+
 fn check_preloadable(path: &Path) -> anyhow::Result<()> {
     let mut cur = path.to_path_buf();
     for _ in 0..4 {
         match classify_executable(&cur)? {
-            ExecKind::Dynamic => return Ok(()),
+            ExecKind::Dynamic => return check_not_secure_exec(&cur),
             ExecKind::Static => bail!(
                 "{} is statically linked: LD_PRELOAD cannot reach it, so farmem cannot page its \
                  memory (rebuild it dynamically linked, or use farmem's C API)",
