@@ -39,6 +39,7 @@ pub fn config() -> DonorConfig {
             name: "fuzz".into(),
             token: TOKEN.to_vec(),
             quota_bytes: None,
+            max_connections: None,
         }],
         ..DonorConfig::default()
     }

@@ -22,8 +22,9 @@
 //! connection stays usable; a request whose payload is refused is still read to its end, so the
 //! next frame starts where it should.
 //!
-//! Error log lines are rate-limited per connection: the first [`ERRORS_LOGGED_IN_FULL`] in
-//! full, then one in a thousand.
+//! Log lines are rate-limited by who causes them, not per connection (a new connection would
+//! get a fresh allowance): an authenticated connection's lines are charged to its tenant, an
+//! unauthenticated one's to its peer address and to the donor-wide limit (`loglimit`).
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -38,6 +39,7 @@ use farmem_proto::{
     HEADER_LEN, MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN, PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
 
+use crate::loglimit::LogKey;
 use crate::mem::{self, SlabMemory};
 use crate::poll::PollChoice;
 use crate::server::{Shared, WRITE_TIMEOUT};
@@ -56,8 +58,6 @@ fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
-/// Error lines logged in full per connection before rate limiting starts.
-const ERRORS_LOGGED_IN_FULL: u64 = 16;
 /// AUTH attempts a connection may make (register, then attach, or the reverse, with a retry)
 /// before it is closed.
 const MAX_AUTH_ATTEMPTS: u32 = 4;
@@ -254,6 +254,16 @@ pub(crate) enum Peer {
     InProcess,
 }
 
+impl Peer {
+    /// The peer's IP address, if it has one.
+    fn ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Peer::Tcp(a) => Some(a.ip()),
+            Peer::InProcess => None,
+        }
+    }
+}
+
 impl fmt::Display for Peer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -291,6 +301,8 @@ pub(crate) struct Connection<W: Wire> {
     /// This connection's id in the server's connection table.
     id: u64,
     client: Option<u64>,
+    /// The tenant of `client`; while set, this connection holds an authenticated slot.
+    tenant: Option<usize>,
     /// HELLO's challenge, once sent: AUTH must answer it.
     nonce: Option<[u8; NONCE_LEN]>,
     auth_attempts: u32,
@@ -316,8 +328,9 @@ pub(crate) struct Connection<W: Wire> {
 impl<W: Wire> Drop for Connection<W> {
     /// Runs however the connection ends (even by a panic): its client may become orphaned.
     fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            self.shared.client_left(client);
+        if let (Some(client), Some(tenant)) = (self.client.take(), self.tenant.take()) {
+            self.shared.slots.give_back(tenant, client);
+            self.shared.client_left(client, tenant);
         }
     }
 }
@@ -331,6 +344,7 @@ impl<W: Wire> Connection<W> {
             shared,
             id,
             client: None,
+            tenant: None,
             nonce: None,
             auth_attempts: 0,
             frame_deadline: None,
@@ -350,7 +364,7 @@ impl<W: Wire> Connection<W> {
     /// Serves the connection until the peer closes it, it breaks the protocol, or shutdown.
     pub(crate) fn serve(mut self) {
         if let Err(e) = self.stream.setup() {
-            tracing::warn!(peer = %self.peer, "closing a connection: socket setup failed: {e}");
+            self.warn(&format!("closing a connection: socket setup failed: {e}"));
             return;
         }
         tracing::debug!(peer = %self.peer, "connection opened");
@@ -482,16 +496,19 @@ impl<W: Wire> Connection<W> {
         Ok(())
     }
 
-    /// Logs a warning about this connection: in full once authenticated; before that through
-    /// the donor-wide rate limit, so floods of bad connections cannot flood the log.
+    /// Logs a warning about this connection, within the rate limit of its tenant once
+    /// authenticated; before that within its peer address's and the donor-wide one, so neither
+    /// a token holder's nor a stranger's connections can flood the log.
     fn warn(&self, message: &str) {
-        if self.client.is_some() {
-            tracing::warn!(peer = %self.peer, client = ?self.client, "{message}");
+        if let Some(tenant) = self.tenant {
+            if self.shared.allow_log(LogKey::Tenant(tenant)) {
+                tracing::warn!(peer = %self.peer, client = ?self.client, "{message}");
+            }
         } else {
-            self.shared.note_refusal(&format!(
-                "unauthenticated connection from {}: {message}",
-                self.peer
-            ));
+            self.shared.note_refusal(
+                self.peer.ip(),
+                &format!("unauthenticated connection from {}: {message}", self.peer),
+            );
         }
     }
 
@@ -512,7 +529,10 @@ impl<W: Wire> Connection<W> {
             ));
             return;
         }
-        if self.errors <= ERRORS_LOGGED_IN_FULL || self.errors.is_multiple_of(1000) {
+        if self
+            .tenant
+            .is_none_or(|t| self.shared.allow_log(LogKey::Tenant(t)))
+        {
             let op = Opcode::from_wire(op).map_or("unknown", |o| o.name());
             tracing::warn!(
                 peer = %self.peer,
@@ -534,7 +554,9 @@ impl<W: Wire> Connection<W> {
         {
             Ok(()) => Flow::Continue,
             Err(e) => {
-                tracing::warn!(peer = %self.peer, client = ?self.client, "closing the connection: sending a response failed: {e}");
+                self.warn(&format!(
+                    "closing the connection: sending a response failed: {e}"
+                ));
                 Flow::Close
             }
         }
@@ -771,7 +793,9 @@ impl<W: Wire> Connection<W> {
                         Flow::Continue
                     }
                     Err(e) => {
-                        tracing::warn!(peer = %self.peer, client, "closing the connection: sending pages failed: {e}");
+                        self.warn(&format!(
+                            "closing the connection: sending pages failed: {e}"
+                        ));
                         Flow::Close
                     }
                 };
@@ -872,12 +896,18 @@ impl<W: Wire> Connection<W> {
             }
             None => {}
         }
+        // The slot first: a connection refused for its bounds must not register the id.
+        if let Err(r) = self.shared.slots.take(tenant, client_id) {
+            self.shared.metrics.refused_bound();
+            return self.refuse(op, id, &r, Flow::Close);
+        }
         let store = Arc::clone(&self.shared.store);
         let joined = match mode {
             AuthMode::Register => store.register(client_id, tenant, ReconnectKey(*key_or_proof)),
             AuthMode::Attach => store.attach(client_id, tenant, &nonce, key_or_proof),
         };
         if let Err(r) = joined {
+            self.shared.slots.give_back(tenant, client_id);
             let retry = matches!(r.status, Status::UnknownClient | Status::ClientIdTaken)
                 && self.auth_attempts < MAX_AUTH_ATTEMPTS;
             if r.status == Status::AuthFailed {
@@ -887,24 +917,29 @@ impl<W: Wire> Connection<W> {
             return self.refuse(op, id, &r, flow);
         }
         self.client = Some(client_id);
-        self.shared.authenticated(self.id);
+        self.tenant = Some(tenant);
+        self.shared.logged_in(self.id, self.peer.ip());
         // From now on a read may wait forever between requests but a request must arrive
         // whole within the stall timeout (see `read_head`).
         if let Err(e) = self.stream.idle(self.shared.stall_timeout) {
-            tracing::warn!(peer = %self.peer, "closing the connection: setting the read timeout failed: {e}");
+            self.warn(&format!(
+                "closing the connection: setting the read timeout failed: {e}"
+            ));
             return Served {
                 status: Status::Internal,
                 bytes_out: 0,
                 flow: Flow::Close,
             };
         }
-        tracing::info!(
-            peer = %self.peer,
-            client = client_id,
-            tenant = %self.shared.tenant_names[tenant],
-            mode = ?mode,
-            "client authenticated"
-        );
+        if self.shared.allow_log(LogKey::Tenant(tenant)) {
+            tracing::info!(
+                peer = %self.peer,
+                client = client_id,
+                tenant = %self.shared.tenant_names[tenant],
+                mode = ?mode,
+                "client authenticated"
+            );
+        }
         self.welcome(id)
     }
 

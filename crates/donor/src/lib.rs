@@ -19,6 +19,9 @@
 //! - [`child`]: a `farmem donor` (or any `farmem` server) child process and its `listening on`
 //!   banner.
 //! - [`server`]: configuration, binding, accept loop, orphan reaper and shutdown.
+//! - `logins`: the slots of connections logging in, and which one a flood evicts.
+//! - `slots`: authenticated connections' slots: bounds per client id and tenant, fair shares.
+//! - [`loglimit`]: log rate limits per peer address and per tenant, in bounded memory.
 //! - `conn`: one thread per connection; request checking and the data path.
 //! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
 //! - `mem`: the slab memory mappings and the only code touching their bytes (the crate's only
@@ -47,12 +50,15 @@
 pub mod child;
 mod conn;
 pub mod host;
+mod logins;
+pub mod loglimit;
 #[allow(unsafe_code)]
 mod mem;
 pub mod metrics;
 mod poll;
 pub mod reclaim;
 pub mod server;
+mod slots;
 pub mod store;
 
 pub use child::{
@@ -61,7 +67,8 @@ pub use child::{
 };
 pub use server::{
     DonorConfig, DonorControl, DonorError, DonorServer, RunningDonor, SessionDonor, ShutdownHandle,
-    Tenant, HELLO_TIMEOUT, MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE,
-    REFUSALS_LOGGED_PER_INTERVAL, REFUSAL_LOG_INTERVAL, STALL_TIMEOUT, WRITE_TIMEOUT,
+    Tenant, HELLO_TIMEOUT, MAX_CONNECTIONS, MAX_CONNS_PER_CLIENT, MAX_UNAUTHENTICATED,
+    MAX_UNAUTHENTICATED_PER_SOURCE, REFUSALS_LOGGED_PER_INTERVAL, REFUSAL_LOG_INTERVAL,
+    STALL_TIMEOUT, WRITE_TIMEOUT,
 };
 pub use store::{SlabInfo, SlabStore, TenantQuota};

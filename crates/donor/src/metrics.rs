@@ -60,6 +60,7 @@ pub struct Metrics {
     connections: AtomicU64,
     connections_total: AtomicU64,
     refused_full: AtomicU64,
+    refused_bound: AtomicU64,
     evicted_unauthenticated: AtomicU64,
     reclaim_wanted_bytes: AtomicU64,
     reclaim_wanted_slabs: AtomicU64,
@@ -91,6 +92,7 @@ impl Metrics {
             connections: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             refused_full: AtomicU64::new(0),
+            refused_bound: AtomicU64::new(0),
             evicted_unauthenticated: AtomicU64::new(0),
             reclaim_wanted_bytes: AtomicU64::new(0),
             reclaim_wanted_slabs: AtomicU64::new(0),
@@ -144,6 +146,12 @@ impl Metrics {
     /// A connection was refused because every connection slot was taken.
     pub fn refused_full(&self) {
         self.refused_full.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An authenticated connection was refused at AUTH: its client id or tenant at its bound,
+    /// or the free slots kept for other tenants' fair shares.
+    pub fn refused_bound(&self) {
+        self.refused_bound.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An unauthenticated connection was closed to make room for a newer one.
@@ -302,8 +310,9 @@ impl Metrics {
         );
         let _ = writeln!(
             o,
-            "# HELP farmem_donor_connections_refused_total Connections closed unserved: every slot taken (full), or unauthenticated and evicted for a newer one (evicted).\n# TYPE farmem_donor_connections_refused_total counter\nfarmem_donor_connections_refused_total{{reason=\"full\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"evicted\"}} {}",
+            "# HELP farmem_donor_connections_refused_total Connections closed unserved: every slot taken (full), a client id or tenant at its connection bound (bound), or unauthenticated and evicted for a newer one (evicted).\n# TYPE farmem_donor_connections_refused_total counter\nfarmem_donor_connections_refused_total{{reason=\"full\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"bound\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"evicted\"}} {}",
             self.refused_full.load(Ordering::Relaxed),
+            self.refused_bound.load(Ordering::Relaxed),
             self.evicted_unauthenticated.load(Ordering::Relaxed),
         );
         counter(

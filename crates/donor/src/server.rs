@@ -7,16 +7,16 @@
 //! another: the shared state (the slab store, the counters) is never locked across socket I/O.
 //! The number of connections is capped ([`DonorConfig::max_connections`]); a connection must
 //! complete the handshake (HELLO and AUTH) within [`DonorConfig::hello_timeout`] (default
-//! [`HELLO_TIMEOUT`]) counted from its accept, however it spreads its bytes. Unauthenticated
-//! connections have slots of their own, bounded overall ([`MAX_UNAUTHENTICATED`]) and per
-//! source address ([`MAX_UNAUTHENTICATED_PER_SOURCE`]): a new connection beyond either bound
-//! evicts the oldest unauthenticated one (of its source first), so a flood of idle sockets
-//! cannot lock clients out: a real client completes its handshake in a round trip or two, long
-//! before the flood cycles through the slots, and authenticated connections are never evicted.
-//! A connection refused because every slot is taken gets an error frame saying so
-//! ([`Status::DonorFull`](farmem_proto::Status::DonorFull)). Refusals and evictions are counted
-//! (Prometheus) and logged at a bounded rate ([`REFUSALS_LOGGED_PER_INTERVAL`] lines per
-//! [`REFUSAL_LOG_INTERVAL`], then a count), as are failures of unauthenticated connections.
+//! [`HELLO_TIMEOUT`]) counted from its accept, however it spreads its bytes. Connections logging
+//! in have slots of their own (`logins`): a new one beyond their bounds evicts one of
+//! the source holding the most, so a flood evicts only itself, and authenticated connections
+//! are never evicted. Authenticated connections hold slots bounded per client id and per
+//! tenant, and each tenant is guaranteed a fair share of them (`slots`). A connection
+//! refused because every slot is taken, or at AUTH because of a bound, gets an error frame
+//! saying so ([`Status::DonorFull`](farmem_proto::Status::DonorFull)). Refusals and evictions
+//! are counted (Prometheus). Log lines are rate-limited per peer address and per tenant
+//! ([`crate::loglimit`]), and those about connections that never authenticated also donor-wide
+//! ([`REFUSALS_LOGGED_PER_INTERVAL`] lines per [`REFUSAL_LOG_INTERVAL`], then a count).
 //!
 //! An authenticated client may stay idle between requests as long as it likes, but once a
 //! request's first byte arrives the whole request must arrive within
@@ -30,7 +30,7 @@
 //! [`SessionDonor`] serves client sessions handed to it as byte streams, on the caller's thread,
 //! with no socket: the same connection code over an in-memory stream, with the same checks of
 //! the configuration ([`DonorServer::bind`] and it share them), for the fuzz target and tests.
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
@@ -44,17 +44,20 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::conn::{Connection, Peer, Stream};
 use crate::host;
+use crate::logins::Logins;
+pub use crate::logins::{MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE};
+use crate::loglimit::{LogKey, LogLimiter, Verdict, LOG_INTERVAL};
 use crate::metrics::{self, Metrics};
 use crate::reclaim::{Reclaimer, RECLAIM_TICK};
+pub use crate::slots::MAX_CONNS_PER_CLIENT;
+use crate::slots::{SlotBounds, Slots};
 use crate::store::{Refusal, SlabStore, TenantQuota};
 
 /// Default of [`DonorConfig::max_connections`]: most connections served at once; more are
-/// answered with a "donor full" error frame and closed.
+/// answered with a "donor full" error frame and closed. Of these, `min(`[`MAX_UNAUTHENTICATED`]`,
+/// max_connections / 4)` are kept for connections logging in; the rest are the authenticated
+/// pool that tenants share (`slots`).
 pub const MAX_CONNECTIONS: usize = 1024;
-/// Most connections that have not completed the handshake, from all sources together.
-pub const MAX_UNAUTHENTICATED: usize = 256;
-/// Most connections from one source address that have not completed the handshake.
-pub const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 64;
 /// Refused, evicted and failed unauthenticated connections are logged in full at most
 /// [`REFUSALS_LOGGED_PER_INTERVAL`] times per this interval; the rest are counted.
 pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -81,6 +84,9 @@ pub struct Tenant {
     pub token: Vec<u8>,
     /// Most bytes its clients may hold together; `None`: no limit beyond capacity.
     pub quota_bytes: Option<u64>,
+    /// Most connections its clients may hold together; `None`:
+    /// [`DonorConfig::max_conns_per_tenant`].
+    pub max_connections: Option<usize>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -89,6 +95,7 @@ impl std::fmt::Debug for Tenant {
             .field("name", &self.name)
             .field("token", &"<redacted>")
             .field("quota_bytes", &self.quota_bytes)
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -121,6 +128,11 @@ pub struct DonorConfig {
     pub hello_timeout: Duration,
     /// Most connections served at once; default [`MAX_CONNECTIONS`].
     pub max_connections: usize,
+    /// Most authenticated connections of one client id; default [`MAX_CONNS_PER_CLIENT`].
+    pub max_conns_per_client: usize,
+    /// Most authenticated connections of one tenant (unless [`Tenant::max_connections`] says
+    /// otherwise); `None`: bounded only by the fair-share rule of `slots`.
+    pub max_conns_per_tenant: Option<usize>,
     /// The donor lends no new slab while the host's `MemAvailable` is below this many bytes;
     /// `None`: [`host::default_watermark_bytes`] of `MemTotal` (5 %, at least 256 MiB);
     /// `Some(0)`: never.
@@ -153,6 +165,8 @@ impl std::fmt::Debug for DonorConfig {
             .field("hello_timeout", &self.hello_timeout)
             .field("stall_timeout", &self.stall_timeout)
             .field("max_connections", &self.max_connections)
+            .field("max_conns_per_client", &self.max_conns_per_client)
+            .field("max_conns_per_tenant", &self.max_conns_per_tenant)
             .field("memory_watermark_bytes", &self.memory_watermark_bytes)
             .field("keep_free_bytes", &self.keep_free_bytes)
             .field("meminfo_path", &self.meminfo_path)
@@ -175,6 +189,8 @@ impl Default for DonorConfig {
             hello_timeout: HELLO_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
+            max_conns_per_client: MAX_CONNS_PER_CLIENT,
+            max_conns_per_tenant: None,
             memory_watermark_bytes: None,
             keep_free_bytes: None,
             meminfo_path: PathBuf::from(host::MEMINFO),
@@ -259,9 +275,14 @@ pub(crate) struct Shared {
     reclaim_lock: Mutex<()>,
     reclaim_wake: Condvar,
     max_connections: usize,
-    /// Unauthenticated connections, oldest first: (connection id, source address).
-    pending: Mutex<VecDeque<(u64, IpAddr)>>,
-    /// Refusal logging: when the current interval began, refusals in it, and those not logged.
+    /// Connections logging in.
+    logins: Mutex<Logins>,
+    /// Authenticated connections' slots.
+    pub(crate) slots: Slots,
+    /// Log rate limits per peer address and per tenant.
+    log_limiter: LogLimiter,
+    /// Donor-wide logging of unauthenticated failures: when the current interval began, lines
+    /// in it, and those not logged.
     refusal_log: Mutex<(Option<Instant>, u64, u64)>,
     pub(crate) hello_timeout: Duration,
     pub(crate) stall_timeout: Duration,
@@ -276,10 +297,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// A connection's client left; wake the reaper when the grace is zero so it acts now.
-    pub(crate) fn client_left(&self, client: u64) {
+    /// A connection of `tenant`'s client left; wake the reaper when the grace is zero so it
+    /// acts now.
+    pub(crate) fn client_left(&self, client: u64, tenant: usize) {
         let orphaned = self.store.disconnect(client);
-        if orphaned > 0 {
+        if orphaned > 0 && self.allow_log(LogKey::Tenant(tenant)) {
             tracing::info!(
                 client,
                 slabs = orphaned,
@@ -326,15 +348,45 @@ impl Shared {
         self.reclaim_wake.notify_all();
     }
 
-    /// Connection `id` completed its handshake: it no longer holds an unauthenticated slot.
-    pub(crate) fn authenticated(&self, id: u64) {
-        self.pending.lock().retain(|&(c, _)| c != id);
+    /// Connection `id` completed its handshake from `ip`: it no longer holds a login slot, and
+    /// `ip` is known from now on (`logins`).
+    pub(crate) fn logged_in(&self, id: u64, ip: Option<IpAddr>) {
+        self.logins.lock().authenticated(id, ip);
     }
 
-    /// Logs a refused, evicted or failed unauthenticated connection: the first
+    /// Whether a log line charged to `key` may be written now (see [`crate::loglimit`]); when
+    /// lines of `key` were suppressed before, says how many first.
+    pub(crate) fn allow_log(&self, key: LogKey) -> bool {
+        match self.log_limiter.check(key) {
+            Verdict::Drop => false,
+            Verdict::Log { suppressed } => {
+                if suppressed > 0 {
+                    let who = match key {
+                        LogKey::Source(ip) => format!("connections from {ip}"),
+                        LogKey::Tenant(t) => format!("tenant {}", self.tenant_names[t]),
+                        LogKey::Overflow => "other peers".to_string(),
+                    };
+                    tracing::warn!(
+                        suppressed,
+                        "{suppressed} more log lines about {who} were suppressed in the last {} s",
+                        LOG_INTERVAL.as_secs()
+                    );
+                }
+                true
+            }
+        }
+    }
+
+    /// Logs a refused, evicted or failed unauthenticated connection from `source` (if known):
+    /// within the rate limit of `source`, then donor-wide the first
     /// [`REFUSALS_LOGGED_PER_INTERVAL`] of each [`REFUSAL_LOG_INTERVAL`] in full, the rest only
     /// counted, and their number reported with the first line of the next interval.
-    pub(crate) fn note_refusal(&self, what: &str) {
+    pub(crate) fn note_refusal(&self, source: Option<IpAddr>, what: &str) {
+        if let Some(ip) = source {
+            if !self.allow_log(LogKey::Source(ip)) {
+                return;
+            }
+        }
         let mut log = self.refusal_log.lock();
         let now = Instant::now();
         if log
@@ -362,31 +414,18 @@ impl Shared {
         }
     }
 
-    /// Makes room for a new unauthenticated connection `id` from `source`: evicts the oldest
-    /// unauthenticated connection of that source if it has [`MAX_UNAUTHENTICATED_PER_SOURCE`],
-    /// else the oldest of all if there are [`MAX_UNAUTHENTICATED`]; then records `id`.
+    /// Gives the new connection `id` from `source` a login slot, evicting (closing) the one
+    /// [`Logins::admit`] picks to make room.
     fn admit_unauthenticated(&self, id: u64, source: IpAddr) {
-        let victim = {
-            let mut pending = self.pending.lock();
-            let from_source = pending.iter().filter(|(_, ip)| *ip == source).count();
-            let victim = if from_source >= MAX_UNAUTHENTICATED_PER_SOURCE {
-                pending.iter().position(|(_, ip)| *ip == source)
-            } else if pending.len() >= MAX_UNAUTHENTICATED {
-                Some(0)
-            } else {
-                None
-            };
-            let victim = victim.and_then(|i| pending.remove(i));
-            pending.push_back((id, source));
-            victim
-        };
-        if let Some((old, _)) = victim {
+        let victim = self.logins.lock().admit(id, source);
+        if let Some(old) = victim {
             if let Some(s) = self.conns.lock().get(&old) {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             self.metrics.evicted_unauthenticated();
             self.note_refusal(
-                "closed the oldest unauthenticated connection to make room for a newer one",
+                Some(source),
+                "closed an unauthenticated connection of the source holding the most login slots to make room for a newer one",
             );
         }
     }
@@ -527,6 +566,7 @@ struct Plan {
     keep_free_bytes: u64,
     meminfo_path: PathBuf,
     max_connections: usize,
+    slot_bounds: SlotBounds,
     hello_timeout: Duration,
     stall_timeout: Duration,
     orphan_grace: Duration,
@@ -585,6 +625,7 @@ impl Plan {
                 name: "default".into(),
                 token: t.clone(),
                 quota_bytes: None,
+                max_connections: None,
             }],
             None => cfg.tenants.clone(),
         };
@@ -613,6 +654,12 @@ impl Plan {
                     )));
                 }
             }
+            if t.max_connections == Some(0) {
+                return Err(DonorError::Config(format!(
+                    "tenant {} has a connection bound of 0: none of its clients could connect; give at least 1",
+                    t.name
+                )));
+            }
             if let Some(d) = tenants[..i].iter().find(|o| o.name == t.name) {
                 return Err(DonorError::Config(format!(
                     "two tenants are named {}",
@@ -629,6 +676,16 @@ impl Plan {
         if cfg.max_connections == 0 {
             return Err(DonorError::Config(
                 "the connection limit is zero: no client could connect".into(),
+            ));
+        }
+        if cfg.max_conns_per_client == 0 {
+            return Err(DonorError::Config(
+                "--max-conns-per-client is 0: no client could connect; give at least 1".into(),
+            ));
+        }
+        if cfg.max_conns_per_tenant == Some(0) {
+            return Err(DonorError::Config(
+                "--max-conns-per-tenant is 0: no client could connect; give at least 1".into(),
             ));
         }
         if let Some((limit, what)) = host::memory_limit_bytes() {
@@ -664,6 +721,26 @@ impl Plan {
                 })
                 .collect()
         };
+        let slot_tenants = if tenants.is_empty() {
+            vec![("default".to_string(), cfg.max_conns_per_tenant)]
+        } else {
+            tenants
+                .iter()
+                .map(|t| {
+                    (
+                        t.name.clone(),
+                        t.max_connections.or(cfg.max_conns_per_tenant),
+                    )
+                })
+                .collect()
+        };
+        // Slots kept for connections logging in; the rest is the authenticated pool.
+        let login_reserve = MAX_UNAUTHENTICATED.min(cfg.max_connections / 4);
+        let slot_bounds = SlotBounds {
+            pool: cfg.max_connections - login_reserve,
+            per_client: cfg.max_conns_per_client,
+            tenants: slot_tenants,
+        };
         let tokens = (!tenants.is_empty()).then(|| tenants.into_iter().map(|t| t.token).collect());
         Ok(Plan {
             capacity_bytes: cfg.capacity_bytes / cfg.slab_size_bytes * cfg.slab_size_bytes,
@@ -675,6 +752,7 @@ impl Plan {
             keep_free_bytes,
             meminfo_path: cfg.meminfo_path.clone(),
             max_connections: cfg.max_connections,
+            slot_bounds,
             hello_timeout: cfg.hello_timeout,
             stall_timeout: cfg.stall_timeout,
             orphan_grace: cfg.orphan_grace,
@@ -711,7 +789,9 @@ impl Plan {
             stop: AtomicBool::new(false),
             memory_watermark_bytes: self.memory_watermark_bytes,
             max_connections: self.max_connections,
-            pending: Mutex::new(VecDeque::new()),
+            logins: Mutex::new(Logins::default()),
+            slots: Slots::new(self.slot_bounds.clone()),
+            log_limiter: LogLimiter::new(),
             refusal_log: Mutex::new((None, 0, 0)),
             hello_timeout: self.hello_timeout,
             stall_timeout: self.stall_timeout,
@@ -895,7 +975,7 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
         };
         threads.retain(|t| !t.is_finished());
         if threads.len() >= shared.max_connections {
-            refuse_full(shared, stream, threads.len());
+            refuse_full(shared, stream, peer, threads.len());
             continue;
         }
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -926,14 +1006,14 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
             Err(e) => {
                 tracing::warn!(%peer, "refused a connection: starting its thread failed: {e}");
                 shared.conns.lock().remove(&id);
-                shared.authenticated(id);
+                shared.logins.lock().remove(id);
             }
         }
     }
 }
 
 /// Tells a connection that every slot is taken, then closes it.
-fn refuse_full(shared: &Shared, stream: TcpStream, open: usize) {
+fn refuse_full(shared: &Shared, stream: TcpStream, peer: SocketAddr, open: usize) {
     let mut frame = Vec::new();
     let message = format!(
         "donor full: {open} connections (the most it serves at once); try again later or use another donor"
@@ -950,7 +1030,7 @@ fn refuse_full(shared: &Shared, stream: TcpStream, open: usize) {
     let _ = (&stream).write_all(&frame);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     shared.metrics.refused_full();
-    shared.note_refusal(&format!("refused a connection: {message}"));
+    shared.note_refusal(Some(peer.ip()), &format!("refused a connection: {message}"));
 }
 
 /// Counts a connection open for as long as it lives and unregisters it however its thread ends.
@@ -970,7 +1050,7 @@ impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.shared.metrics.connection(false);
         self.shared.conns.lock().remove(&self.id);
-        self.shared.authenticated(self.id);
+        self.shared.logins.lock().remove(self.id);
     }
 }
 
@@ -1181,6 +1261,7 @@ mod tests {
             name: name.into(),
             token: token.to_vec(),
             quota_bytes: None,
+            max_connections: None,
         };
         assert!(err(DonorConfig {
             tenants: vec![tenant("a", b"x"), tenant("a", b"y")],

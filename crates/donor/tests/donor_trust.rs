@@ -121,6 +121,7 @@ fn one_tenant_with_many_client_ids_cannot_exceed_its_quota() {
         name: name.into(),
         token: token.to_vec(),
         quota_bytes: Some(3 * SLAB_BYTES),
+        max_connections: None,
     };
     let donor = start(DonorConfig {
         capacity_bytes: 16 * SLAB_BYTES,

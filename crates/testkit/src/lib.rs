@@ -14,6 +14,8 @@
 //!   values.
 //! - [`scenario`]: a scenario run in a process of its own (one that may end with a signal),
 //!   stopped at `READY` until the test says `GO`.
+//! - [`flood`]: a bounded flood of unauthenticated connections from many loopback sources, and
+//!   a login over an emulated slow link that must get through it.
 //! - [`sigpipe`]: running a scenario in a child process whose SIGPIPE action is the default.
 //!
 //! Every helper fails the test with a message saying what is missing or what went wrong; none
@@ -22,6 +24,7 @@
 pub mod bins;
 pub mod clients;
 pub mod donor;
+pub mod flood;
 pub mod netns;
 pub mod pages;
 pub mod run;

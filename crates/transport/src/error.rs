@@ -159,7 +159,9 @@ fn refused_message(addr: &str, status: Status, message: &str) -> String {
         Status::BadVersion => format!(
             "donor {addr} speaks another protocol version ({message}): run the same farmem version on both sides"
         ),
-        Status::DonorFull => format!("donor {addr} is full and refused the connection: {message}"),
+        // The donor's message says which bound: every slot taken ("donor full: …"), or this
+        // client id's or tenant's connections ("tenant T has N connections, its bound …").
+        Status::DonorFull => format!("donor {addr} refused the connection: {message}"),
         Status::MemoryPressure => format!("donor {addr} lends no memory now: {message}"),
         _ => format!("donor {addr} refused the connection: {status}: {message}"),
     }

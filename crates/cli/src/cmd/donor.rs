@@ -62,10 +62,18 @@ and a quota bounding all its clients together:
   name = \"alice\"
   token_file = \"/etc/farmem/alice.token\"   # relative paths are relative to FILE's folder
   quota = \"4GiB\"                           # optional
+  max_connections = 100                      # optional, instead of --max-conns-per-tenant
 
-Connections that have not authenticated are limited (256 in all, 64 per source address, 3 s to \
-authenticate); a flood of them cannot lock clients out. A connection beyond the connection \
-limit is told \"donor full\".
+Connections: at most 1024 at once. Connections logging in are limited (256 in all, 64 per \
+source network, an IPv4 /24 or IPv6 /64; 3 s to authenticate); a new one beyond these evicts \
+one of the source holding the most, preferring addresses that never authenticated, so a flood \
+evicts only itself. Authenticated connections share the other 768 slots: at most \
+--max-conns-per-client per client id and --max-conns-per-tenant (or the tenant's \
+max_connections) per tenant, and each tenant is guaranteed an even part of half of them (384 \
+divided by the number of tenants); beyond its part a tenant takes only slots no other tenant's \
+unused part needs. A connection beyond a bound is told which (\"tenant T has N connections, its \
+bound ...\"), one beyond every slot \"donor full\". Log lines are rate-limited per peer address \
+and per tenant (16 per 10 s each, then a count of those suppressed).
 
 A client that disconnects keeps its slabs for --orphan-grace, so a reconnect finds its pages.
 
@@ -120,6 +128,13 @@ pub struct DonorArgs {
     /// How long the slabs of a disconnected client are kept for it to reconnect.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     pub orphan_grace: Duration,
+    /// Most authenticated connections of one client id (a runtime opens a few per donor).
+    #[arg(long, default_value_t = farmem_donor::MAX_CONNS_PER_CLIENT, value_parser = parse_conn_bound, value_name = "N")]
+    pub max_conns_per_client: usize,
+    /// Most authenticated connections of one tenant, for tenants whose entry in --tenants sets
+    /// no max_connections (default: only the fair-share rule, see below).
+    #[arg(long, value_parser = parse_conn_bound, value_name = "N")]
+    pub max_conns_per_tenant: Option<usize>,
     /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9177).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
@@ -147,6 +162,15 @@ fn exit_with_parent(pid: i32) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A connection bound: a positive whole number.
+fn parse_conn_bound(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 would let no client connect; give at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number of connections (e.g. 64)")),
+    }
 }
 
 /// Reads an auth token file: the token is the file's bytes with one trailing newline stripped
@@ -289,6 +313,7 @@ pub fn read_tenants(path: &Path) -> anyhow::Result<Vec<Tenant>> {
                 name: s.name,
                 token,
                 quota_bytes: s.quota_bytes,
+                max_connections: s.max_connections,
             })
         })
         .collect()
@@ -331,6 +356,8 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
         token,
         tenants,
         quota_bytes: args.quota,
+        max_conns_per_client: args.max_conns_per_client,
+        max_conns_per_tenant: args.max_conns_per_tenant,
         orphan_grace: args.orphan_grace,
         insecure: args.insecure,
         metrics_listen: args.metrics.clone(),

@@ -1,6 +1,7 @@
 //! Parsing of `farmem donor --tenants FILE`: TOML, one `[[tenant]]` table per tenant with
-//! `name`, `token_file` and an optional `quota` (a size, see [`super::units`]); unknown keys,
-//! duplicate or empty names and bad sizes are errors. Pure (no file access), so it is fuzzed
+//! `name`, `token_file`, an optional `quota` (a size, see [`super::units`]) and an optional
+//! `max_connections` (at least 1); unknown keys, duplicate or empty names, bad sizes and a
+//! bound of 0 are errors. Pure (no file access), so it is fuzzed
 //! (`fuzz/fuzz_targets/config.rs` includes this file).
 use std::path::PathBuf;
 
@@ -15,6 +16,7 @@ struct TenantEntry {
     name: String,
     token_file: PathBuf,
     quota: Option<String>,
+    max_connections: Option<usize>,
 }
 
 /// A tenants file.
@@ -33,6 +35,8 @@ pub struct TenantSpec {
     pub token_file: PathBuf,
     /// Its quota in bytes, if any.
     pub quota_bytes: Option<u64>,
+    /// Most connections its clients may hold together, if set.
+    pub max_connections: Option<usize>,
 }
 
 /// Parses the text of a tenants file (TOML; unknown keys, duplicate or empty names, and bad
@@ -56,10 +60,17 @@ pub fn parse_tenants(text: &str) -> anyhow::Result<Vec<TenantSpec>> {
             .map(parse_size)
             .transpose()
             .map_err(|e| anyhow::anyhow!("tenant {:?}: quota: {e}", t.name))?;
+        if t.max_connections == Some(0) {
+            bail!(
+                "tenant {:?}: max_connections = 0 would let none of its clients connect; give at least 1",
+                t.name
+            );
+        }
         out.push(TenantSpec {
             name: t.name,
             token_file: t.token_file,
             quota_bytes,
+            max_connections: t.max_connections,
         });
     }
     Ok(out)
@@ -87,6 +98,14 @@ mod tests {
                 .contains("quota")
         );
         assert!(err("tenant = []\n").contains("no [[tenant]]"));
+        assert!(
+            err("[[tenant]]\nname = \"a\"\ntoken_file = \"x\"\nmax_connections = 0\n")
+                .contains("max_connections = 0")
+        );
+        let t =
+            parse_tenants("[[tenant]]\nname = \"a\"\ntoken_file = \"x\"\nmax_connections = 7\n")
+                .unwrap();
+        assert_eq!(t[0].max_connections, Some(7));
     }
 
     /// Every file of the fuzz corpora of the config target goes through the parsers the
