@@ -25,9 +25,12 @@ use parking_lot::Mutex;
 
 use crate::store::Refusal;
 
-/// Default bound on the connections of one client id (`--max-conns-per-client`): far more than a
-/// runtime opens to one donor.
-pub const MAX_CONNS_PER_CLIENT: usize = 64;
+/// Default bound on the connections of one client id (`--max-conns-per-client`): the whole
+/// pool, i.e. none of its own. A runtime opens two per donor, but each forked child of a process
+/// tree attaches as its parent's client to read the pages the parent lent it, so a prefork
+/// server with hundreds of workers is one client with hundreds of connections (64 refused the
+/// 65th worker its pages). Tenants are kept apart by the fair share, not by this bound.
+pub const MAX_CONNS_PER_CLIENT: usize = crate::server::MAX_CONNECTIONS;
 
 /// The bounds, fixed at start.
 #[derive(Debug, Clone)]

@@ -128,7 +128,9 @@ pub struct DonorArgs {
     /// How long the slabs of a disconnected client are kept for it to reconnect.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
     pub orphan_grace: Duration,
-    /// Most authenticated connections of one client id (a runtime opens a few per donor).
+    /// Most authenticated connections of one client id (default: no bound of its own beyond
+    /// the pool; a runtime opens two per donor, plus one per forked child of its process tree
+    /// reading the pages it lent that child).
     #[arg(long, default_value_t = farmem_donor::MAX_CONNS_PER_CLIENT, value_parser = parse_conn_bound, value_name = "N")]
     pub max_conns_per_client: usize,
     /// Most authenticated connections of one tenant, for tenants whose entry in --tenants sets
