@@ -6,7 +6,8 @@
 //!   socket file (nothing answers) is replaced; any other file is left alone and refused.
 //! - **One thread per connection** (bounded by [`NodeConfig::max_clients`], and by
 //!   [`NodeConfig::max_clients_per_uid`] for each user but root and the node's own, so one
-//!   user's idle connections cannot lock the others out; small stacks): it
+//!   user's idle connections cannot lock the others out, and an eighth of `max_clients` kept
+//!   for root and the node's own user, so several users cannot either; small stacks): it
 //!   reads frames and answers them. Every peer is identified with SO_PEERCRED (pid, uid, gid),
 //!   logged at info on connect and disconnect. The watcher thread writes RECLAIM frames to the
 //!   same sockets; a per-connection lock keeps frames whole.
@@ -27,6 +28,10 @@
 //!   descriptors (each hold keeps one open).
 //! - **Capacity**: used bytes count slabs being made and being freed, so the cap holds at every
 //!   instant. RESIZE (root or the node's own uid only) changes it at run time.
+//! - **Shares** ([`crate::share`]): an ALLOC beyond the user's share is refused (ERROR
+//!   ShareUsed with its figures); a user refused by a full node below its fair share makes the
+//!   users above theirs be asked for the excess (RECLAIM, as below).
+//! - **STATS**: a user other than root and the node's own sees only its own client rows.
 //! - **Pressure and reclaim**: a watcher thread (every [`NodeConfig::watch_period`]) reads
 //!   MemAvailable; below `--keep-free` the node refuses new slabs (ERROR Pressure). Whenever the
 //!   node holds more than it should (used above capacity after a RESIZE, or the host below its
