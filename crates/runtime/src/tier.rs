@@ -18,7 +18,7 @@
 //!   then to the donors. A refusal from a full node is remembered for a second, so a full tier
 //!   costs one request per second, not one per slab.
 //! - Fallback: with no donors, a *host's* node that has no room for this program (full, this
-//!   user's share of it used, the host short of memory, or gone) would leave evicted pages
+//!   user's share of it used, the host short of memory; not one that went away) would leave evicted pages
 //!   nowhere, and the budget would break. The runtime then starts a private node of its own
 //!   (once, with one warning saying why; same slab size) and places the slabs the host's node
 //!   refuses there ([`MemKind::Fallback`]); the host's node is asked again a second later, so
@@ -268,7 +268,9 @@ impl Tier {
             Err(e) if e.is_full() || !self.client.is_alive() => {
                 tracing::debug!("{}: no slab: {e}", self.describe());
                 *self.full_until.lock() = Some(Instant::now() + FULL_RETRY);
-                self.alloc_fallback(len, Some(&e))
+                // A node that went away is not one without room: that is reported as such
+                // (write-back fails naming it), not papered over.
+                self.alloc_fallback(len, e.is_full().then_some(&e))
             }
             Err(source) => Err(RuntimeError::Node {
                 path: self.path.clone(),
