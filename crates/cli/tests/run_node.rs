@@ -321,15 +321,16 @@ fn two_programs_share_one_node_within_its_cap() {
     let holding: Vec<_> = s.clients.iter().filter(|c| c.slabs > 0).collect();
     assert_eq!(holding.len(), 2, "each program is accounted: {s:?}");
     let before: Vec<(u32, u64)> = holding.iter().map(|c| (c.pid, c.slabs)).collect();
-    // One program finishes and exits: its slabs go back to the node, and the other's waiting
-    // pages take them.
+    // One program finishes and exits: its slabs go back to the node. (The other's pages that
+    // did not fit went to a private node of its own meanwhile, Host tier runtime side, so it
+    // kept its budget rather than wait for them.)
     assert_eq!(finish(a, a_out), want);
     let settled = |s: &farmem_node::NodeStats| {
         let left: Vec<_> = before
             .iter()
-            .filter_map(|(pid, n)| s.clients.iter().find(|c| c.pid == *pid).map(|c| (c, *n)))
+            .filter_map(|(pid, _)| s.clients.iter().find(|c| c.pid == *pid))
             .collect();
-        left.len() == 1 && left[0].0.slabs > left[0].1
+        left.len() == 1 && s.used_bytes == left[0].slabs * s.slab_bytes
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let s = loop {
@@ -341,7 +342,7 @@ fn two_programs_share_one_node_within_its_cap() {
     };
     assert!(
         settled(&s),
-        "one program left, holding more slabs than before ({before:?}): {s:?}"
+        "one program left, the other's slabs back to the node ({before:?}): {s:?}"
     );
     assert!(s.used_bytes <= 96 << 20, "{s:?}");
     assert_eq!(finish(b, b_out), want);

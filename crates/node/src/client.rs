@@ -195,6 +195,15 @@ pub enum NodeError {
         used_bytes: u64,
         capacity_bytes: u64,
     },
+    /// This user holds its share of the node (others want memory too, or the node's
+    /// `--max-share-per-uid`): the node lends it no more now.
+    #[error("the farmem node lends uid {uid} no more slabs: it holds {held_bytes} bytes, its share is {share_bytes} bytes ({message}); pages must go elsewhere")]
+    ShareUsed {
+        uid: u32,
+        held_bytes: u64,
+        share_bytes: u64,
+        message: String,
+    },
     /// The host is short of memory: the node lends no new slabs now.
     #[error("the farmem node lends no new slabs while the host is short of memory (below its --keep-free); pages must go elsewhere")]
     Pressure,
@@ -229,10 +238,14 @@ pub enum NodeError {
 }
 
 impl NodeError {
-    /// True when the tier has no room now ([`NodeError::Full`] or [`NodeError::Pressure`]):
-    /// the caller should put pages elsewhere.
+    /// True when the tier has no room for this client now ([`NodeError::Full`],
+    /// [`NodeError::ShareUsed`] or [`NodeError::Pressure`]): the caller should put pages
+    /// elsewhere.
     pub fn is_full(&self) -> bool {
-        matches!(self, NodeError::Full { .. } | NodeError::Pressure)
+        matches!(
+            self,
+            NodeError::Full { .. } | NodeError::ShareUsed { .. } | NodeError::Pressure
+        )
     }
 
     /// True when the node could not take this client now ([`NodeError::TooManyClients`]) or
@@ -774,6 +787,13 @@ fn refusal(reply: Reply, slab: Option<u32>) -> NodeError {
                 capacity_bytes,
             },
             ErrorCode::Pressure => NodeError::Pressure,
+            ErrorCode::ShareUsed => NodeError::ShareUsed {
+                // SO_PEERCRED: the node counted this process's own uid.
+                uid: rustix::process::getuid().as_raw(),
+                held_bytes: used_bytes,
+                share_bytes: capacity_bytes,
+                message,
+            },
             ErrorCode::NotYours => NodeError::NotYours {
                 slab: slab.unwrap_or(0),
             },

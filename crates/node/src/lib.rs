@@ -22,6 +22,8 @@
 //!   the node's memory cgroup), and the hole punched when it is freed.
 //! - [`hold`]: holds: slabs a forked child may still read are not punched until no process
 //!   maps the hold's memfd any more (probed with F_ADD_SEALS(F_SEAL_WRITE)).
+//! - [`share`]: each user's share of the slabs (fair among the users that want memory, and
+//!   `--max-share-per-uid`).
 //! - [`client`]: what the runtime uses: trusted connect, slabs mapped shared, RECLAIM channel,
 //!   holds ([`SlabHold`]).
 //! - [`child`]: the `farmem node listening on PATH` banner; a node started as a child process.
@@ -36,6 +38,7 @@ pub mod client;
 pub mod hold;
 pub mod metrics;
 pub mod server;
+pub mod share;
 pub mod slab;
 pub mod wire;
 
@@ -50,3 +53,4 @@ pub use server::{
     ShutdownHandle, DEFAULT_SLAB_BYTES, MAX_CLIENTS, MAX_CLIENTS_PER_UID, MAX_HOLDS_PER_CLIENT,
     MAX_HOLDS_PER_UID,
 };
+pub use share::{MaxShare, MaxShareError};

@@ -60,6 +60,9 @@ pub struct Refusals {
     pub version: u64,
     /// The node failed to make a slab.
     pub internal: u64,
+    /// ALLOC refused: the user holds its share ([`crate::share`]); absent from older nodes.
+    #[serde(default)]
+    pub share_used: u64,
 }
 
 /// The node's figures (the STATS answer, JSON on the wire).
@@ -149,6 +152,7 @@ impl Counters {
             too_many_clients: self.refusals_of(ErrorCode::TooManyClients),
             version: self.refusals_of(ErrorCode::Version),
             internal: self.refusals_of(ErrorCode::Internal),
+            share_used: self.refusals_of(ErrorCode::ShareUsed),
         };
     }
 }
@@ -250,6 +254,7 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
         ("too_many_clients", r.too_many_clients),
         ("version", r.version),
         ("internal", r.internal),
+        ("share_used", r.share_used),
     ]
     .into_iter()
     .map(|(reason, v)| (format!("{{reason=\"{reason}\"}}"), v))

@@ -6,7 +6,8 @@
 //!   socket file (nothing answers) is replaced; any other file is left alone and refused.
 //! - **One thread per connection** (bounded by [`NodeConfig::max_clients`], and by
 //!   [`NodeConfig::max_clients_per_uid`] for each user but root and the node's own, so one
-//!   user's idle connections cannot lock the others out; small stacks): it
+//!   user's idle connections cannot lock the others out, and an eighth of `max_clients` kept
+//!   for root and the node's own user, so several users cannot either; small stacks): it
 //!   reads frames and answers them. Every peer is identified with SO_PEERCRED (pid, uid, gid),
 //!   logged at info on connect and disconnect. The watcher thread writes RECLAIM frames to the
 //!   same sockets; a per-connection lock keeps frames whole.
@@ -27,6 +28,10 @@
 //!   descriptors (each hold keeps one open).
 //! - **Capacity**: used bytes count slabs being made and being freed, so the cap holds at every
 //!   instant. RESIZE (root or the node's own uid only) changes it at run time.
+//! - **Shares** ([`crate::share`]): an ALLOC beyond the user's share is refused (ERROR
+//!   ShareUsed with its figures); a user refused by a full node below its fair share makes the
+//!   users above theirs be asked for the excess (RECLAIM, as below).
+//! - **STATS**: a user other than root and the node's own sees only its own client rows.
 //! - **Pressure and reclaim**: a watcher thread (every [`NodeConfig::watch_period`]) reads
 //!   MemAvailable; below `--keep-free` the node refuses new slabs (ERROR Pressure). Whenever the
 //!   node holds more than it should (used above capacity after a RESIZE, or the host below its
@@ -67,6 +72,7 @@ use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 
 use crate::hold::{self, Holds, Liveness};
 use crate::metrics::{ClientStats, Counters, MetricsEndpoint, NodeStats};
+use crate::share::{fair_share_bytes, MaxShare, Wanting};
 use crate::slab;
 use crate::wire::{decode_client_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
 
@@ -109,6 +115,9 @@ pub struct NodeConfig {
     /// Most connections of one user served at once; root and the node's own user are bound
     /// by `max_clients` only (they may stop or resize the node anyway).
     pub max_clients_per_uid: usize,
+    /// Most one user may hold, always (`--max-share-per-uid`); beside it, each user's fair
+    /// share binds while others want memory ([`crate::share`]).
+    pub max_share_per_uid: Option<MaxShare>,
     /// Time for a whole frame once started, and for the HELLO of a new connection.
     pub frame_deadline: Duration,
     /// How often the watcher checks MemAvailable and what the node holds.
@@ -130,6 +139,7 @@ impl Default for NodeConfig {
             metrics_listen: None,
             max_clients: MAX_CLIENTS,
             max_clients_per_uid: MAX_CLIENTS_PER_UID,
+            max_share_per_uid: None,
             frame_deadline: FRAME_DEADLINE,
             watch_period: Duration::from_millis(250),
             reclaim_patience: Duration::from_secs(2),
@@ -150,6 +160,9 @@ pub enum NodeServerError {
         capacity_bytes: u64,
         slab_bytes: u64,
     },
+    /// `--max-share-per-uid` holds not one slab.
+    #[error("--max-share-per-uid is {share_bytes} bytes of this node, not one slab of {slab_bytes} bytes: give a larger share or a smaller --slab-size")]
+    ShareTooSmall { share_bytes: u64, slab_bytes: u64 },
     /// The capacity is above what the machine holds.
     #[error("capacity {capacity_bytes} bytes is more than {what} ({limit_bytes} bytes); give a --capacity of at most that")]
     CapacityTooLarge {
@@ -305,9 +318,31 @@ struct State {
     next_slab: u32,
     mem_available: Option<u64>,
     under_pressure: bool,
+    /// Users refused a slab they were entitled to lately ([`crate::share`]).
+    wanting: Wanting,
 }
 
 impl State {
+    /// Slabs the connections of user `uid` hold.
+    fn held_slabs(&self, uid: u32) -> u64 {
+        self.clients
+            .values()
+            .filter(|c| c.peer.uid == uid)
+            .map(|c| c.slabs.len() as u64)
+            .sum()
+    }
+
+    /// Users holding slabs, wanting memory (`wanting`), or `asking`.
+    fn active_users(&self, wanting: &[u32], asking: Option<u32>) -> HashSet<u32> {
+        self.clients
+            .values()
+            .filter(|c| !c.slabs.is_empty())
+            .map(|c| c.peer.uid)
+            .chain(wanting.iter().copied())
+            .chain(asking)
+            .collect()
+    }
+
     fn fresh_slab_id(&mut self) -> u32 {
         loop {
             let id = self.next_slab;
@@ -348,17 +383,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Root and the node's own user: they may stop, resize and inspect the node.
+    fn is_trusted(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.node_uid
+    }
+
     /// Counts a new connection of user `uid`; false (nothing counted) when that user is at
     /// [`NodeConfig::max_clients_per_uid`] (root and the node's own user never are).
     fn admit_uid(&self, uid: u32) -> bool {
         let mut per = lock(&self.uid_connections);
         let n = per.entry(uid).or_insert(0);
-        let trusted = uid == 0 || uid == self.node_uid;
-        if !trusted && *n >= self.cfg.max_clients_per_uid {
+        if !self.is_trusted(uid) && *n >= self.cfg.max_clients_per_uid {
             return false;
         }
         *n += 1;
         true
+    }
+
+    /// Connections of users other than root and the node's own, in all.
+    fn untrusted_connections(&self) -> usize {
+        lock(&self.uid_connections)
+            .iter()
+            .filter(|(uid, _)| !self.is_trusted(**uid))
+            .map(|(_, n)| *n)
+            .sum()
     }
 
     /// A connection of user `uid` ended.
@@ -458,11 +506,22 @@ impl Shared {
 
     /// An ERROR frame with the node's current figures.
     fn error(&self, req: u32, code: ErrorCode, message: String) -> Vec<u8> {
-        self.counters.refused(code);
         let (used_bytes, capacity_bytes) = {
             let st = lock(&self.state);
             (st.used_bytes, st.capacity_bytes)
         };
+        self.error_with(req, code, (used_bytes, capacity_bytes), message)
+    }
+
+    /// An ERROR frame with the figures given (for [`ErrorCode::ShareUsed`]: the user's).
+    fn error_with(
+        &self,
+        req: u32,
+        code: ErrorCode,
+        (used_bytes, capacity_bytes): (u64, u64),
+        message: String,
+    ) -> Vec<u8> {
+        self.counters.refused(code);
         NodeFrame::Error {
             req,
             code,
@@ -471,6 +530,46 @@ impl Shared {
             message,
         }
         .encode()
+    }
+
+    /// Why user `uid` may not take one more slab, with its figures (held, share), if it may
+    /// not: above `--max-share-per-uid`, or above its fair share while another user wants
+    /// memory ([`crate::share`]).
+    fn share_refusal(&self, st: &mut State, uid: u32) -> Option<(String, (u64, u64))> {
+        let slab_bytes = self.cfg.slab_bytes;
+        let held = st.held_slabs(uid) * slab_bytes;
+        if let Some(max) = self
+            .cfg
+            .max_share_per_uid
+            .map(|m| m.bytes(st.capacity_bytes))
+        {
+            if held + slab_bytes > max {
+                return Some((
+                    format!(
+                        "uid {uid} holds {held} of the node's {} bytes, and --max-share-per-uid \
+                         allows one user {max}",
+                        st.capacity_bytes
+                    ),
+                    (held, max),
+                ));
+            }
+        }
+        let wanting = st.wanting.users();
+        if !wanting.iter().any(|u| *u != uid) {
+            return None;
+        }
+        let active = st.active_users(&wanting, Some(uid)).len();
+        let fair = fair_share_bytes(st.capacity_bytes, slab_bytes, active);
+        (held + slab_bytes > fair).then(|| {
+            (
+                format!(
+                    "uid {uid} holds {held} bytes; {active} users want this node's {} bytes, a \
+                     fair share is {fair}",
+                    st.capacity_bytes
+                ),
+                (held, fair),
+            )
+        })
     }
 
     /// Returns slabs to the host (hole punched, fd closed), then counts them free.
@@ -603,6 +702,7 @@ impl Shared {
                 }
                 need -= n;
             }
+            asks.extend(self.share_asks(&mut st));
         }
         for (out, peer, n) in asks {
             let slabs = u32::try_from(n).unwrap_or(u32::MAX);
@@ -619,6 +719,53 @@ impl Shared {
                 self.counters.reclaim_requested();
             }
         }
+    }
+
+    /// While a user wants memory and holds less than its fair share, asks each user above
+    /// its share for the excess (its connections largest first, none asked twice while an ask
+    /// is outstanding); returns the asks to send.
+    fn share_asks(&self, st: &mut State) -> Vec<(Arc<Out>, Peer, u64)> {
+        let wanting = st.wanting.users();
+        if wanting.is_empty() {
+            return Vec::new();
+        }
+        let users = st.active_users(&wanting, None);
+        let fair = fair_share_bytes(st.capacity_bytes, self.cfg.slab_bytes, users.len())
+            / self.cfg.slab_bytes;
+        if !wanting.iter().any(|u| st.held_slabs(*u) < fair) {
+            return Vec::new();
+        }
+        let mut asks = Vec::new();
+        for uid in users {
+            let held = st.held_slabs(uid);
+            let outstanding: u64 = st
+                .clients
+                .values()
+                .filter(|c| c.peer.uid == uid)
+                .map(|c| c.asked)
+                .sum();
+            let mut over = held.saturating_sub(fair).saturating_sub(outstanding);
+            let mut order: Vec<(u64, usize)> = st
+                .clients
+                .iter()
+                .filter(|(_, c)| c.peer.uid == uid && c.asked == 0 && !c.slabs.is_empty())
+                .map(|(id, c)| (*id, c.slabs.len()))
+                .collect();
+            order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            for (id, n) in order {
+                if over == 0 {
+                    break;
+                }
+                let n = over.min(n as u64);
+                if let Some(c) = st.clients.get_mut(&id) {
+                    c.asked = n;
+                    c.asked_at = Some(Instant::now());
+                    asks.push((Arc::clone(&c.out), c.peer, n));
+                }
+                over -= n;
+            }
+        }
+        asks
     }
 
     /// One watcher round: holds, the host's available memory, then reclaim.
@@ -748,6 +895,11 @@ fn hold_budget(cfg: &NodeConfig, open_files: u64, capacity_bytes: u64) -> usize 
     usize::try_from(left).unwrap_or(usize::MAX)
 }
 
+/// Connections of `max_clients` kept for root and the node's own user (an eighth).
+fn trusted_reserve(max_clients: usize) -> usize {
+    max_clients / 8
+}
+
 /// Binds the socket with mode 0660 before it listens.
 fn bind_socket(path: &Path) -> Result<UnixListener, NodeServerError> {
     use rustix::net::{bind, listen, socket_with, AddressFamily, SocketFlags, SocketType};
@@ -786,6 +938,15 @@ impl NodeServer {
                 capacity_bytes: cfg.capacity_bytes,
                 slab_bytes: cfg.slab_bytes,
             });
+        }
+        if let Some(m) = cfg.max_share_per_uid {
+            let share_bytes = m.bytes(cfg.capacity_bytes);
+            if share_bytes < cfg.slab_bytes {
+                return Err(NodeServerError::ShareTooSmall {
+                    share_bytes,
+                    slab_bytes: cfg.slab_bytes,
+                });
+            }
         }
         let memory_limit = farmem_donor::host::memory_limit_bytes();
         if let Some((limit_bytes, what)) = memory_limit {
@@ -829,6 +990,7 @@ impl NodeServer {
                 next_slab: 1,
                 mem_available: None,
                 under_pressure: false,
+                wanting: Wanting::default(),
             }),
             cfg,
             counters: Counters::default(),
@@ -991,6 +1153,19 @@ impl NodeServer {
             return refuse(
                 format!("node full: it serves {max} clients, its limit; try again later"),
                 format_args!("{max} clients connected already"),
+            );
+        }
+        // A few connections are kept for root and the node's own user: four users at their
+        // per-user bound filled the node, and root could not even ask it for its figures.
+        let kept = trusted_reserve(sh.cfg.max_clients);
+        if !sh.is_trusted(peer.uid) && sh.untrusted_connections() + kept >= sh.cfg.max_clients {
+            let max = sh.cfg.max_clients - kept;
+            return refuse(
+                format!(
+                    "node full: it serves {max} connections of users other than root and its \
+                     own, its limit (--max-clients less {kept} kept for those); try again later"
+                ),
+                format_args!("{max} connections of other users already"),
             );
         }
         if !sh.admit_uid(peer.uid) {
@@ -1295,7 +1470,13 @@ impl Connection {
             ClientFrame::Alloc { req } => self.alloc(req),
             ClientFrame::Free { req, slab } => self.free(req, slab),
             ClientFrame::Stats { req } => {
-                let json = serde_json::to_string(&sh.snapshot()).unwrap_or_default();
+                let mut stats = sh.snapshot();
+                // Other users' pids, uids and holdings are theirs: a user sees its own rows
+                // and the node-wide totals; root and the node's own user see everything.
+                if !sh.is_trusted(self.peer.uid) {
+                    stats.clients.retain(|c| c.uid == self.peer.uid);
+                }
+                let json = serde_json::to_string(&stats).unwrap_or_default();
                 self.reply(NodeFrame::StatsReply { req, json }.encode(), None)
             }
             ClientFrame::Resize {
@@ -1309,8 +1490,12 @@ impl Connection {
     fn alloc(&self, req: u32) -> Result<(), End> {
         let sh = &self.sh;
         let slab_bytes = sh.cfg.slab_bytes;
+        let uid = self.peer.uid;
+        // A refusal: its code, message, the figures of its frame, and whether users above
+        // their share were asked for room.
         let refusal = {
             let mut st = lock(&sh.state);
+            let figures = (st.used_bytes, st.capacity_bytes);
             if st.under_pressure {
                 Some((
                     ErrorCode::Pressure,
@@ -1318,22 +1503,50 @@ impl Connection {
                         "host memory is short (MemAvailable below --keep-free {} bytes): the node lends no new slabs now",
                         sh.cfg.keep_free_bytes.unwrap_or(0)
                     ),
+                    figures,
+                    false,
                 ))
+            } else if let Some((msg, user_figures)) = sh.share_refusal(&mut st, uid) {
+                Some((ErrorCode::ShareUsed, msg, user_figures, false))
             } else if st.used_bytes + slab_bytes > st.capacity_bytes {
+                // Below its fair share, the user wants memory: the users above theirs are
+                // asked for room (after the reply), and its next ALLOC may succeed.
+                let wanting = st.wanting.users();
+                let active = st.active_users(&wanting, Some(uid)).len();
+                let fair = fair_share_bytes(st.capacity_bytes, slab_bytes, active);
+                let entitled = active > 1 && st.held_slabs(uid) * slab_bytes + slab_bytes <= fair;
+                if entitled {
+                    st.wanting.note(uid);
+                }
                 Some((
                     ErrorCode::Full,
                     format!(
-                        "host tier full: {} of {} bytes in use",
-                        st.used_bytes, st.capacity_bytes
+                        "host tier full: {} of {} bytes in use{}",
+                        st.used_bytes,
+                        st.capacity_bytes,
+                        if entitled {
+                            format!(
+                                "; users above their fair share ({fair} bytes) are asked to give \
+                                 slabs back: try again shortly"
+                            )
+                        } else {
+                            String::new()
+                        }
                     ),
+                    figures,
+                    entitled,
                 ))
             } else {
                 st.used_bytes += slab_bytes;
                 None
             }
         };
-        if let Some((code, msg)) = refusal {
-            return self.reply(sh.error(req, code, msg), None);
+        if let Some((code, msg, figures, ask_back)) = refusal {
+            self.reply(sh.error_with(req, code, figures, msg), None)?;
+            if ask_back {
+                sh.reclaim_excess();
+            }
+            return Ok(());
         }
         let fd = match slab::make(slab_bytes) {
             Ok(fd) => Arc::new(fd),

@@ -113,13 +113,16 @@ pub enum ErrorCode {
     Version,
     /// The node failed (e.g. memfd_create or fallocate failed).
     Internal,
+    /// The client's user holds its share of the node ([`crate::share`]); the frame's
+    /// `used_bytes` is what the user holds, `capacity_bytes` its share.
+    ShareUsed,
     /// A code this build does not know (a newer node).
     Unknown,
 }
 
 impl ErrorCode {
     /// Every known code, for tests and metrics.
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::Full,
         ErrorCode::Pressure,
         ErrorCode::NotYours,
@@ -128,6 +131,7 @@ impl ErrorCode {
         ErrorCode::TooManyClients,
         ErrorCode::Version,
         ErrorCode::Internal,
+        ErrorCode::ShareUsed,
     ];
 
     /// The code on the wire.
@@ -141,6 +145,7 @@ impl ErrorCode {
             ErrorCode::TooManyClients => 6,
             ErrorCode::Version => 7,
             ErrorCode::Internal => 8,
+            ErrorCode::ShareUsed => 9,
             ErrorCode::Unknown => u16::MAX,
         }
     }
@@ -164,6 +169,7 @@ impl ErrorCode {
             ErrorCode::TooManyClients => "too_many_clients",
             ErrorCode::Version => "version",
             ErrorCode::Internal => "internal",
+            ErrorCode::ShareUsed => "share_used",
             ErrorCode::Unknown => "unknown",
         }
     }

@@ -151,6 +151,9 @@ impl PrivateNode {
             .arg(capacity.to_string())
             .arg("--slab-size")
             .arg(slab_bytes.to_string())
+            // A node started from inside a program under `farmem run` (the host's node had no
+            // room) must not load the program's library and join its process tree.
+            .env("LD_PRELOAD", "")
             // the node's per-client logs are not the program's output
             .env(
                 "FARMEM_LOG",
@@ -180,6 +183,20 @@ impl PrivateNode {
             farmem_binary(cfg).map_err(|reason| RuntimeError::PrivateNode { reason })?,
             cfg.embedded_capacity_bytes,
             cfg.embedded_slab_size_bytes,
+            cfg.thread_hook.clone(),
+        )
+    }
+
+    /// Starts the private node a runtime falls back to when the host's node has no room for
+    /// it: slabs of the host node's `slab_bytes`, so far slabs keep their size.
+    pub(crate) fn fallback_for(
+        cfg: &RuntimeConfig,
+        slab_bytes: u64,
+    ) -> Result<PrivateNode, RuntimeError> {
+        PrivateNode::start(
+            farmem_binary(cfg).map_err(|reason| RuntimeError::PrivateNode { reason })?,
+            cfg.embedded_capacity_bytes,
+            slab_bytes,
             cfg.thread_hook.clone(),
         )
     }

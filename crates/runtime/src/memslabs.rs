@@ -30,6 +30,10 @@ use crate::PAGE_SIZE;
 pub(crate) enum MemKind {
     /// A host tier slab, with the node's id for it.
     Tier { id: u32 },
+    /// A slab of the private node this runtime started when the host's node had no room
+    /// ([`crate::tier`]), with that node's id for it. Never given back, lent over fork or
+    /// written through (the fallback is only taken without donors).
+    Fallback { id: u32 },
     /// Private memory of this process.
     Local,
     /// A tier slab of the parent's, inherited over fork by this forked child
@@ -253,7 +257,7 @@ impl MemSlabs {
             .iter()
             .flatten()
             .fold((0, 0), |(t, l), s| match s.kind {
-                MemKind::Tier { .. } | MemKind::Borrowed => (t + 1, l),
+                MemKind::Tier { .. } | MemKind::Fallback { .. } | MemKind::Borrowed => (t + 1, l),
                 MemKind::Local => (t, l + 1),
             })
     }

@@ -17,6 +17,12 @@
 //! - Placement ([`Shared::place`]): a far slab goes to the host tier while the node lends slabs,
 //!   then to the donors. A refusal from a full node is remembered for a second, so a full tier
 //!   costs one request per second, not one per slab.
+//! - Fallback: with no donors, a *host's* node that has no room for this program (full, this
+//!   user's share of it used, the host short of memory; not one that went away) would leave evicted pages
+//!   nowhere, and the budget would break. The runtime then starts a private node of its own
+//!   (once, with one warning saying why; same slab size) and places the slabs the host's node
+//!   refuses there ([`MemKind::Fallback`]); the host's node is asked again a second later, so
+//!   a program gets its share back when the node has room again.
 //! - Write-through (with donors configured): the tier is a write-back cache in front of the
 //!   donors. The tier thread gives each memory slab a donor slab and writes the pages written
 //!   since their last write-through (a bit a page) in the background, at most
@@ -80,6 +86,20 @@ pub(crate) struct Tier {
     ),
     /// Kept alive for as long as the runtime: dropping it stops a private node.
     _private: Option<crate::embedded::PrivateNode>,
+    /// How to start the fallback when this is the host's node and no donor is named.
+    fallback_cfg: Option<RuntimeConfig>,
+    /// The private node started when the host's node had no room (see the module doc).
+    fallback: Mutex<Fallback>,
+}
+
+/// The fallback private node, once needed.
+enum Fallback {
+    /// Not needed yet.
+    None,
+    /// Started: its client, and the node (stopped when dropped).
+    Running(NodeClient, crate::embedded::PrivateNode),
+    /// Could not be started (said once); not tried again.
+    Failed,
 }
 
 impl Tier {
@@ -92,7 +112,7 @@ impl Tier {
         match &cfg.tier {
             TierMode::Off => Ok(None),
             TierMode::Node(path) => match Tier::connect(path, ncfg.clone(), None) {
-                Ok(t) => Ok(Some(t)),
+                Ok(t) => Ok(Some(t.with_fallback(cfg))),
                 // `farmem run` checked this node before the program started; one that fills up
                 // or stalls since (or before a child of the program starts) must not stop it.
                 Err(RuntimeError::Node { source, .. }) if source.is_busy() => {
@@ -105,7 +125,7 @@ impl Tier {
                 let path = farmem_node::default_socket_path();
                 if path.exists() {
                     match Tier::connect(&path, ncfg.clone(), None) {
-                        Ok(t) => return Ok(Some(t)),
+                        Ok(t) => return Ok(Some(t.with_fallback(cfg))),
                         // A node socket nobody answers on (a node that died): carry on as
                         // if there were none.
                         Err(RuntimeError::Node {
@@ -162,7 +182,19 @@ impl Tier {
             holds: Mutex::new(Vec::new()),
             kick: crossbeam_channel::bounded(1),
             _private: private,
+            fallback_cfg: None,
+            fallback: Mutex::new(Fallback::None),
         })
+    }
+
+    /// A tier on a node this runtime did not start: without donors it falls back to a private
+    /// node when that node has no room (see the module doc). `farmem run`'s private node is
+    /// named like the host's, and falls back the same way (harmless: it is this run's alone).
+    fn with_fallback(mut self, cfg: &RuntimeConfig) -> Tier {
+        if cfg.donors.is_empty() {
+            self.fallback_cfg = Some(cfg.clone());
+        }
+        self
     }
 
     /// Far pages were frozen for a fork: the tier thread starts looking for dead holds.
@@ -221,29 +253,24 @@ impl Tier {
         holds.len()
     }
 
-    /// A new tier slab of at least `len` bytes, or `None` when the node is full, under
-    /// pressure or gone (remembered for [`FULL_RETRY`]).
-    fn alloc(&self, len: usize) -> Result<Option<TierSlab>, RuntimeError> {
+    /// A new tier slab of at least `len` bytes and its kind, or `None` when the node is full,
+    /// under pressure or gone (remembered for [`FULL_RETRY`]) and there is no fallback.
+    fn alloc(&self, len: usize) -> Result<Option<(TierSlab, MemKind)>, RuntimeError> {
         if self.full_until.lock().is_some_and(|t| Instant::now() < t) {
-            return Ok(None);
+            return self.alloc_fallback(len, None);
         }
         match self.client.alloc_slab() {
-            Ok(slab) if slab.mapping.len() >= len => {
-                slab.mapping.advise(Advice::DontFork);
-                Ok(Some(slab))
+            Ok(slab) => {
+                let id = slab.id;
+                self.checked(slab, len, &self.path)
+                    .map(|s| Some((s, MemKind::Tier { id })))
             }
-            Ok(slab) => Err(RuntimeError::Node {
-                path: self.path.clone(),
-                step: "allocating a slab",
-                source: NodeError::Protocol(format!(
-                    "the node handed out a slab of {} bytes, not the {len} it announced",
-                    slab.mapping.len()
-                )),
-            }),
             Err(e) if e.is_full() || !self.client.is_alive() => {
                 tracing::debug!("{}: no slab: {e}", self.describe());
                 *self.full_until.lock() = Some(Instant::now() + FULL_RETRY);
-                Ok(None)
+                // A node that went away is not one without room: that is reported as such
+                // (write-back fails naming it), not papered over.
+                self.alloc_fallback(len, e.is_full().then_some(&e))
             }
             Err(source) => Err(RuntimeError::Node {
                 path: self.path.clone(),
@@ -251,6 +278,95 @@ impl Tier {
                 source,
             }),
         }
+    }
+
+    /// `slab` if it holds `len` bytes (made ready for use), else the node at `path` broke the
+    /// protocol.
+    fn checked(&self, slab: TierSlab, len: usize, path: &Path) -> Result<TierSlab, RuntimeError> {
+        if slab.mapping.len() < len {
+            return Err(RuntimeError::Node {
+                path: path.to_path_buf(),
+                step: "allocating a slab",
+                source: NodeError::Protocol(format!(
+                    "the node handed out a slab of {} bytes, not the {len} it announced",
+                    slab.mapping.len()
+                )),
+            });
+        }
+        slab.mapping.advise(Advice::DontFork);
+        Ok(slab)
+    }
+
+    /// A slab of the fallback private node, started on the first refusal `why` of the host's
+    /// node (see the module doc); `None` without a fallback, or when it is full too.
+    fn alloc_fallback(
+        &self,
+        len: usize,
+        why: Option<&NodeError>,
+    ) -> Result<Option<(TierSlab, MemKind)>, RuntimeError> {
+        let Some(cfg) = &self.fallback_cfg else {
+            return Ok(None);
+        };
+        let mut fallback = self.fallback.lock();
+        if matches!(*fallback, Fallback::None) {
+            let Some(why) = why else {
+                return Ok(None);
+            };
+            *fallback = match self.start_fallback(cfg) {
+                Ok((client, node)) => {
+                    tracing::warn!(
+                        "{} has no room for this program ({why}); its pages that do not fit go \
+                         to a private node of its own (at {}), so its budget holds",
+                        self.describe(),
+                        node.socket().display()
+                    );
+                    Fallback::Running(client, node)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "{} has no room for this program ({why}), and no private node could be \
+                         started for it ({e}): evicted pages have nowhere to go",
+                        self.describe()
+                    );
+                    Fallback::Failed
+                }
+            };
+        }
+        let Fallback::Running(client, node) = &*fallback else {
+            return Ok(None);
+        };
+        match client.alloc_slab() {
+            Ok(slab) => {
+                let id = slab.id;
+                self.checked(slab, len, node.socket())
+                    .map(|s| Some((s, MemKind::Fallback { id })))
+            }
+            Err(e) if e.is_full() || !client.is_alive() => Ok(None),
+            Err(source) => Err(RuntimeError::Node {
+                path: node.socket().to_path_buf(),
+                step: "allocating a slab of the fallback private node",
+                source,
+            }),
+        }
+    }
+
+    /// Starts the fallback private node with the host node's slab size and connects to it.
+    fn start_fallback(
+        &self,
+        cfg: &RuntimeConfig,
+    ) -> Result<(NodeClient, crate::embedded::PrivateNode), RuntimeError> {
+        let node = crate::embedded::PrivateNode::fallback_for(cfg, self.slab_bytes())?;
+        let ncfg = NodeClientConfig {
+            thread_hook: cfg.thread_hook.clone(),
+            timeout: cfg.request_timeout,
+        };
+        let client =
+            NodeClient::connect(node.socket(), ncfg).map_err(|source| RuntimeError::Node {
+                path: node.socket().to_path_buf(),
+                step: "connecting to the fallback private node",
+                source,
+            })?;
+        Ok((client, node))
     }
 }
 
@@ -269,11 +385,9 @@ impl Shared {
             None => None,
         };
         let home = match tier_slab {
-            Some(slab) => {
+            Some((slab, kind)) => {
                 let mut st = self.state.lock();
-                let m = st
-                    .mem
-                    .insert(slab.mapping, MemKind::Tier { id: slab.id }, idx);
+                let m = st.mem.insert(slab.mapping, kind, idx);
                 let home = Home::Memory(m);
                 self.far.set_home(idx, Some(home));
                 home

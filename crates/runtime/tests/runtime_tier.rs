@@ -145,7 +145,14 @@ fn a_full_tier_without_donors_says_so_and_loses_nothing() {
     // Another client holds 12 of the 16 slabs.
     let other = NodeClient::connect(n.socket_path(), NodeClientConfig::default()).unwrap();
     let held: Vec<_> = (0..12).map(|_| other.alloc_slab().unwrap()).collect();
-    let rt = runtime(4 * MIB, n.socket_path(), vec![]);
+    // No private node can be started to fall back on (no such binary): the pages wait.
+    let rt = start(RuntimeConfig {
+        budget_bytes: 4 * MIB,
+        prefetch: "none".into(),
+        tier: TierMode::Node(n.socket_path().to_path_buf()),
+        farmem_bin: Some("/nonexistent/farmem".into()),
+        ..RuntimeConfig::default()
+    });
     let region = fill_and_check(&rt, 12 * MIB, 3);
     let s = wait_for_stats(
         &rt,

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Args;
 use farmem_node::{
-    NodeBanner, NodeClient, NodeClientConfig, NodeConfig, NodeServer, DEFAULT_SOCKET_PATH,
+    MaxShare, NodeBanner, NodeClient, NodeClientConfig, NodeConfig, NodeServer, DEFAULT_SOCKET_PATH,
 };
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -45,11 +45,20 @@ the excess (--resize 0 drains the node: every client is asked for all it holds).
 
 A client that disconnects or dies gets its slabs freed (their memory returned to the host at \
 once). A client that sends garbage is disconnected; the others keep being served. One user \
-(uid) may keep at most --max-clients-per-uid connections (root and the node's own user: \
---max-clients in all), and its processes at most 1024 holds (slabs a forked child may still \
+(uid) may keep at most --max-clients-per-uid connections, and the users other than root and the \
+node's own at most seven eighths of --max-clients in all (the rest is kept for root and the \
+node's user); its processes at most 1024 holds (slabs a forked child may still \
 read), so no user can lock the others out; a program that finds the host's node full (farmem \
 run's default) runs without it. The node raises its open-files limit to the hard limit at \
 start: it keeps a descriptor per slab and per hold, and two per connection.
+
+Sharing between users: while only one user (uid) wants memory it may hold the whole capacity. \
+When another user is refused a slab it is entitled to, each user's fair share is the capacity \
+divided among the users holding or wanting slabs: a user at its share is refused more (its \
+programs put their pages elsewhere, or on a private node of their own), and the users above it \
+are asked to give the excess back (nothing is lost). --max-share-per-uid bounds every user \
+always, root included. A user other than root and the node's own sees only its own clients in \
+`farmem stats --node` (and the node's totals).
 
 Once listening, prints exactly one line to stdout, `farmem node listening on PATH`; logs go to \
 stderr (FARMEM_LOG=debug for more). SIGINT or SIGTERM stops it cleanly with exit status 0.
@@ -84,6 +93,12 @@ pub struct NodeArgs {
     /// bound by --max-clients only.
     #[arg(long, default_value_t = farmem_node::MAX_CLIENTS_PER_UID as u32, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "N", conflicts_with = "resize")]
     pub max_clients_per_uid: u32,
+    /// Most one user (uid) may hold, always: a size (e.g. 2GiB) or a percentage of the
+    /// capacity (e.g. 50%). Root and the node's own user too. Without it, each user may hold
+    /// everything while no other user wants memory, and its fair share (the capacity divided
+    /// among the users that hold or want slabs) when others do.
+    #[arg(long, value_parser = parse_max_share, value_name = "SIZE|PERCENT", conflicts_with = "resize")]
+    pub max_share_per_uid: Option<MaxShare>,
     /// Size of one slab (a multiple of 4 KiB).
     #[arg(long, default_value = "4MiB", value_parser = parse_size, value_name = "SIZE", conflicts_with = "resize")]
     pub slab_size: u64,
@@ -125,6 +140,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         metrics_listen: args.metrics.clone(),
         max_clients: args.max_clients as usize,
         max_clients_per_uid: args.max_clients_per_uid as usize,
+        max_share_per_uid: args.max_share_per_uid,
         ..NodeConfig::default()
     };
     // A descriptor per client, slab and hold: take all the kernel allows this process.
@@ -166,6 +182,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let _ = watcher.join();
     result.context("the node failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--max-share-per-uid SIZE|PERCENT`.
+fn parse_max_share(text: &str) -> Result<MaxShare, String> {
+    MaxShare::parse(text, parse_size).map_err(|e| e.to_string())
 }
 
 /// `farmem node --resize SIZE`: one RESIZE to the node on `socket`.

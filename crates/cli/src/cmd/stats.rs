@@ -442,6 +442,7 @@ pub fn render_node(path: &str, s: &NodeStats) -> String {
         ("too many clients", r.too_many_clients),
         ("version", r.version),
         ("internal", r.internal),
+        ("share used", r.share_used),
     ]
     .iter()
     .filter(|(_, n)| *n > 0)
