@@ -85,7 +85,7 @@ fn a_full_donor_is_reported_as_full() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("is full") && msg.contains("donor full: 1 connections"),
+        msg.contains("refused the connection") && msg.contains("donor full: 1 connections"),
         "{msg}"
     );
 }
