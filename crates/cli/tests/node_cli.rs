@@ -100,7 +100,7 @@ fn bad_sizes_and_flags_are_clear_errors() {
         ),
         (
             vec!["node", "--resize", "1GiB", "--socket", &s],
-            "cannot connect to the farmem node",
+            "no farmem node runs at",
         ),
     ] {
         let out = farmem(&args);

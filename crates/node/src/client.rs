@@ -180,8 +180,8 @@ pub struct Reclaim {
 /// A client call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    /// Nothing answers on the socket.
-    #[error("cannot connect to the farmem node at {}: {source}; start one (`farmem node --capacity SIZE --socket {}`) or name another socket", path.display(), path.display())]
+    /// Nothing answers on the socket, or this user may not use it (the message tells which).
+    #[error("{}", connect_message(path, source))]
     Connect {
         path: PathBuf,
         source: std::io::Error,
@@ -254,6 +254,38 @@ impl NodeError {
     /// everyone's programs).
     pub fn is_busy(&self) -> bool {
         matches!(self, NodeError::TooManyClients { .. } | NodeError::Timeout)
+    }
+}
+
+/// Tells "a node runs there but this user may not use it" (its socket's mode, owner and
+/// group, and the fix) from "no node runs there" (how to start one) from anything else.
+fn connect_message(path: &Path, source: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    let shown = path.display();
+    match source.kind() {
+        ErrorKind::PermissionDenied => {
+            let who = rustix::process::getuid().as_raw();
+            let socket = std::fs::metadata(path)
+                .map(|m| {
+                    format!(
+                        " (socket mode {:04o}, owner uid {}, group gid {})",
+                        m.mode() & 0o7777,
+                        m.uid(),
+                        m.gid()
+                    )
+                })
+                .unwrap_or_default();
+            format!(
+                "a farmem node runs at {shown} but this user (uid {who}) may not use it{socket}: \
+                 {source}; ask its operator to add this user to the socket's group (`farmem node \
+                 --socket-group GROUP`), or use a node of your own (--node PATH)"
+            )
+        }
+        ErrorKind::NotFound | ErrorKind::ConnectionRefused => format!(
+            "no farmem node runs at {shown} ({source}); start one (`farmem node --capacity SIZE \
+             --socket {shown}`) or name another socket"
+        ),
+        _ => format!("cannot connect to the farmem node at {shown}: {source}"),
     }
 }
 

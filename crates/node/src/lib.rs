@@ -49,8 +49,8 @@ pub use client::{
 };
 pub use metrics::{ClientStats, NodeStats};
 pub use server::{
-    exit_with_parent, raise_open_files_limit, NodeConfig, NodeServer, NodeServerError, RunningNode,
-    ShutdownHandle, DEFAULT_SLAB_BYTES, MAX_CLIENTS, MAX_CLIENTS_PER_UID, MAX_HOLDS_PER_CLIENT,
-    MAX_HOLDS_PER_UID,
+    exit_with_parent, raise_open_files_limit, socket_mode_allowed, NodeConfig, NodeServer,
+    NodeServerError, RunningNode, ShutdownHandle, DEFAULT_SLAB_BYTES, DEFAULT_SOCKET_MODE,
+    MAX_CLIENTS, MAX_CLIENTS_PER_UID, MAX_HOLDS_PER_CLIENT, MAX_HOLDS_PER_UID,
 };
 pub use share::{MaxShare, MaxShareError};

@@ -110,6 +110,12 @@ pub struct NodeConfig {
     pub keep_free_bytes: Option<u64>,
     /// Serve Prometheus metrics over HTTP at this address.
     pub metrics_listen: Option<String>,
+    /// The socket's group (its members may connect when `socket_mode` lets the group in);
+    /// `None` keeps the node's own group.
+    pub socket_group: Option<u32>,
+    /// The socket's permission bits: 0660 (owner and group, the default) or 0600 (owner
+    /// only). Never open to others: clients refuse a socket anyone may write.
+    pub socket_mode: u32,
     /// Most connections served at once.
     pub max_clients: usize,
     /// Most connections of one user served at once; root and the node's own user are bound
@@ -137,6 +143,8 @@ impl Default for NodeConfig {
             slab_bytes: DEFAULT_SLAB_BYTES,
             keep_free_bytes: None,
             metrics_listen: None,
+            socket_group: None,
+            socket_mode: DEFAULT_SOCKET_MODE,
             max_clients: MAX_CLIENTS,
             max_clients_per_uid: MAX_CLIENTS_PER_UID,
             max_share_per_uid: None,
@@ -151,6 +159,9 @@ impl Default for NodeConfig {
 /// Starting or running the node failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeServerError {
+    /// The socket mode is not 0660 or 0600.
+    #[error("socket mode {0:04o} is not allowed: give 0660 (owner and group may connect) or 0600 (owner only); a socket others may use would let any process pose as the node's clients")]
+    BadSocketMode(u32),
     /// The slab size is not a non-zero multiple of 4096.
     #[error("slab size {0} bytes is not a non-zero multiple of 4096 (e.g. --slab-size 4MiB)")]
     BadSlabSize(u64),
@@ -901,7 +912,20 @@ fn trusted_reserve(max_clients: usize) -> usize {
 }
 
 /// Binds the socket with mode 0660 before it listens.
-fn bind_socket(path: &Path) -> Result<UnixListener, NodeServerError> {
+/// The socket's default permission bits: its owner and group may connect.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+
+/// True for the socket modes a node may use: owner read-write, the group all or nothing,
+/// others nothing (clients refuse a socket others may write, [`crate::check_socket_trust`]).
+pub fn socket_mode_allowed(mode: u32) -> bool {
+    mode == 0o660 || mode == 0o600
+}
+
+fn bind_socket(
+    path: &Path,
+    group: Option<u32>,
+    mode: u32,
+) -> Result<UnixListener, NodeServerError> {
     use rustix::net::{bind, listen, socket_with, AddressFamily, SocketFlags, SocketType};
     let err = |source: std::io::Error| NodeServerError::Bind {
         path: path.into(),
@@ -921,7 +945,16 @@ fn bind_socket(path: &Path) -> Result<UnixListener, NodeServerError> {
     )
     .map_err(|e| err(e.into()))?;
     bind(&fd, &addr).map_err(|e| err(e.into()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err)?;
+    // Group before mode: until the chmod the socket keeps the umask's bits, never wider.
+    if let Some(gid) = group {
+        std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|e| {
+            err(std::io::Error::new(
+                e.kind(),
+                format!("setting the socket's group to gid {gid}: {e} (only root or a member of that group may)"),
+            ))
+        })?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
     listen(&fd, 128).map_err(|e| err(e.into()))?;
     Ok(UnixListener::from(fd))
 }
@@ -930,6 +963,9 @@ impl NodeServer {
     /// Checks the configuration against the machine, binds the socket (and the metrics
     /// endpoint), ready to [`run`](NodeServer::run).
     pub fn bind(cfg: NodeConfig) -> Result<NodeServer, NodeServerError> {
+        if !socket_mode_allowed(cfg.socket_mode) {
+            return Err(NodeServerError::BadSocketMode(cfg.socket_mode));
+        }
         if cfg.slab_bytes == 0 || !cfg.slab_bytes.is_multiple_of(PAGE) {
             return Err(NodeServerError::BadSlabSize(cfg.slab_bytes));
         }
@@ -970,7 +1006,7 @@ impl NodeServer {
             );
         }
         prepare_path(&cfg.socket_path)?;
-        let listener = bind_socket(&cfg.socket_path)?;
+        let listener = bind_socket(&cfg.socket_path, cfg.socket_group, cfg.socket_mode)?;
         let metrics_listener = match &cfg.metrics_listen {
             Some(addr) => Some(TcpListener::bind(addr.as_str()).map_err(|source| {
                 NodeServerError::Metrics {

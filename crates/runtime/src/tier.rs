@@ -126,17 +126,14 @@ impl Tier {
                 if path.exists() {
                     match Tier::connect(&path, ncfg.clone(), None) {
                         Ok(t) => return Ok(Some(t.with_fallback(cfg))),
-                        // A node socket nobody answers on (a node that died): carry on as
-                        // if there were none.
+                        // A node socket nobody answers on (a node that died), or one this
+                        // user may not use: carry on as if there were none (the message says
+                        // which).
                         Err(RuntimeError::Node {
-                            source: NodeError::Connect { .. },
+                            source: source @ NodeError::Connect { .. },
                             ..
                         }) => {
-                            tracing::warn!(
-                                "no node answers on {} (a stale socket?): not using the host's \
-                                 tier",
-                                path.display()
-                            );
+                            tracing::warn!("not using the host's tier: {source}");
                         }
                         Err(RuntimeError::Node { source, .. }) if source.is_busy() => {
                             tracing::warn!(

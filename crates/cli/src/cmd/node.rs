@@ -27,8 +27,10 @@ that do not fit its local budget go to the node first (shared memory: one copy e
 network), and only then to remote donors. The node allocates each slab's pages itself, so they \
 are charged to the node's memory cgroup, never to a program's container.
 
-Who may connect: the socket (default /run/farmem/node.sock) is created with mode 0660, so its \
-owner and group may connect, nobody else; every client is identified by its pid, uid and gid \
+Who may connect: the socket (default /run/farmem/node.sock) is created with mode 0660 \
+(--socket-mode), so its owner and group may connect, nobody else; --socket-group GROUP gives it \
+to a group whose members should use the host tier (a user outside it is told it may not use the \
+node, not that none runs); every client is identified by its pid, uid and gid \
 (logged). Clients check the socket before trusting it with their pages: it must be owned by root \
 or by the client's own user, not writable by others, in a folder others cannot write (or with \
 the sticky bit). Only root or the node's own user may change its capacity (--resize).
@@ -85,6 +87,14 @@ pub struct NodeArgs {
     /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9178).
     #[arg(long, value_name = "ADDR", conflicts_with = "resize")]
     pub metrics: Option<String>,
+    /// Give the socket to this group (a name or a gid): its members may connect (with the
+    /// default --socket-mode 0660). Default: the node's own group.
+    #[arg(long, value_parser = parse_group, value_name = "GROUP", conflicts_with = "resize")]
+    pub socket_group: Option<u32>,
+    /// The socket's permissions: 0660 (its owner and group may connect) or 0600 (its owner
+    /// only). Never open to others: clients refuse a socket anyone may write.
+    #[arg(long, value_parser = parse_socket_mode, value_name = "MODE", default_value = "0660", conflicts_with = "resize")]
+    pub socket_mode: u32,
     /// Most client connections served at once (the next are refused, and those programs run
     /// without the host tier).
     #[arg(long, default_value_t = farmem_node::MAX_CLIENTS as u32, value_parser = clap::value_parser!(u32).range(1..=65536), value_name = "N", conflicts_with = "resize")]
@@ -138,6 +148,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
         slab_bytes: args.slab_size,
         keep_free_bytes: args.keep_free,
         metrics_listen: args.metrics.clone(),
+        socket_group: args.socket_group,
+        socket_mode: args.socket_mode,
         max_clients: args.max_clients as usize,
         max_clients_per_uid: args.max_clients_per_uid as usize,
         max_share_per_uid: args.max_share_per_uid,
@@ -187,6 +199,32 @@ pub fn run(args: NodeArgs) -> anyhow::Result<ExitCode> {
 /// `--max-share-per-uid SIZE|PERCENT`.
 fn parse_max_share(text: &str) -> Result<MaxShare, String> {
     MaxShare::parse(text, parse_size).map_err(|e| e.to_string())
+}
+
+/// `--socket-group`: a group name, or a numeric gid.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!(
+            "no group named {s:?} on this machine (see /etc/group; create it with `groupadd {s}`, or give a numeric gid)"
+        )),
+        Err(e) => Err(format!("cannot look up group {s:?}: {e}")),
+    }
+}
+
+/// `--socket-mode`: octal, 0660 or 0600.
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode: give 0660 or 0600"))?;
+    if !farmem_node::socket_mode_allowed(mode) {
+        return Err(format!(
+            "mode {mode:04o} is not allowed: give 0660 (owner and group may connect) or 0600 (owner only); clients refuse a socket others may write"
+        ));
+    }
+    Ok(mode)
 }
 
 /// `farmem node --resize SIZE`: one RESIZE to the node on `socket`.

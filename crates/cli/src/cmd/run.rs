@@ -1291,7 +1291,7 @@ mod preflight {
     }
 
     /// Whether the host's node answers on the default socket. A socket nobody answers on (a
-    /// node that died), a node that refuses the connection because it serves as many as it
+    /// node that died) or this user may not use, a node that refuses the connection because it serves as many as it
     /// may, and one that does not answer in time count as none; one that cannot be trusted is
     /// an error.
     pub fn host_node_answers() -> anyhow::Result<bool> {
@@ -1302,7 +1302,7 @@ mod preflight {
         match farmem_node::NodeClient::connect(&path, farmem_node::NodeClientConfig::default()) {
             Ok(_) => Ok(true),
             Err(e @ farmem_node::NodeError::Connect { .. }) => {
-                tracing::warn!("the host's node does not answer ({e}): not using it");
+                tracing::warn!("not using the host's node: {e}");
                 Ok(false)
             }
             // A node that serves as many connections as it may, or is stuck, must not stop
