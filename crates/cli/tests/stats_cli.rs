@@ -257,3 +257,157 @@ fn several_donors_are_one_table_and_one_that_does_not_answer_is_named() {
         .unwrap()
         .contains("could not connect"));
 }
+
+/// `farmem stats --donor` with tenants: the asking tenant's use and quota, and its clients with
+/// the address each connects from and the program it said it is — a real `farmem run` among
+/// them — and never another tenant's clients; the metrics endpoint gives every tenant's use.
+#[test]
+fn stats_shows_the_tenants_clients_with_host_and_program_and_metrics_each_tenants_use() {
+    use farmem_testkit::clients::{free_port, http_get};
+    use farmem_testkit::run::{farmem_spawn, Scratch};
+    use std::time::{Duration, Instant};
+
+    let dir = Scratch::new("stats-tenants");
+    let file = farmem_testkit::donor::tenants_file(
+        &dir.path(""),
+        &[
+            ("alice", b"alice-token", "quota = \"128MiB\""),
+            ("bob", b"bob-token", ""),
+        ],
+    );
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let donor = Donor::spawn(&[
+        "--capacity",
+        "256MiB",
+        "--slab-size",
+        "4MiB",
+        "--tenants",
+        &file,
+        "--metrics",
+        &metrics,
+    ]);
+    let addr = donor.addr.to_string();
+    let client = |token: &[u8], label: &str, slabs: usize| {
+        let c = DonorClient::connect(
+            &addr,
+            ClientConfig {
+                token: Some(token.to_vec()),
+                label: Some(label.to_string()),
+                ..ClientConfig::default()
+            },
+        )
+        .unwrap();
+        for _ in 0..slabs {
+            c.alloc_slab().unwrap();
+        }
+        c
+    };
+    let trainer = client(b"alice-token", "trainer pid 7 on host-a", 1);
+    let _secret = client(b"bob-token", "secret-job pid 9 on host-b", 2);
+
+    // A real program under farmem run, as alice: its runtime tells the donor what it is.
+    let alice_token = dir.path("alice.token");
+    let mut run = farmem_spawn(
+        &[
+            "--local-mem",
+            "32MiB",
+            "--donor",
+            &addr,
+            "--token-file",
+            alice_token.to_str().unwrap(),
+        ],
+        &["sleep", "30"],
+        &dir.path("run.log"),
+    );
+
+    let stats = |args: &[&str]| {
+        let mut a = vec![
+            "stats",
+            "--donor",
+            &addr,
+            "--token-file",
+            alice_token.to_str().unwrap(),
+            "--interval-ms",
+            "0",
+        ];
+        a.extend_from_slice(args);
+        farmem(&a)
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let o = stats(&["--json"]);
+        assert!(o.status.success(), "{}", farmem_testkit::run::text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let has_run = v["tenant"]["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["program"].as_str().unwrap().starts_with("sleep pid "));
+        if has_run {
+            break v;
+        }
+        assert!(
+            Instant::now() < until,
+            "farmem run's client never showed: {v}\n{}",
+            run.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let t = &v["tenant"];
+    assert_eq!(t["name"], "alice", "{v}");
+    assert_eq!(t["quota_bytes"], 128 << 20, "{v}");
+    assert!(t["used_bytes"].as_u64().unwrap() >= 4 << 20, "{v}");
+    let clients = t["clients"].as_array().unwrap();
+    let tr = clients
+        .iter()
+        .find(|c| c["program"] == "trainer pid 7 on host-a")
+        .unwrap_or_else(|| panic!("the trainer is not listed: {v}"));
+    assert_eq!(tr["address"], "127.0.0.1", "{v}");
+    assert_eq!(tr["slabs"], 1, "{v}");
+    assert_eq!(tr["used_bytes"], 4 << 20, "{v}");
+    assert_eq!(tr["id"], format!("{:016x}", trainer.client_id()), "{v}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let run_client = clients
+        .iter()
+        .find(|c| c["program"].as_str().unwrap().starts_with("sleep pid "))
+        .unwrap();
+    assert!(
+        run_client["program"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(" on {}", host.trim_end())),
+        "{run_client}"
+    );
+    let text = String::from_utf8(stats(&[]).stdout).unwrap();
+    assert!(text.contains("tenant       alice: "), "{text}");
+    assert!(text.contains("trainer pid 7 on host-a"), "{text}");
+    for out in [v.to_string(), text] {
+        assert!(
+            !out.contains("secret-job"),
+            "bob's client shown to alice: {out}"
+        );
+        assert!(!out.contains("bob"), "bob shown to alice: {out}");
+    }
+
+    // The operator's view: every tenant's use.
+    let (head, body) = http_get(metrics.as_str(), "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        body.contains("farmem_donor_tenant_used_bytes{tenant=\"bob\"} 8388608"),
+        "{body}"
+    );
+    assert!(
+        body.contains("farmem_donor_tenant_quota_bytes{tenant=\"alice\"} 134217728"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("farmem_donor_tenant_quota_bytes{tenant=\"bob\"}"),
+        "bob has no quota: {body}"
+    );
+    assert!(
+        body.contains("farmem_donor_tenant_clients{tenant=\"bob\"} 1"),
+        "{body}"
+    );
+    run.signal("TERM");
+    run.wait(Duration::from_secs(30));
+}

@@ -33,10 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    encode_challenge, encode_error, encode_give_back, encode_pages_header, encode_slab_allocated,
-    encode_stats_reply, encode_success, encode_welcome, proofs_match, random_bytes, token_proof,
-    AuthMode, DonorInfo, FrameError, Header, Opcode, PageAddr, ReconnectKey, Request, Status,
-    HEADER_LEN, MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN, PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
+    encode_challenge, encode_clients_reply, encode_error, encode_give_back, encode_pages_header,
+    encode_slab_allocated, encode_stats_reply, encode_success, encode_welcome, proofs_match,
+    random_bytes, token_proof, AuthMode, DonorInfo, FrameError, Header, Opcode, PageAddr,
+    ReconnectKey, Request, Status, HEADER_LEN, MAX_BATCH_PAGES, NONCE_LEN, PAGE_ADDR_LEN,
+    PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
 
 use crate::loglimit::LogKey;
@@ -753,6 +754,17 @@ impl<W: Wire> Connection<W> {
                 encode_stats_reply(&mut self.out, id, &stats);
                 self.ok()
             }
+            Request::Ident { label } => {
+                store.identify(client, label);
+                encode_success(&mut self.out, Opcode::Ident, id);
+                self.ok()
+            }
+            Request::Clients => {
+                // Authenticated, so the tenant is known; only its own clients are told.
+                let tenant = self.tenant.unwrap_or(0);
+                encode_clients_reply(&mut self.out, id, &store.clients_of(tenant));
+                self.ok()
+            }
             Request::Reclaims => {
                 let slabs = self.shared.reclaimer.wanted_from(client, &store);
                 match encode_give_back(&mut self.out, id, &slabs) {
@@ -918,6 +930,7 @@ impl<W: Wire> Connection<W> {
         }
         self.client = Some(client_id);
         self.tenant = Some(tenant);
+        store.connected_from(client_id, self.peer.ip());
         self.shared.logged_in(self.id, self.peer.ip());
         // From now on a read may wait forever between requests but a request must arrive
         // whole within the stall timeout (see `read_head`).

@@ -27,7 +27,45 @@ use farmem_proto::{DonorStats, Opcode, Status};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
-use crate::store::SlabStore;
+use crate::store::{SlabStore, TenantUse};
+
+/// Each tenant's use, quota and clients, one sample per tenant (label `tenant`).
+fn render_tenants(o: &mut String, store: &SlabStore) {
+    let tenants = store.tenant_use();
+    let family = |o: &mut String, name: &str, help: &str, v: &dyn Fn(&TenantUse) -> Option<u64>| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for t in &tenants {
+            if let Some(v) = v(t) {
+                let _ = writeln!(o, "{name}{{tenant=\"{}\"}} {v}", label_value(&t.name));
+            }
+        }
+    };
+    family(
+        o,
+        "farmem_donor_tenant_used_bytes",
+        "Bytes in the slabs a tenant's clients hold.",
+        &|t| Some(t.used_bytes),
+    );
+    family(
+        o,
+        "farmem_donor_tenant_quota_bytes",
+        "A tenant's quota in bytes (tenants with one only).",
+        &|t| t.quota_bytes,
+    );
+    family(
+        o,
+        "farmem_donor_tenant_clients",
+        "A tenant's clients, connected or waiting out the orphan grace.",
+        &|t| Some(t.clients),
+    );
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label_value(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
 
 /// Upper bounds of the service-time histogram buckets, in seconds (Prometheus `le`).
 pub const SERVICE_BUCKETS_S: [f64; 14] = [
@@ -299,6 +337,7 @@ impl Metrics {
             "# HELP farmem_donor_uptime_seconds Seconds since the donor started.\n# TYPE farmem_donor_uptime_seconds gauge\nfarmem_donor_uptime_seconds {:.3}",
             self.start.elapsed().as_secs_f64()
         );
+        render_tenants(&mut o, store);
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };

@@ -23,12 +23,14 @@
 //! Activity tag (Valet): every slab records the time of its last write; [`SlabStore::slabs`]
 //! exposes it so reclaim can pick the least recently written slab as the migration victim.
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    attach_proof, proofs_match, ReconnectKey, Status, NONCE_LEN, PAGE_SIZE, PROOF_LEN,
+    attach_proof, proofs_match, ClientEntry, ClientsReply, ReconnectKey, Status,
+    MAX_CLIENTS_LISTED, NONCE_LEN, PAGE_SIZE, PROOF_LEN,
 };
 use parking_lot::RwLock;
 
@@ -116,6 +118,10 @@ struct ClientState {
     slabs: Vec<u32>,
     used_bytes: u64,
     disconnected_at: Option<Instant>,
+    /// Where its last connection came from.
+    address: Option<IpAddr>,
+    /// What it said it is (IDENT).
+    label: Option<String>,
 }
 
 #[derive(Default)]
@@ -140,6 +146,19 @@ impl Refusal {
     fn new(status: Status, message: String) -> Refusal {
         Refusal { status, message }
     }
+}
+
+/// One tenant's use of the donor ([`SlabStore::tenant_use`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantUse {
+    /// Its name.
+    pub name: String,
+    /// Its quota, if any.
+    pub quota_bytes: Option<u64>,
+    /// Bytes its clients hold.
+    pub used_bytes: u64,
+    /// Its clients, connected or orphaned.
+    pub clients: u64,
 }
 
 /// A tenant's name and the most bytes its clients may hold together (`None`: no limit beyond
@@ -355,6 +374,67 @@ impl SlabStore {
             );
         }
         Ok(())
+    }
+
+    /// Notes where `client`'s latest connection comes from (`None`: in-process).
+    pub fn connected_from(&self, client: u64, address: Option<IpAddr>) {
+        if let Some(c) = self.inner.write().clients.get_mut(&client) {
+            c.address = address;
+        }
+    }
+
+    /// `client` says what it is (IDENT: a checked label); the last word counts.
+    pub fn identify(&self, client: u64, label: &str) {
+        if let Some(c) = self.inner.write().clients.get_mut(&client) {
+            c.label = Some(label.to_string());
+        }
+    }
+
+    /// CLIENTS for a client of tenant `tenant`: that tenant's name, use, quota and clients
+    /// (sorted by id; at most [`MAX_CLIENTS_LISTED`]). Never another tenant's.
+    pub fn clients_of(&self, tenant: usize) -> ClientsReply {
+        let inner = self.inner.read();
+        let mut clients: Vec<ClientEntry> = inner
+            .clients
+            .iter()
+            .filter(|(_, c)| c.tenant == tenant)
+            .map(|(&id, c)| ClientEntry {
+                client_id: id,
+                connections: u16::try_from(c.connections).unwrap_or(u16::MAX),
+                slabs: u32::try_from(c.slabs.len()).unwrap_or(u32::MAX),
+                used_bytes: c.used_bytes,
+                orphaned: c.connections == 0,
+                address: c
+                    .address
+                    .unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
+                label: c.label.clone().unwrap_or_default(),
+            })
+            .collect();
+        clients.sort_by_key(|c| c.client_id);
+        clients.truncate(MAX_CLIENTS_LISTED);
+        let t = self.tenants.get(tenant);
+        ClientsReply {
+            tenant: t.map_or_else(String::new, |t| t.name.clone()),
+            tenant_used_bytes: inner.tenant_used.get(tenant).copied().unwrap_or(0),
+            tenant_quota_bytes: t.and_then(|t| t.quota_bytes),
+            clients,
+        }
+    }
+
+    /// Each tenant's name, quota, bytes held and clients (connected or orphaned), for the
+    /// metrics endpoint.
+    pub fn tenant_use(&self) -> Vec<TenantUse> {
+        let inner = self.inner.read();
+        self.tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TenantUse {
+                name: t.name.clone(),
+                quota_bytes: t.quota_bytes,
+                used_bytes: inner.tenant_used.get(i).copied().unwrap_or(0),
+                clients: inner.clients.values().filter(|c| c.tenant == i).count() as u64,
+            })
+            .collect()
     }
 
     /// A connection of `client` closed. Returns the number of slabs now orphaned (0 if the

@@ -2,7 +2,6 @@
 //! connections cannot lock another tenant out, against a real `farmem donor` process.
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -10,21 +9,8 @@ use farmem_proto::Status;
 use farmem_testkit::donor::Donor;
 use farmem_testkit::run::Scratch;
 
-/// Writes a tenants file into `dir` with a token file (mode 600) per tenant: `(name, token,
-/// extra TOML lines)`; returns its path.
 fn tenants_file(dir: &Scratch, tenants: &[(&str, &[u8], &str)]) -> String {
-    let mut toml = String::new();
-    for (name, token, extra) in tenants {
-        let tok = dir.path(&format!("{name}.token"));
-        std::fs::write(&tok, token).unwrap();
-        std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
-        toml.push_str(&format!(
-            "[[tenant]]\nname = \"{name}\"\ntoken_file = \"{name}.token\"\n{extra}\n"
-        ));
-    }
-    let path = dir.path("tenants.toml");
-    std::fs::write(&path, toml).unwrap();
-    path.to_str().unwrap().to_string()
+    farmem_testkit::donor::tenants_file(&dir.path(""), tenants)
 }
 
 #[test]

@@ -3,20 +3,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 
 use common::*;
 use farmem_donor::DonorConfig;
 use farmem_proto::{PageAddr, Status};
 
-fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head and body");
-    (head.to_string(), body.to_string())
-}
+use farmem_testkit::clients::http_get;
 
 /// Parses the text format: `name{labels} value` samples, `# HELP`/`# TYPE` comments.
 fn parse(body: &str) -> HashMap<String, f64> {

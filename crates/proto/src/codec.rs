@@ -33,6 +33,9 @@ pub enum EncodeError {
         /// Slabs in the list.
         count: usize,
     },
+    /// An IDENT label is empty, too long or not printable text.
+    #[error(transparent)]
+    Label(#[from] crate::clients::LabelError),
 }
 
 fn put_header(out: &mut Vec<u8>, header: Header) {
@@ -102,6 +105,35 @@ pub fn encode_stats(out: &mut Vec<u8>, request_id: u64) {
 /// RECLAIMS.
 pub fn encode_reclaims(out: &mut Vec<u8>, request_id: u64) {
     put_header(out, Header::request(Opcode::Reclaims, request_id, 0));
+}
+
+/// IDENT: `label` must pass [`crate::check_label`] (use [`crate::clean_label`] first).
+pub fn encode_ident(out: &mut Vec<u8>, request_id: u64, label: &str) -> Result<(), EncodeError> {
+    crate::check_label(label.as_bytes())?;
+    put_header(
+        out,
+        Header::request(Opcode::Ident, request_id, payload_len(label.len())),
+    );
+    out.extend_from_slice(label.as_bytes());
+    Ok(())
+}
+
+/// CLIENTS.
+pub fn encode_clients(out: &mut Vec<u8>, request_id: u64) {
+    put_header(out, Header::request(Opcode::Clients, request_id, 0));
+}
+
+/// CLIENTS' success response.
+pub fn encode_clients_reply(out: &mut Vec<u8>, request_id: u64, reply: &crate::ClientsReply) {
+    let at = out.len();
+    put_header(
+        out,
+        Header::response(Opcode::Clients as u8, request_id, Status::Ok, 0),
+    );
+    reply.encode_payload(out);
+    let len = payload_len(out.len() - at - crate::HEADER_LEN);
+    let header = Header::response(Opcode::Clients as u8, request_id, Status::Ok, len);
+    out[at..at + crate::HEADER_LEN].copy_from_slice(&header.encode());
 }
 
 /// READ_PAGES.

@@ -30,11 +30,15 @@ pub enum Opcode {
     /// Ask which of this client's slabs the donor wants back (to be moved elsewhere, then
     /// freed with FREE_SLAB).
     Reclaims = 8,
+    /// Say what this client is (its program and host), for the donor's operators.
+    Ident = 9,
+    /// Ask for this client's tenant: its use, quota and clients.
+    Clients = 10,
 }
 
 impl Opcode {
     /// Every opcode.
-    pub const ALL: [Opcode; 8] = [
+    pub const ALL: [Opcode; 10] = [
         Opcode::Hello,
         Opcode::AllocSlab,
         Opcode::FreeSlab,
@@ -43,6 +47,8 @@ impl Opcode {
         Opcode::Stats,
         Opcode::Auth,
         Opcode::Reclaims,
+        Opcode::Ident,
+        Opcode::Clients,
     ];
 
     /// The request opcode with wire value `value` (response bit cleared), if it is one.
@@ -62,6 +68,8 @@ impl Opcode {
             Opcode::Stats => "stats",
             Opcode::Auth => "auth",
             Opcode::Reclaims => "reclaims",
+            Opcode::Ident => "ident",
+            Opcode::Clients => "clients",
         }
     }
 }

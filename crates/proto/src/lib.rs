@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+mod clients;
 mod codec;
 mod frame;
 mod io;
@@ -34,16 +35,21 @@ pub use auth::{
     attach_proof, proofs_match, random_bytes, random_client_id, token_from_file_bytes, token_proof,
     RandomError, ReconnectKey, KEY_LEN, NONCE_LEN, PROOF_LEN,
 };
+pub use clients::{
+    check_label, clean_label, ClientEntry, ClientsReply, LabelError, MAX_CLIENTS_LISTED,
+    MAX_LABEL_LEN, MAX_TENANT_NAME_LEN,
+};
 pub use codec::{
-    encode_alloc_slab, encode_auth, encode_challenge, encode_error, encode_free_slab,
-    encode_give_back, encode_hello, encode_pages_header, encode_read_pages, encode_reclaims,
-    encode_slab_allocated, encode_stats, encode_stats_reply, encode_success, encode_welcome,
-    encode_write_pages, encode_write_pages_header, EncodeError,
+    encode_alloc_slab, encode_auth, encode_challenge, encode_clients, encode_clients_reply,
+    encode_error, encode_free_slab, encode_give_back, encode_hello, encode_ident,
+    encode_pages_header, encode_read_pages, encode_reclaims, encode_slab_allocated, encode_stats,
+    encode_stats_reply, encode_success, encode_welcome, encode_write_pages,
+    encode_write_pages_header, EncodeError,
 };
 pub use frame::{FrameError, Header, Opcode, HEADER_LEN, MAGIC, RESPONSE_BIT};
 pub use io::{read_frame, ReadFrameError};
 pub use message::{
-    AddrList, AuthMode, DecodeError, DonorInfo, Request, Response, SlabList, WriteBatch,
+    AddrList, AuthMode, ClientsRaw, DecodeError, DonorInfo, Request, Response, SlabList, WriteBatch,
 };
 pub use stats::DonorStats;
 pub use status::Status;

@@ -43,6 +43,12 @@ pub enum DecodeError {
         /// Slabs the list claims.
         count: usize,
     },
+    /// IDENT's label is empty, too long or not printable text.
+    #[error("ident: {0}")]
+    Label(#[from] crate::clients::LabelError),
+    /// A CLIENTS answer is malformed.
+    #[error("clients response: {0}")]
+    Clients(&'static str),
 }
 
 impl DecodeError {
@@ -54,6 +60,19 @@ impl DecodeError {
             DecodeError::BatchSize { .. } => Status::BatchTooLarge,
             _ => Status::Malformed,
         }
+    }
+}
+
+/// A checked CLIENTS payload, borrowed from the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientsRaw<'a> {
+    raw: &'a [u8],
+}
+
+impl ClientsRaw<'_> {
+    /// The answer, owned.
+    pub fn decode(&self) -> crate::ClientsReply {
+        crate::ClientsReply::decode(self.raw).expect("checked when the frame was decoded")
     }
 }
 
@@ -143,6 +162,8 @@ impl<'a> SlabList<'a> {
 /// - READ_PAGES: `count u16, count × (slab u32, page u32)`
 /// - STATS: empty
 /// - RECLAIMS: empty
+/// - IDENT: `label` (the whole payload: 1 to [`crate::MAX_LABEL_LEN`] bytes of printable UTF-8)
+/// - CLIENTS: empty
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request<'a> {
     /// Open the handshake; must be the first request on a connection.
@@ -176,6 +197,13 @@ pub enum Request<'a> {
     Stats,
     /// Ask which of this client's slabs the donor wants back now.
     Reclaims,
+    /// Say what this client is.
+    Ident {
+        /// Its program and host, as it sees them.
+        label: &'a str,
+    },
+    /// Ask for this client's tenant and its clients.
+    Clients,
 }
 
 impl<'a> Request<'a> {
@@ -231,6 +259,10 @@ impl<'a> Request<'a> {
             }
             Opcode::Stats => exact("stats", 0, payload).map(|()| Request::Stats),
             Opcode::Reclaims => exact("reclaims", 0, payload).map(|()| Request::Reclaims),
+            Opcode::Ident => Ok(Request::Ident {
+                label: crate::clients::check_label(payload)?,
+            }),
+            Opcode::Clients => exact("clients", 0, payload).map(|()| Request::Clients),
         }
     }
 }
@@ -268,6 +300,8 @@ pub struct DonorInfo {
 /// - READ_PAGES: `count u16, count × 4096 bytes`
 /// - STATS: `n u16, n × u64` (see [`DonorStats`])
 /// - RECLAIMS: `count u16, count × slab u32` (GIVE_BACK; `count` 0 to [`MAX_RECLAIM_SLABS`])
+/// - IDENT: empty
+/// - CLIENTS: see [`crate::ClientsReply`]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Response<'a> {
     /// HELLO's challenge: the nonce AUTH must answer.
@@ -297,6 +331,8 @@ pub enum Response<'a> {
     /// written first; empty when it wants nothing back). The client moves each elsewhere, then
     /// frees it with FREE_SLAB.
     GiveBack(SlabList<'a>),
+    /// CLIENTS' answer, checked ([`ClientsRaw::decode`] gives it whole).
+    Clients(ClientsRaw<'a>),
     /// The request failed.
     Error {
         /// Why (never [`Status::Ok`]).
@@ -342,7 +378,7 @@ impl<'a> Response<'a> {
                     slab: u32::from_le_bytes(payload[0..4].try_into().expect("4")),
                 })
             }
-            Opcode::FreeSlab | Opcode::WritePages => {
+            Opcode::FreeSlab | Opcode::WritePages | Opcode::Ident => {
                 exact("empty response", 0, payload).map(|()| Response::Done)
             }
             Opcode::ReadPages => {
@@ -364,6 +400,10 @@ impl<'a> Response<'a> {
                 }
                 exact("give_back response", 2 + count * 4, payload)?;
                 Ok(Response::GiveBack(SlabList { raw: &payload[2..] }))
+            }
+            Opcode::Clients => {
+                crate::clients::validate(payload)?;
+                Ok(Response::Clients(ClientsRaw { raw: payload }))
             }
         }
     }

@@ -31,6 +31,13 @@ fn decode_everything(bytes: &[u8]) {
             assert!(list.len() <= MAX_RECLAIM_SLABS);
             assert_eq!(list.iter().count(), list.len());
         }
+        if let Ok(Request::Ident { label }) = Request::decode(&h, payload) {
+            assert!(farmem_proto::check_label(label.as_bytes()).is_ok());
+        }
+        // A CLIENTS answer that decodes is whole: its owned form never panics.
+        if let Ok(Response::Clients(raw)) = Response::decode(&h, payload) {
+            assert!(raw.decode().clients.len() <= farmem_proto::MAX_CLIENTS_LISTED);
+        }
     }
     let mut r = bytes;
     let mut buf = Vec::new();
@@ -60,6 +67,26 @@ fn valid_frames() -> Vec<Vec<u8>> {
     encode_reclaims(&mut f, 5);
     frames.push(std::mem::take(&mut f));
     encode_give_back(&mut f, 5, &[1, 2, 3]).unwrap();
+    frames.push(std::mem::take(&mut f));
+    farmem_proto::encode_ident(&mut f, 6, "python3 pid 1 on h").unwrap();
+    frames.push(std::mem::take(&mut f));
+    farmem_proto::encode_clients(&mut f, 7);
+    frames.push(std::mem::take(&mut f));
+    let reply = farmem_proto::ClientsReply {
+        tenant: "t".into(),
+        tenant_used_bytes: 1,
+        tenant_quota_bytes: None,
+        clients: vec![farmem_proto::ClientEntry {
+            client_id: 1,
+            connections: 1,
+            slabs: 1,
+            used_bytes: 4096,
+            orphaned: false,
+            address: "10.0.0.1".parse().unwrap(),
+            label: "a".into(),
+        }],
+    };
+    farmem_proto::encode_clients_reply(&mut f, 7, &reply);
     frames.push(f);
     frames
 }

@@ -145,6 +145,18 @@ fn on_this_host(addr: &str) -> bool {
     any
 }
 
+/// What this client tells its donors it is (IDENT), for their operators: the program's name,
+/// its pid and this host's name.
+fn client_label() -> String {
+    let program = std::fs::read_to_string("/proc/self/comm")
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into());
+    format!("{program} pid {} on {host}", std::process::id())
+}
+
 impl Far {
     /// Opens the host tier and connects to the configured donors; with neither, starts the
     /// embedded TCP donor. A donor that cannot be reached is reported and left out as long as
@@ -158,6 +170,7 @@ impl Far {
             request_timeout: cfg.request_timeout,
             link_delay_us: cfg.link_delay_us,
             thread_hook: cfg.thread_hook.clone(),
+            label: Some(client_label()),
             ..ClientConfig::default()
         };
         let (addrs, embedded) = if cfg.donors.is_empty() && tier.is_none() {

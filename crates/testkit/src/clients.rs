@@ -187,3 +187,16 @@ pub fn redis_verify(c: &mut Resp, keys: u64, value_bytes: usize, what: &str) {
 
 /// Commands sent before their replies are read.
 const PIPELINE: u64 = 1000;
+
+/// `GET path` over HTTP/1.1 from `addr` (a metrics endpoint): the response's head and body.
+pub fn http_get(addr: impl std::net::ToSocketAddrs, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connecting to the HTTP endpoint");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .expect("reading the HTTP response");
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head and body in {text:?}"));
+    (head.to_string(), body.to_string())
+}

@@ -86,3 +86,22 @@ pub fn in_process(capacity_bytes: u64, slab_bytes: u64) -> RunningDonor {
     .unwrap_or_else(|e| panic!("starting an in-process donor: {e}"))
     .spawn()
 }
+
+/// Writes a `farmem donor --tenants` file into `dir` with a token file (mode 600) per tenant:
+/// `(name, token, extra TOML lines)`; returns its path as text.
+pub fn tenants_file(dir: &std::path::Path, tenants: &[(&str, &[u8], &str)]) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let mut toml = String::new();
+    for (name, token, extra) in tenants {
+        let tok = dir.join(format!("{name}.token"));
+        std::fs::write(&tok, token).expect("writing a token file");
+        std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600))
+            .expect("making a token file private");
+        toml.push_str(&format!(
+            "[[tenant]]\nname = \"{name}\"\ntoken_file = \"{name}.token\"\n{extra}\n"
+        ));
+    }
+    let path = dir.join("tenants.toml");
+    std::fs::write(&path, toml).expect("writing the tenants file");
+    path.to_str().expect("a UTF-8 temp path").to_string()
+}

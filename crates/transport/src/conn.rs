@@ -33,9 +33,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    attach_proof, encode_auth, encode_hello, read_frame, token_proof, AuthMode, DonorInfo,
-    DonorStats, EncodeError, Header, Opcode, ReadFrameError, Response, Status, HEADER_LEN,
-    MAX_BATCH_PAGES, PAGE_SIZE,
+    attach_proof, encode_auth, encode_hello, encode_ident, read_frame, token_proof, AuthMode,
+    DonorInfo, DonorStats, EncodeError, Header, Opcode, ReadFrameError, Response, Status,
+    HEADER_LEN, MAX_BATCH_PAGES, PAGE_SIZE,
 };
 
 use crate::{ClientConfig, TransportError};
@@ -53,6 +53,8 @@ pub(crate) enum Reply {
     Stats(DonorStats),
     /// The slabs the donor wants back (RECLAIMS' answer).
     GiveBack(Vec<u32>),
+    /// This client's tenant and its clients (CLIENTS' answer).
+    Clients(farmem_proto::ClientsReply),
 }
 
 /// Why a connection ended; turned into one [`TransportError`] per request in flight.
@@ -255,6 +257,21 @@ impl Conn {
                     info.slab_size_bytes
                 ),
             });
+        }
+
+        if let Some(label) = &cfg.label {
+            // What this client is, for the donor's operators (`farmem stats --donor`). A
+            // donor that does not know IDENT refuses it; the session goes on without.
+            frame.clear();
+            let ident_id = ids.fetch_add(1, Ordering::Relaxed);
+            if encode_ident(&mut frame, ident_id, label).is_ok() {
+                let answer = exchange(&stream, addr, cfg, Opcode::Ident, ident_id, &frame, |r| {
+                    matches!(r, Response::Done).then_some(())
+                })?;
+                if let Err((status, message)) = answer {
+                    tracing::debug!(donor = %addr, ?status, "IDENT refused: {message}");
+                }
+            }
         }
 
         let reader_stream = farmem_fds::protect(stream.try_clone().map_err(setup)?);
@@ -748,6 +765,7 @@ fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, Read
         Ok(Response::Done) => Reply::Done,
         Ok(Response::Stats(s)) => Reply::Stats(s),
         Ok(Response::GiveBack(list)) => Reply::GiveBack(list.iter().collect()),
+        Ok(Response::Clients(raw)) => Reply::Clients(raw.decode()),
         Ok(Response::Error { status, message }) => {
             return Ok((header.request_id, Err((status, message.to_string()))))
         }

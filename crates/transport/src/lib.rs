@@ -67,14 +67,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use farmem_proto::{
-    encode_alloc_slab, encode_free_slab, encode_read_pages, encode_reclaims, encode_stats,
-    encode_write_pages_header, EncodeError, Opcode,
+    encode_alloc_slab, encode_clients, encode_free_slab, encode_read_pages, encode_reclaims,
+    encode_stats, encode_write_pages_header, EncodeError, Opcode,
 };
 
 pub use error::TransportError;
 pub use farmem_proto::{
-    token_from_file_bytes, DonorInfo, DonorStats, PageAddr, ReconnectKey, Status, MAX_BATCH_PAGES,
-    MAX_RECLAIM_SLABS, MAX_TOKEN_LEN, PAGE_SIZE,
+    token_from_file_bytes, ClientEntry, ClientsReply, DonorInfo, DonorStats, PageAddr,
+    ReconnectKey, Status, MAX_BATCH_PAGES, MAX_RECLAIM_SLABS, MAX_TOKEN_LEN, PAGE_SIZE,
 };
 
 use conn::{Conn, Failure, Reply, SendError, Waited};
@@ -110,6 +110,10 @@ pub struct ClientConfig {
     /// CPU, a random scan over TCP on 2 cores took 48-58 µs an access, against 26-36 µs.
     /// Default zero: no spinning.
     pub spin: Duration,
+    /// What this client is (its program and host), told to the donor after each handshake
+    /// (IDENT) for its operators; cut to a valid label ([`farmem_proto::clean_label`]).
+    /// Default none.
+    pub label: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -128,6 +132,7 @@ impl Default for ClientConfig {
             link_delay_us: 0,
             thread_hook: None,
             spin: Duration::ZERO,
+            label: None,
         }
     }
 }
@@ -142,6 +147,7 @@ impl fmt::Debug for ClientConfig {
             .field("request_timeout", &self.request_timeout)
             .field("link_delay_us", &self.link_delay_us)
             .field("thread_hook", &self.thread_hook.as_ref().map(|_| "<fn>"))
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -359,6 +365,21 @@ impl DonorClient {
         }
     }
 
+    /// Asks for this client's tenant on the donor: its name, use, quota and clients (with the
+    /// address each connects from and what it said it is). Never another tenant's.
+    pub fn clients(&self) -> Result<farmem_proto::ClientsReply, TransportError> {
+        let reply = self
+            .submit(Opcode::Clients, &[], |b, id| {
+                encode_clients(b, id);
+                Ok(())
+            })?
+            .wait_reply()?;
+        match reply {
+            Reply::Clients(c) => Ok(c),
+            other => Err(self.unexpected(Opcode::Clients, &other)),
+        }
+    }
+
     /// Asks which of this client's slabs the donor wants back now (RECLAIMS): at most
     /// [`MAX_RECLAIM_SLABS`] slab ids, least recently written first, empty when it wants
     /// nothing back. The donor asks because it is over its capacity (its owner lowered it) or
@@ -501,7 +522,11 @@ impl From<Reply> for Completion {
     fn from(r: Reply) -> Completion {
         match r {
             Reply::Pages(data) => Completion::Pages(data),
-            Reply::Done | Reply::Slab(_) | Reply::Stats(_) | Reply::GiveBack(_) => Completion::Done,
+            Reply::Done
+            | Reply::Slab(_)
+            | Reply::Stats(_)
+            | Reply::GiveBack(_)
+            | Reply::Clients(_) => Completion::Done,
         }
     }
 }

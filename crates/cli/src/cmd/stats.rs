@@ -105,6 +105,64 @@ pub struct StatsReport {
     pub reclaim_wanted_bytes: u64,
     /// Slabs clients gave back when asked.
     pub slabs_given_back_total: u64,
+    /// The tenant this command authenticated as: its use, quota and other clients (`null`
+    /// from a donor that does not answer CLIENTS).
+    pub tenant: Option<TenantReport>,
+}
+
+/// One tenant of a donor, as its own clients see it.
+#[derive(Debug, Serialize)]
+pub struct TenantReport {
+    /// Its name ("default" for a donor with one token, or none).
+    pub name: String,
+    /// Bytes its clients hold.
+    pub used_bytes: u64,
+    /// Its quota, if it has one.
+    pub quota_bytes: Option<u64>,
+    /// Its clients other than this command.
+    pub clients: Vec<ClientReport>,
+}
+
+/// One client of a donor.
+#[derive(Debug, Serialize)]
+pub struct ClientReport {
+    /// Its id, hex.
+    pub id: String,
+    /// The address its last connection came from ("" if in-process).
+    pub address: String,
+    /// What it said it is: program, pid and host ("" if it did not say).
+    pub program: String,
+    /// Its open connections (0: gone, its slabs wait out the orphan grace).
+    pub connections: u16,
+    /// Slabs it holds.
+    pub slabs: u32,
+    /// Bytes of those slabs.
+    pub used_bytes: u64,
+}
+
+fn tenant_report(c: farmem_transport::ClientsReply, me: u64) -> TenantReport {
+    TenantReport {
+        name: c.tenant,
+        used_bytes: c.tenant_used_bytes,
+        quota_bytes: c.tenant_quota_bytes,
+        clients: c
+            .clients
+            .into_iter()
+            .filter(|e| e.client_id != me)
+            .map(|e| ClientReport {
+                id: format!("{:016x}", e.client_id),
+                address: if e.address.is_unspecified() {
+                    String::new()
+                } else {
+                    e.address.to_string()
+                },
+                program: e.label,
+                connections: e.connections,
+                slabs: e.slabs,
+                used_bytes: e.used_bytes,
+            })
+            .collect(),
+    }
 }
 
 /// Runs `farmem stats`.
@@ -182,6 +240,7 @@ fn render_table(results: &[(String, anyhow::Result<StatsReport>)]) -> String {
         "requests/s".into(),
         "p99".into(),
         "wanted back".into(),
+        "tenant use".into(),
     ]];
     let mut errors = Vec::new();
     let (mut cap, mut used, mut committed) = (0, 0, 0);
@@ -205,6 +264,10 @@ fn render_table(results: &[(String, anyhow::Result<StatsReport>)]) -> String {
                     format!("{:.1}", r.requests_per_s),
                     format!("{:.1} µs", r.service_p99_us),
                     human_bytes(r.reclaim_wanted_bytes),
+                    r.tenant.as_ref().map_or_else(
+                        || "-".to_string(),
+                        |t| format!("{} {}", t.name, human_bytes(t.used_bytes)),
+                    ),
                 ]);
             }
             Err(e) => errors.push(format!("{d}: {e:#}")),
@@ -251,6 +314,7 @@ pub fn collect(donor: &str, args: &StatsArgs) -> anyhow::Result<StatsReport> {
         request_timeout: timeout,
         ..ClientConfig::default()
     };
+    let me = cfg.client_id;
     let client = DonorClient::connect(donor, cfg)
         .with_context(|| format!("farmem stats could not reach donor {donor}"))?;
     let first = client
@@ -271,7 +335,17 @@ pub fn collect(donor: &str, args: &StatsArgs) -> anyhow::Result<StatsReport> {
         let interval = second.uptime_ms.saturating_sub(first.uptime_ms);
         (second, rate, "sampled", interval)
     };
-    Ok(report(donor, &last, rate, method, interval_ms))
+    let mut r = report(donor, &last, rate, method, interval_ms);
+    r.tenant = match client.clients() {
+        Ok(c) => Some(tenant_report(c, me)),
+        // A donor from before CLIENTS: its figures without the clients.
+        Err(farmem_transport::TransportError::Refused {
+            status: farmem_transport::Status::UnknownRequest,
+            ..
+        }) => None,
+        Err(e) => return Err(e).context("asking the donor for its clients"),
+    };
+    Ok(r)
 }
 
 fn per_second(count: u64, ms: u64) -> f64 {
@@ -310,6 +384,7 @@ fn report(
         uptime_s: s.uptime_ms as f64 / 1000.0,
         reclaim_wanted_bytes: s.reclaim_wanted_bytes,
         slabs_given_back_total: s.slabs_given_back_total,
+        tenant: None,
     }
 }
 
@@ -387,6 +462,71 @@ pub fn render(r: &StatsReport) -> String {
     let mut out = format!("donor {} (up {:.0} s)\n", r.donor, r.uptime_s);
     for (name, value) in rows {
         out.push_str(&format!("  {name:<12} {value}\n"));
+    }
+    if let Some(t) = &r.tenant {
+        out += &render_tenant(t);
+    }
+    out
+}
+
+/// A tenant's use and its clients, each with where it connects from and what it is.
+fn render_tenant(t: &TenantReport) -> String {
+    let quota = t.quota_bytes.map_or_else(
+        || "no quota".to_string(),
+        |q| format!("quota {}", human_bytes(q)),
+    );
+    let mut out = format!(
+        "  {:<12} {}: {} used, {quota}; its other clients: {}\n",
+        "tenant",
+        t.name,
+        human_bytes(t.used_bytes),
+        t.clients.len()
+    );
+    if t.clients.is_empty() {
+        return out;
+    }
+    let mut rows = vec![[
+        "client".to_string(),
+        "address".into(),
+        "conns".into(),
+        "slabs".into(),
+        "used".into(),
+        "program".into(),
+    ]];
+    for c in &t.clients {
+        rows.push([
+            c.id.clone(),
+            if c.address.is_empty() {
+                "-".into()
+            } else {
+                c.address.clone()
+            },
+            if c.connections == 0 {
+                "gone".into()
+            } else {
+                c.connections.to_string()
+            },
+            c.slabs.to_string(),
+            human_bytes(c.used_bytes),
+            if c.program.is_empty() {
+                "-".into()
+            } else {
+                c.program.clone()
+            },
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in &rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out += "    ";
+        out += cells.join("  ").trim_end();
+        out.push('\n');
     }
     out
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use farmem_donor::{DonorConfig, DonorServer, RunningDonor};
 use farmem_proto::{
-    attach_proof, encode_alloc_slab, encode_auth, encode_free_slab, encode_hello,
+    attach_proof, encode_alloc_slab, encode_auth, encode_clients, encode_free_slab, encode_hello,
     encode_read_pages, encode_reclaims, encode_stats, encode_write_pages, read_frame, token_proof,
-    AuthMode, DonorStats, Header, PageAddr, ReadFrameError, ReconnectKey, Response, Status,
+    AuthMode, DonorStats, Header, Opcode, PageAddr, ReadFrameError, ReconnectKey, Response, Status,
     KEY_LEN, NONCE_LEN, PAGE_SIZE,
 };
 
@@ -50,10 +50,29 @@ pub enum Reply {
     /// Boxed: the counters would make every `Reply` (and `Result<_, Reply>`) large.
     Stats(Box<DonorStats>),
     GiveBack(Vec<u32>),
+    Clients(farmem_proto::ClientsReply),
     Error(Status, String),
 }
 
 impl Reply {
+    /// The owned form of a decoded response.
+    pub fn from_response(r: Response<'_>) -> Reply {
+        match r {
+            Response::Challenge { nonce } => Reply::Challenge(nonce),
+            Response::Welcome(i) => Reply::Hello {
+                slab_size_bytes: i.slab_size_bytes,
+                capacity_bytes: i.capacity_bytes,
+            },
+            Response::SlabAllocated { slab } => Reply::Slab(slab),
+            Response::Done => Reply::Done,
+            Response::Pages { data, .. } => Reply::Pages(data.to_vec()),
+            Response::Stats(s) => Reply::Stats(Box::new(s)),
+            Response::GiveBack(list) => Reply::GiveBack(list.iter().collect()),
+            Response::Clients(raw) => Reply::Clients(raw.decode()),
+            Response::Error { status, message } => Reply::Error(status, message.to_string()),
+        }
+    }
+
     pub fn status(&self) -> Status {
         match self {
             Reply::Error(s, _) => *s,
@@ -114,19 +133,9 @@ impl Raw {
             Err(e) => panic!("reading a response failed: {e}"),
         };
         assert!(h.is_response(), "donor sent a non-response frame");
-        let reply = match Response::decode(&h, &self.buf).expect("donor's response decodes") {
-            Response::Challenge { nonce } => Reply::Challenge(nonce),
-            Response::Welcome(i) => Reply::Hello {
-                slab_size_bytes: i.slab_size_bytes,
-                capacity_bytes: i.capacity_bytes,
-            },
-            Response::SlabAllocated { slab } => Reply::Slab(slab),
-            Response::Done => Reply::Done,
-            Response::Pages { data, .. } => Reply::Pages(data.to_vec()),
-            Response::Stats(s) => Reply::Stats(Box::new(s)),
-            Response::GiveBack(list) => Reply::GiveBack(list.iter().collect()),
-            Response::Error { status, message } => Reply::Error(status, message.to_string()),
-        };
+        let reply = Reply::from_response(
+            Response::decode(&h, &self.buf).expect("donor's response decodes"),
+        );
         Some((h, reply))
     }
 
@@ -240,6 +249,25 @@ impl Raw {
             Reply::GiveBack(s) => s,
             other => panic!("RECLAIMS failed: {other:?}"),
         }
+    }
+
+    /// IDENT with the raw label bytes (the encoder refuses bad labels; a hostile client does
+    /// not).
+    pub fn ident(&mut self, label: &[u8]) -> Reply {
+        let id = self.id();
+        let mut f = Header::request(Opcode::Ident, id, label.len() as u32)
+            .encode()
+            .to_vec();
+        f.extend_from_slice(label);
+        self.call(&f)
+    }
+
+    /// CLIENTS: this client's tenant and its clients.
+    pub fn clients(&mut self) -> Reply {
+        let mut f = Vec::new();
+        let id = self.id();
+        encode_clients(&mut f, id);
+        self.call(&f)
     }
 
     pub fn stats(&mut self) -> DonorStats {

@@ -197,6 +197,15 @@ pub fn answer(
             },
         ),
         Ok(Request::Reclaims) => encode_give_back(out, id, &[]).unwrap(),
+        Ok(Request::Ident { .. }) => encode_success(out, Opcode::Ident, id),
+        // This fake serves no tenants: it answers CLIENTS like a donor from before it.
+        Ok(Request::Clients) => encode_error(
+            out,
+            Opcode::Clients as u8,
+            id,
+            Status::UnknownRequest,
+            "unknown request",
+        ),
         Ok(Request::Hello { .. } | Request::Auth { .. }) => {
             panic!("a handshake request twice on one connection")
         }
