@@ -218,3 +218,37 @@ fn a_node_this_user_may_not_use_is_told_from_one_not_running() {
     assert!(line.contains("mode 0600, uid 0"), "{line}");
     assert!(!line.contains("start one"), "{line}");
 }
+
+/// Under a seccomp filter that refuses userfaultfd (as a container engine's default profile
+/// does), doctor and run name the filter and the fix, not a missing permission of this user.
+#[test]
+fn a_seccomp_filter_refusing_userfaultfd_is_named_with_the_fix() {
+    use farmem_testkit::run::{c_source, compile_c, Scratch};
+    let dir = Scratch::new("doctor-seccomp");
+    let jail = dir.path("no_uffd_seccomp");
+    compile_c(&c_source("no_uffd_seccomp.c"), &jail, &[]);
+    let o = Command::new(&jail)
+        .arg(env!("CARGO_BIN_EXE_farmem"))
+        .arg("doctor")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let line = line_of(&o, "userfaultfd ");
+    assert!(line.starts_with("FAILED "), "{line}");
+    assert!(
+        line.contains("refused under the seccomp filter on this process"),
+        "{line}"
+    );
+    assert!(line.contains("--security-opt seccomp="), "{line}");
+    assert!(!line.contains("run as root"), "{line}");
+
+    farmem_testkit::bins::require_preload_lib();
+    let o = Command::new(&jail)
+        .arg(env!("CARGO_BIN_EXE_farmem"))
+        .args(["run", "--local-mem", "64MiB", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("refused under the seccomp filter"), "{err}");
+}

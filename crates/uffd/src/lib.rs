@@ -141,6 +141,18 @@ pub enum UffdError {
         source: io::Error,
     },
     #[error(
+        "userfaultfd is refused under the seccomp filter on this process (Seccomp: 2 in \
+         /proc/self/status; a container engine's default profile blocks userfaultfd): run the \
+         container with a seccomp profile that allows the userfaultfd system call (podman or \
+         docker --security-opt seccomp=PROFILE.json), or give it the device (--device \
+         /dev/userfaultfd) with a profile that allows its ioctl; outside a container, remove the \
+         filter (systemd: SystemCallFilter= must allow userfaultfd)"
+    )]
+    Seccomp {
+        #[source]
+        source: io::Error,
+    },
+    #[error(
         "this kernel has no userfaultfd (farmem needs Linux >= 6.8 built with CONFIG_USERFAULTFD)"
     )]
     NotSupported {
@@ -290,12 +302,16 @@ fn create_fd() -> Result<OwnedFd, UffdError> {
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags as libc::c_long) };
     if fd < 0 {
         let e = errno();
+        let refused = classify_open(e);
+        if matches!(refused, UffdError::Seccomp { .. }) {
+            return Err(refused);
+        }
         if dev_err.raw_os_error() == Some(libc::EACCES)
             || dev_err.raw_os_error() == Some(libc::EPERM)
         {
             return Err(UffdError::NoPermission { source: dev_err });
         }
-        return Err(classify_open(e));
+        return Err(refused);
     }
     // SAFETY: `fd` is a new userfaultfd the kernel just returned to us.
     Ok(farmem_fds::protect(unsafe {
@@ -303,7 +319,22 @@ fn create_fd() -> Result<OwnedFd, UffdError> {
     }))
 }
 
+/// Whether a seccomp filter is on this process (`Seccomp: 2` in /proc/self/status): then a
+/// refusal (EPERM, or ENOSYS for a syscall a profile does not know) is most likely the filter's.
+fn under_seccomp_filter() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().any(|l| {
+            l.split_once(':')
+                .is_some_and(|(k, v)| k == "Seccomp" && v.trim() == "2")
+        })
+    })
+}
+
 fn classify_open(e: io::Error) -> UffdError {
+    if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)) && under_seccomp_filter()
+    {
+        return UffdError::Seccomp { source: e };
+    }
     match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => UffdError::NoPermission { source: e },
         Some(libc::ENOSYS) | Some(libc::ENOENT) => UffdError::NotSupported { source: e },
