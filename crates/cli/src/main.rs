@@ -25,9 +25,13 @@ enum Command {
     /// Read-only: changes nothing on the machine. Checks the kernel version, userfaultfd
     /// access, each userfaultfd feature farmem needs, and takes two quick figures: the
     /// userfaultfd fault floor (a fault answered from memory) and a donor round trip (one 4 KiB
-    /// page, from a donor started in this process on 127.0.0.1:0, or from --donor). One line
-    /// per check: ok, note (farmem runs, without what it names) or FAILED with what to do.
-    /// Exits with status 1 if any check failed.
+    /// page, from a donor started in this process on 127.0.0.1:0, or from --donor). With
+    /// --donor: the token file, each donor (nothing there, token refused, or full), and the
+    /// donors' room for far memory with --replicas copies against --far-mem. The host tier's
+    /// node: usable, not running, or not for this user. A seccomp filter refusing userfaultfd
+    /// (a container's default profile) is named with the fix. One line per check: ok, note
+    /// (farmem runs, without what it names) or FAILED with what to do. Exits with status 1 if
+    /// any check failed.
     Doctor(cmd::doctor::DoctorArgs),
     /// Lend this machine's spare memory to farmem clients (a memory donor).
     Donor(cmd::donor::DonorArgs),

@@ -252,3 +252,86 @@ fn a_seccomp_filter_refusing_userfaultfd_is_named_with_the_fix() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("refused under the seccomp filter"), "{err}");
 }
+
+/// The donors' room against the far memory expected: counted with the copies `farmem run`
+/// keeps, a full donor and a donor whose small slabs set every far slab's size are named, and
+/// more replicas than donors fails.
+#[test]
+fn far_capacity_is_checked_against_far_mem_with_replicas() {
+    use farmem_testkit::donor::Donor;
+    use farmem_transport::{ClientConfig, DonorClient};
+    let big = Donor::spawn(&["--capacity", "256MiB", "--slab-size", "4MiB"]);
+    let small_slabs = Donor::spawn(&["--capacity", "64MiB", "--slab-size", "128KiB"]);
+    let full = Donor::spawn(&["--capacity", "8MiB", "--slab-size", "4MiB"]);
+    let holder = DonorClient::connect(&full.addr.to_string(), ClientConfig::default()).unwrap();
+    holder.alloc_slab().unwrap();
+    holder.alloc_slab().unwrap();
+    let (a, b, c) = (
+        big.addr.to_string(),
+        small_slabs.addr.to_string(),
+        full.addr.to_string(),
+    );
+    let args = |extra: &[&str]| {
+        let mut v = vec!["--donor", &a, "--donor", &b, "--donor", &c];
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        doctor(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // 320 MiB free over three donors, two copies of each page: room for 64 MiB (the small
+    // donor pairs with the big one; the full one holds nothing).
+    let o = run(&["--far-mem", "1GiB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let cap = line_of(&o, "far capacity");
+    assert!(cap.starts_with("FAILED "), "{cap}");
+    assert!(
+        cap.contains("3 of 3 donor(s) answer with 320.0 MiB free; 2 copies of each far page: room for 64.0 MiB"),
+        "{cap}"
+    );
+    assert!(cap.contains("less than --far-mem 1.0 GiB"), "{cap}");
+    assert!(
+        cap.contains("add donors, raise their --capacity, or lower --replicas"),
+        "{cap}"
+    );
+    let room = line_of(&o, &format!("donor {c} room"));
+    assert!(
+        room.starts_with("note ") && room.contains("full: 8.0 MiB of 8.0 MiB used"),
+        "{room}"
+    );
+    let trip = line_of(&o, &format!("donor {c} "));
+    assert!(
+        trip.starts_with("note ") && trip.contains("has no room for a slab now"),
+        "{trip}"
+    );
+    let slabs = line_of(&o, "donor slab sizes");
+    assert!(
+        slabs.contains(&format!(
+            "{b}'s slabs of 128.0 KiB set every far slab to that size (32x"
+        )),
+        "{slabs}"
+    );
+
+    // One copy: room for all 320 MiB; enough for 200 MiB, so no failure (notes only).
+    let o = run(&["--far-mem", "200MiB", "--replicas", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let cap = line_of(&o, "far capacity");
+    assert!(
+        cap.starts_with("ok ") && cap.contains("room for 320.0 MiB"),
+        "{cap}"
+    );
+    assert!(cap.contains("enough for --far-mem 200.0 MiB"), "{cap}");
+
+    let o = run(&["--replicas", "4"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        line_of(&o, "far capacity").contains("--replicas 4 needs 4 donors, 3 given"),
+        "{}",
+        text(&o)
+    );
+    // --far-mem without a donor is a usage error.
+    let o = doctor(&["--far-mem", "1GiB"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}

@@ -11,6 +11,8 @@
 //! One line per check, `ok`, `note` (farmem runs, with less) or `FAILED` with what to do; the
 //! exit status is 1 if any check failed. `--json` prints the same as one object.
 
+mod capacity;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -39,6 +41,14 @@ pub struct DoctorArgs {
     /// The host tier's node socket to check (default: the host's, /run/farmem/node.sock).
     #[arg(long, value_name = "PATH")]
     pub node: Option<std::path::PathBuf>,
+    /// Copies of each far page, as `farmem run --replicas` (default as there: 2 with two
+    /// donors or more), for the far-capacity check.
+    #[arg(long, value_name = "N", requires = "donor", value_parser = clap::value_parser!(u8).range(1..=4))]
+    pub replicas: Option<u8>,
+    /// The far memory the program is expected to need (what does not fit --local-mem): the
+    /// donors' free room, counted with --replicas copies, must hold it.
+    #[arg(long, value_name = "SIZE", requires = "donor", value_parser = crate::cmd::units::parse_size)]
+    pub far_mem: Option<u64>,
 }
 
 /// The oldest kernel farmem runs on (userfaultfd MOVE).
@@ -167,13 +177,20 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     if args.donor.is_empty() {
-        checks.push(check_donor(None, None));
+        checks.push(check_donor(None, None).0);
     } else if args.token_file.is_none() || token.is_some() {
-        checks.extend(
-            args.donor
-                .iter()
-                .map(|d| check_donor(Some(d), token.clone())),
-        );
+        let mut answered = Vec::new();
+        for d in &args.donor {
+            let (check, figures) = check_donor(Some(d), token.clone());
+            checks.push(check);
+            answered.extend(figures);
+        }
+        checks.extend(capacity::check(
+            &answered,
+            args.donor.len(),
+            args.replicas,
+            args.far_mem,
+        ));
     }
     checks.push(check_node(args.node.as_deref()));
     let report = Report {
@@ -328,7 +345,10 @@ fn check_token_file(f: &std::path::Path) -> (Check, Option<Vec<u8>>) {
 /// One donor (`addr`), or one started in this process: reachable, accepting the token, what it
 /// lends, and a page's round trip. The failure says its real cause first: nothing listening
 /// there, the token refused, or another refusal in the donor's words.
-fn check_donor(addr: Option<&str>, token: Option<Vec<u8>>) -> Check {
+fn check_donor(
+    addr: Option<&str>,
+    token: Option<Vec<u8>>,
+) -> (Check, Option<capacity::DonorFigures>) {
     let cfg = ClientConfig {
         connect_timeout: Duration::from_secs(3),
         token,
@@ -355,11 +375,12 @@ fn check_donor(addr: Option<&str>, token: Option<Vec<u8>>) -> Check {
                     )
                 }
                 Err(e) => {
-                    return Check::new(
+                    let c = Check::new(
                         "donor round trip",
                         Status::Failed,
                         format!("starting a donor in this process on 127.0.0.1: {e}"),
-                    )
+                    );
+                    return (c, None);
                 }
             }
         }
@@ -376,7 +397,7 @@ fn check_donor(addr: Option<&str>, token: Option<Vec<u8>>) -> Check {
                 // --token-file on both sides).
                 _ => e.to_string(),
             };
-            return Check::new(name, Status::Failed, why);
+            return (Check::new(name, Status::Failed, why), None);
         }
     };
     let info = client.info();
@@ -385,7 +406,7 @@ fn check_donor(addr: Option<&str>, token: Option<Vec<u8>>) -> Check {
         crate::cmd::stats::human_bytes(info.capacity_bytes),
         crate::cmd::stats::human_bytes(info.slab_size_bytes)
     );
-    match donor_p50_us(&client) {
+    let check = match donor_p50_us(&client) {
         Ok(p50) => Check::new(
             name,
             Status::Ok,
@@ -394,8 +415,22 @@ fn check_donor(addr: Option<&str>, token: Option<Vec<u8>>) -> Check {
                  {lends}"
             ),
         ),
+        // A donor with no room is working as told: the far-capacity check says what it means.
+        Err(e) if no_room(&e) => Check::new(
+            name,
+            Status::Note,
+            format!("{addr} answers but has no room for a slab now ({lends}): {e:#}"),
+        ),
         Err(e) => Check::new(name, Status::Failed, format!("{addr} ({lends}): {e:#}")),
-    }
+    };
+    // What it holds now (the round trip's slab freed): for the far-capacity check.
+    let figures = client.stats().ok().map(|s| capacity::DonorFigures {
+        addr: addr.clone(),
+        capacity_bytes: s.capacity_bytes,
+        used_bytes: s.used_bytes,
+        slab_bytes: info.slab_size_bytes,
+    });
+    (check, figures)
 }
 
 /// The host tier's node: running and usable by this user, not running (a note: `farmem run`
@@ -461,6 +496,21 @@ fn check_node(path: Option<&std::path::Path>) -> Check {
         }
         Err(e) => Check::new(name, Status::Failed, e.to_string()),
     }
+}
+
+/// Whether the round trip failed only because the donor had no slab to lend.
+fn no_room(e: &anyhow::Error) -> bool {
+    use farmem_transport::{Status, TransportError};
+    matches!(
+        e.downcast_ref::<TransportError>()
+            .and_then(TransportError::status),
+        Some(
+            Status::CapacityExhausted
+                | Status::DonorFull
+                | Status::QuotaExceeded
+                | Status::MemoryPressure
+        )
+    )
 }
 
 /// Writes one page to a slab of the donor, reads it back [`SAMPLES`] times, frees the slab;
