@@ -40,10 +40,11 @@ use farmem_proto::{
     PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
 
+use crate::limits::WRITE_TIMEOUT;
 use crate::loglimit::LogKey;
 use crate::mem::{self, SlabMemory};
 use crate::poll::PollChoice;
-use crate::server::{Shared, WRITE_TIMEOUT};
+use crate::shared::Shared;
 use crate::store::{Refusal, Slab};
 
 /// Longest payload buffered for a request other than WRITE_PAGES (a full READ_PAGES is 2 050

@@ -50,6 +50,7 @@
 pub mod child;
 mod conn;
 pub mod host;
+pub mod limits;
 mod logins;
 pub mod loglimit;
 #[allow(unsafe_code)]
@@ -58,6 +59,7 @@ pub mod metrics;
 mod poll;
 pub mod reclaim;
 pub mod server;
+mod shared;
 mod slots;
 pub mod store;
 

@@ -30,7 +30,7 @@ use crate::store::Refusal;
 /// tree attaches as its parent's client to read the pages the parent lent it, so a prefork
 /// server with hundreds of workers is one client with hundreds of connections (64 refused the
 /// 65th worker its pages). Tenants are kept apart by the fair share, not by this bound.
-pub const MAX_CONNS_PER_CLIENT: usize = crate::server::MAX_CONNECTIONS;
+pub const MAX_CONNS_PER_CLIENT: usize = crate::limits::MAX_CONNECTIONS;
 
 /// The bounds, fixed at start.
 #[derive(Debug, Clone)]

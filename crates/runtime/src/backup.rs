@@ -28,12 +28,10 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::sync::{Condvar, Mutex};
 
-use crate::shared::Shared;
 use crate::{RuntimeError, PAGE_SIZE};
 
 /// Pages queued at most before a writer waits for the disk (64 MiB).
@@ -170,7 +168,8 @@ impl Backup {
 
     /// Writes queued pages until stopped (or `shutdown`). One batch at a time, without the
     /// queue lock.
-    fn run(&self, shutdown: &AtomicBool) {
+    /// The backup thread's body (`farmem-backup`): writes queued pages until `shutdown`.
+    pub(crate) fn run(&self, shutdown: &AtomicBool) {
         loop {
             let batch: Vec<(u64, Box<[u8]>)> = {
                 let mut q = self.q.lock();
@@ -227,16 +226,10 @@ impl Drop for Backup {
     }
 }
 
-/// The backup thread (`farmem-backup`), when a backup file is used.
-pub(crate) fn backup_loop(sh: Arc<Shared>) {
-    if let Some(b) = &sh.far.backup {
-        b.run(&sh.shutdown);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn pages_read_back_are_the_last_written_and_absent_ones_are_said_so() {

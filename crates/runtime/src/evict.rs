@@ -32,20 +32,13 @@ use std::time::{Duration, Instant};
 use farmem_policy::write_heat::Verdict;
 use farmem_uffd::UffdError;
 
+use crate::budget::EVICT_BATCH;
 use crate::doorbell::IDLE_WAIT;
 use crate::far::Home;
 use crate::pages::PageState;
+use crate::runs::runs;
 use crate::shared::{Shared, Staged, State};
 use crate::PAGE_SIZE;
-
-/// Victims picked per evictor round (the high watermark is half the headroom, up to 512
-/// pages, above the low one: a wake-up's worth takes up to four rounds). Each round costs its MOVE
-/// ioctls' TLB flushes (an IPI to every other CPU the program runs on, waited for), the state
-/// lock twice and a wake of the sender. At 32 a round every `compare` workload at 0.5 did
-/// worse, in pairs interleaved on one machine, by 2-28% and with more CPU (seq 6.56 vs 5.12
-/// µs an access, kmeans 7.37 vs 6.17 s, jvm-heap 17.98 vs 14.47 s, numpy 8.24 and 7.93 vs
-/// 7.84 and 7.74 s, node-heap 12.09 vs 11.77 s); 256 was no better than 128.
-pub(crate) const EVICT_BATCH: usize = 128;
 
 /// The widest hole, in pages, between two of a round's victims that the round closes by
 /// taking the resident pages in it too ([`close_holes`]). Leap's eager eviction takes the
@@ -617,23 +610,6 @@ fn move_victims(sh: &Shared, victims: &[Victim]) -> (Vec<Result<(), UffdError>>,
         }
     }
     (out, moves)
-}
-
-/// Runs among `n` items in order, as (first, end) indexes: item `k` continues the run of item
-/// `k - 1` when `joins(k)`. Neighbouring pages go to the kernel as one range (one MOVE, one
-/// madvise, one write-protect), each a single TLB flush.
-pub(crate) fn runs(n: usize, joins: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < n {
-        let mut j = i + 1;
-        while j < n && joins(j) {
-            j += 1;
-        }
-        out.push((i, j));
-        i = j;
-    }
-    out
 }
 
 /// MOVEs one victim into its slot; an error is checked against where the page is (see

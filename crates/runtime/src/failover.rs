@@ -17,41 +17,12 @@
 //! - With no replica left, the page is read from the backup file, if any; else the read fails
 //!   and the fault path retries it (`fetch_attempts`) before poisoning the page.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use farmem_transport::{Completion, PageAddr, Pending};
 
 use crate::shared::Shared;
 use crate::PAGE_SIZE;
-
-/// The failover delay's floor.
-const MIN_DELAY: Duration = Duration::from_millis(20);
-/// The failover delay in multiples of the slowest recent read.
-const SLOW_FACTOR: u64 = 4;
-
-/// The slowest recent demand read, µs (decaying maximum).
-#[derive(Default)]
-pub(crate) struct ReadTimes {
-    slowest_us: AtomicU64,
-}
-
-impl ReadTimes {
-    pub(crate) fn record(&self, took: Duration) {
-        let us = took.as_micros() as u64;
-        let old = self.slowest_us.load(Ordering::Relaxed);
-        let new = us.max(old - old / 64);
-        self.slowest_us.store(new, Ordering::Relaxed);
-    }
-
-    /// How long to wait for one replica before asking the next.
-    pub(crate) fn failover_delay(&self, request_timeout: Duration) -> Duration {
-        let slow = Duration::from_micros(self.slowest_us.load(Ordering::Relaxed) * SLOW_FACTOR);
-        slow.max(MIN_DELAY)
-            .min(request_timeout / 2)
-            .max(Duration::from_millis(1))
-    }
-}
 
 /// A read of one far page in flight on one of its copies.
 pub(crate) struct ReplicaRead {
@@ -162,26 +133,5 @@ impl ReplicaRead {
             self.errors.push("its slab is on no donor".into());
         }
         Err(self.errors.join("; "))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_failover_delay_follows_the_slowest_recent_read_within_bounds() {
-        let t = ReadTimes::default();
-        let timeout = Duration::from_secs(5);
-        assert_eq!(t.failover_delay(timeout), MIN_DELAY);
-        t.record(Duration::from_millis(30));
-        assert_eq!(t.failover_delay(timeout), Duration::from_millis(120));
-        // Fast reads let it decay back to the floor.
-        for _ in 0..2000 {
-            t.record(Duration::from_micros(50));
-        }
-        assert_eq!(t.failover_delay(timeout), MIN_DELAY);
-        t.record(Duration::from_secs(10));
-        assert_eq!(t.failover_delay(timeout), timeout / 2);
     }
 }

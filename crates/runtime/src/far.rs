@@ -45,10 +45,10 @@ use rand::Rng;
 
 use crate::backup::Backup;
 use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
-use crate::failover::ReadTimes;
 use crate::health::Health;
 use crate::lentdonors::LentDonors;
 use crate::pack::{Pack, Piece};
+use crate::readtimes::ReadTimes;
 use crate::replicas::{Replica, Replicas, MAX_REPLICAS};
 use crate::seal::{SealError, Sealer};
 use crate::tier::Tier;

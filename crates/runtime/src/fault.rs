@@ -729,7 +729,7 @@ fn copy_runs(sh: &Shared, st: &State, todo: &[Ahead]) -> (Vec<Ahead>, u64) {
     };
     let mut installed = Vec::with_capacity(todo.len());
     let mut copies = 0;
-    for (i, j) in crate::evict::runs(todo.len(), joins) {
+    for (i, j) in crate::runs::runs(todo.len(), joins) {
         let mut k = i;
         while k < j {
             let x = todo[k];

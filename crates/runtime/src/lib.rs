@@ -65,6 +65,7 @@ mod cow;
 mod cpu;
 mod dontfork;
 mod doorbell;
+mod drops;
 mod embedded;
 mod events;
 mod evict;
@@ -85,17 +86,21 @@ mod pack;
 mod pages;
 mod prefetch;
 mod prefetch_thread;
+mod readtimes;
 mod replicas;
 pub mod run_settings;
+mod runs;
 mod seal;
 pub mod secure;
 mod send;
 mod shared;
 pub mod signals;
+mod slabcopy;
 mod slots;
 mod stats;
 mod sync;
 mod tier;
+mod tier_thread;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -344,7 +349,12 @@ impl Runtime {
         )?);
         threads.push(spawn("farmem-send", send::send_loop, sh.clone(), None)?);
         if sh.far.tier.is_some() {
-            threads.push(spawn("farmem-tier", tier::tier_loop, sh.clone(), None)?);
+            threads.push(spawn(
+                "farmem-tier",
+                tier_thread::tier_loop,
+                sh.clone(),
+                None,
+            )?);
         }
         if !sh.far.donors.is_empty() {
             threads.push(spawn("farmem-heal", heal::heal_loop, sh.clone(), None)?);
@@ -352,7 +362,11 @@ impl Runtime {
         if sh.far.backup.is_some() {
             threads.push(spawn(
                 "farmem-backup",
-                backup::backup_loop,
+                |sh| {
+                    if let Some(b) = &sh.far.backup {
+                        b.run(&sh.shutdown);
+                    }
+                },
                 sh.clone(),
                 None,
             )?);

@@ -26,10 +26,10 @@ use farmem_mm::{Advice, Mapping};
 use farmem_transport::PageAddr;
 
 use crate::far::Home;
-use crate::heal::{copy_slab, Source};
 use crate::memslabs::MemKind;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
+use crate::slabcopy::{copy_slab, Source};
 use crate::{RuntimeError, PAGE_SIZE};
 
 /// Asks every live donor which of this runtime's slabs it wants back and moves them.

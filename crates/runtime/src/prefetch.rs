@@ -589,6 +589,12 @@ fn join_window(pages: &mut Vec<usize>, late: &[usize]) {
     }
 }
 
+impl crate::slots::Departures for Prefetch {
+    fn left(&self, addr: usize) {
+        Prefetch::left(self, addr);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

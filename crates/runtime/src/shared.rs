@@ -59,7 +59,7 @@ pub(crate) struct State {
     /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
     pub(crate) dontfork: crate::dontfork::DontFork,
     /// Victims being dropped as shared with a forked process ([`crate::cow`]).
-    pub(crate) drops: crate::cow::Drops,
+    pub(crate) drops: crate::drops::Drops,
     /// Whether pages installed ahead from the host tier go in writable ([`crate::fault`]).
     pub(crate) ahead_writes: farmem_policy::ahead_writes::AheadWrites,
     /// Which chunks of dirty pages the program keeps writing (the evictor keeps them).
@@ -84,7 +84,7 @@ impl State {
 /// budget. At 1024 slots an `xz -6 | md5sum` pipeline at 24 MiB took 67-70 s against 45-47 s,
 /// its 3 MiB more of budget at the edge of its working set; every `compare` workload at 0.5
 /// and 0.25 of peak was as fast or faster at 256, in two interleaved pairs.
-const TIER_POOL_SLOTS: u32 = 2 * crate::evict::EVICT_BATCH as u32;
+const TIER_POOL_SLOTS: u32 = 2 * crate::budget::EVICT_BATCH as u32;
 
 /// The runtime's shared core.
 pub(crate) struct Shared {

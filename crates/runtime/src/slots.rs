@@ -24,8 +24,14 @@ use std::os::fd::OwnedFd;
 use farmem_mm::Mapping;
 
 use crate::pages::Pages;
-use crate::prefetch::Prefetch;
 use crate::PAGE_SIZE;
+
+/// Told of every page that leaves the pool unread when its slot is reclaimed (the
+/// prefetcher, whose accuracy counts such a page as a miss).
+pub(crate) trait Departures {
+    /// The page at `addr` left the pool.
+    fn left(&self, addr: usize);
+}
 
 /// No page owns this pool slot.
 const NO_OWNER: usize = 0;
@@ -132,7 +138,7 @@ impl Slots {
         limit: u32,
         pages: &mut Pages,
         pool: &PoolMemory,
-        pf: &Prefetch,
+        pf: &impl Departures,
     ) {
         self.limit = limit.clamp(1, self.owner.len() as u32);
         self.trim(pages, pool, pf);
@@ -140,7 +146,7 @@ impl Slots {
 
     /// Reclaims the oldest cached pages until no more slots are taken than the limit allows,
     /// and discards their memory. Cheap when within the limit; called after sends complete.
-    pub(crate) fn trim(&mut self, pages: &mut Pages, pool: &PoolMemory, pf: &Prefetch) {
+    pub(crate) fn trim(&mut self, pages: &mut Pages, pool: &PoolMemory, pf: &impl Departures) {
         if self.taken() <= self.limit {
             return;
         }
@@ -151,7 +157,7 @@ impl Slots {
 
     /// Reclaims up to `n` of the oldest cached pages (their pages become `Remote`; the
     /// prefetcher's measures see them leave); their slots become stale.
-    fn reclaim(&mut self, n: usize, pages: &mut Pages, pf: &Prefetch) {
+    fn reclaim(&mut self, n: usize, pages: &mut Pages, pf: &impl Departures) {
         let mut done = 0;
         while done < n {
             let Some(s) = self.cached.pop_front() else {
@@ -218,7 +224,7 @@ impl Slots {
         &mut self,
         pages: &mut Pages,
         pool: &PoolMemory,
-        pf: &Prefetch,
+        pf: &impl Departures,
     ) -> Option<u32> {
         let at_limit = self.taken() >= self.limit;
         if !at_limit {

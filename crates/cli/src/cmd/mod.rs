@@ -2,6 +2,7 @@
 pub mod doctor;
 pub mod donor;
 pub mod node;
+pub mod preload;
 pub mod run;
 pub mod run_tree;
 pub mod sim;

@@ -52,12 +52,6 @@ use farmem_tree::{Admission, Coordinator};
 /// Exit status of a program whose start-up failed inside the preload library (it printed why).
 const PRELOAD_FAILED_STATUS: i32 = 125;
 
-/// Bytes in a page (the budget coordinator counts pages).
-pub const PAGE_BYTES: u64 = 4096;
-
-/// File name of the preload library.
-pub const PRELOAD_LIB: &str = "libfarmem_preload.so";
-
 /// Arguments of `farmem run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -452,30 +446,6 @@ fn check_preloadable(path: &Path) -> anyhow::Result<()> {
     bail!("{}: too many nested #! interpreters", path.display())
 }
 
-/// Finds libfarmem_preload.so: `$FARMEM_PRELOAD`, else next to the `farmem` binary (or in its
-/// `deps/` directory, where cargo leaves it for a workspace test build).
-pub fn find_preload_lib() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("FARMEM_PRELOAD") {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!("FARMEM_PRELOAD={} is not a file", p.display());
-        }
-        return Ok(p);
-    }
-    let exe = std::env::current_exe().context("locating the farmem binary")?;
-    let dir = exe.parent().context("the farmem binary has no directory")?;
-    for cand in [dir.join(PRELOAD_LIB), dir.join("deps").join(PRELOAD_LIB)] {
-        if cand.is_file() {
-            return Ok(cand);
-        }
-    }
-    bail!(
-        "{PRELOAD_LIB} not found next to {} (build it with `cargo build --release -p \
-         farmem-preload`, or point FARMEM_PRELOAD at it)",
-        exe.display()
-    )
-}
-
 // ---------------------------------------------------------------------------------------------
 // the embedded donor
 
@@ -789,7 +759,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .context("no COMMAND given after `--`")?;
     let program = resolve_command(cmd, std::env::var_os("PATH").as_deref())?;
     check_preloadable(&program)?;
-    let lib = find_preload_lib()?;
+    let lib = crate::cmd::preload::find_preload_lib()?;
     preflight::check_budget(args.local_mem)?;
     let min_reserve = farmem_runtime::run_settings::MIN_HEAP_RESERVE_BYTES;
     if args.heap_reserve < min_reserve {
@@ -887,7 +857,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // tree's subreaper), so no other process of the user can claim the budget.
     let coordinator = Coordinator::start(
         &tree.socket(),
-        args.local_mem / PAGE_BYTES,
+        args.local_mem / farmem_runtime::PAGE_SIZE as u64,
         Admission::Descendants {
             root: std::process::id(),
         },

@@ -15,8 +15,8 @@ use farmem_runtime::{
 };
 use farmem_tree::Coordinator;
 
-use crate::cmd::run::PAGE_BYTES;
 use crate::cmd::treemem::TreeRssReport;
+use farmem_runtime::PAGE_SIZE;
 
 /// The tree's private directory, removed with everything in it when dropped.
 pub struct TreeDir {
@@ -97,8 +97,8 @@ pub fn account(
         Some(c) => {
             let s = c.snapshot();
             (
-                s.peak_total_used_pages * PAGE_BYTES,
-                s.overcommitted_pages * PAGE_BYTES,
+                s.peak_total_used_pages * PAGE_SIZE as u64,
+                s.overcommitted_pages * PAGE_SIZE as u64,
             )
         }
         None => (0, 0),

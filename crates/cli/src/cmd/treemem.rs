@@ -77,7 +77,7 @@ struct Seen {
 }
 
 /// The preload library's file name, as /proc/PID/maps lists it.
-const LIBRARY: &str = crate::cmd::run::PRELOAD_LIB;
+const LIBRARY: &str = crate::cmd::preload::PRELOAD_LIB;
 
 /// Samples the RSS of a process tree in a thread until stopped.
 pub struct TreeRss {
