@@ -403,8 +403,8 @@ fn check_donor(
     let info = client.info();
     let lends = format!(
         "lends {} in slabs of {}",
-        crate::cmd::stats::human_bytes(info.capacity_bytes),
-        crate::cmd::stats::human_bytes(info.slab_size_bytes)
+        crate::cmd::units::human_bytes(info.capacity_bytes),
+        crate::cmd::units::human_bytes(info.slab_size_bytes)
     );
     let check = match donor_p50_us(&client) {
         Ok(p50) => Check::new(
@@ -449,8 +449,8 @@ fn check_node(path: Option<&std::path::Path>) -> Check {
                 Status::Ok,
                 format!(
                     "{shown}: lends {} ({} in use), {} clients",
-                    crate::cmd::stats::human_bytes(s.capacity_bytes),
-                    crate::cmd::stats::human_bytes(s.used_bytes),
+                    crate::cmd::units::human_bytes(s.capacity_bytes),
+                    crate::cmd::units::human_bytes(s.used_bytes),
                     s.clients.len().saturating_sub(1)
                 ),
             ),

@@ -17,7 +17,7 @@ use farmem_node::{
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::cmd::stats::human_bytes;
+use crate::cmd::units::human_bytes;
 use crate::cmd::units::parse_size;
 
 const NODE_LONG_HELP: &str = "\

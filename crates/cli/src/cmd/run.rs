@@ -46,7 +46,7 @@ use farmem_runtime::{SealMode, StatsFile, TierMode};
 
 use crate::cmd::run_tree::{self, TreeDir};
 use crate::cmd::treemem::TreeRss;
-use crate::cmd::units::parse_size;
+use crate::cmd::units::{human_bytes, parse_size};
 use farmem_tree::{Admission, Coordinator};
 
 /// Exit status of a program whose start-up failed inside the preload library (it printed why).
@@ -167,22 +167,6 @@ pub struct RunArgs {
     /// The program and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
-}
-
-/// Human-readable bytes.
-pub fn fmt_bytes(n: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -510,14 +494,14 @@ pub fn summary_line(stats: &StatsFile) -> String {
     let local = match &stats.tree {
         Some(t) if t.processes.len() > 1 => format!(
             "peak resident and pooled {} of {} local memory",
-            fmt_bytes(v.peak_resident_bytes),
-            fmt_bytes(v.budget_bytes + v.pool_bytes)
+            human_bytes(v.peak_resident_bytes),
+            human_bytes(v.budget_bytes + v.pool_bytes)
         ),
         _ => format!(
             "peak resident {} of {} budget (+ {} write-back pool)",
-            fmt_bytes(v.peak_resident_bytes),
-            fmt_bytes(v.budget_bytes),
-            fmt_bytes(v.pool_bytes)
+            human_bytes(v.peak_resident_bytes),
+            human_bytes(v.budget_bytes),
+            human_bytes(v.pool_bytes)
         ),
     };
     format!(
@@ -526,10 +510,10 @@ pub fn summary_line(stats: &StatsFile) -> String {
         v.faults,
         v.faults_tier,
         v.faults_remote,
-        fmt_bytes(v.tier_bytes_in),
-        fmt_bytes(v.tier_bytes_out),
-        fmt_bytes(v.remote_bytes_in),
-        fmt_bytes(v.remote_bytes_out),
+        human_bytes(v.tier_bytes_in),
+        human_bytes(v.tier_bytes_out),
+        human_bytes(v.remote_bytes_in),
+        human_bytes(v.remote_bytes_out),
         pct(v.prefetch_accuracy),
         pct(v.prefetch_coverage),
     ) + &rss_part(stats)
@@ -547,8 +531,8 @@ fn donor_part(v: &farmem_runtime::StatsSummary) -> String {
     }
     format!(
         "; donor slabs held {} ({} filled)",
-        fmt_bytes(v.donor_bytes_taken),
-        fmt_bytes(v.donor_bytes_filled)
+        human_bytes(v.donor_bytes_taken),
+        human_bytes(v.donor_bytes_filled)
     )
 }
 
@@ -560,8 +544,8 @@ fn fork_part(v: &farmem_runtime::StatsSummary) -> String {
     }
     format!(
         "; forks left {} far (host tier or donors) for their children ({} borrowed)",
-        fmt_bytes(v.fork_pages_lent * 4096),
-        fmt_bytes(v.pages_borrowed * 4096)
+        human_bytes(v.fork_pages_lent * 4096),
+        human_bytes(v.pages_borrowed * 4096)
     )
 }
 
@@ -594,8 +578,8 @@ pub fn over_budget_warning(stats: &StatsFile) -> Option<String> {
     };
     Some(format!(
         "farmem: warning: the budget did not hold: peak {} against {}{why}",
-        fmt_bytes(v.peak_resident_bytes),
-        fmt_bytes(limit)
+        human_bytes(v.peak_resident_bytes),
+        human_bytes(limit)
     ))
 }
 
@@ -614,7 +598,7 @@ pub fn unpaged_warning(stats: &StatsFile) -> Option<String> {
                 "{} (pid {}, peak RSS {})",
                 p.name,
                 p.pid,
-                fmt_bytes(p.peak_rss_bytes)
+                human_bytes(p.peak_rss_bytes)
             )
         })
         .collect();
@@ -640,12 +624,12 @@ fn tree_part(stats: &StatsFile) -> String {
                 "; {} processes paged, sharing the budget: together at most {} resident and \
                  pooled (a page shared since a fork counts in each process that maps it)",
                 t.processes.len(),
-                fmt_bytes(t.peak_local_bytes)
+                human_bytes(t.peak_local_bytes)
             );
             if t.overcommitted_bytes > 0 {
                 s += &format!(
                     " ({} granted beyond --local-mem: too many processes for their least share)",
-                    fmt_bytes(t.overcommitted_bytes)
+                    human_bytes(t.overcommitted_bytes)
                 );
             }
             s
@@ -666,9 +650,9 @@ fn rss_part(stats: &StatsFile) -> String {
     format!(
         ", process peak RSS {} with the host-tier slabs it maps ({} at most outside farmem's \
          regions, of which {} at most anonymous)",
-        fmt_bytes(u.peak_rss_bytes),
-        fmt_bytes(u.peak_unmanaged_bytes),
-        fmt_bytes(u.peak_anon_unmanaged_bytes)
+        human_bytes(u.peak_rss_bytes),
+        human_bytes(u.peak_unmanaged_bytes),
+        human_bytes(u.peak_anon_unmanaged_bytes)
     )
 }
 
@@ -689,16 +673,16 @@ pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
     };
     let names: Vec<String> = biggest
         .iter()
-        .map(|m| format!("{} {}", m.name, fmt_bytes(m.rss_bytes)))
+        .map(|m| format!("{} {}", m.name, human_bytes(m.rss_bytes)))
         .collect();
     Some(format!(
         "farmem: warning: {} of the process's anonymous memory was outside farmem's regions \
          (largest: {}); it is not paged, so not bounded by --local-mem {}: only the heap and \
          private anonymous mappings of at least --mmap-threshold are (thread stacks, smaller \
          mappings and a managed runtime's own heap are not)",
-        fmt_bytes(u.peak_anon_unmanaged_bytes),
+        human_bytes(u.peak_anon_unmanaged_bytes),
         names.join(", "),
-        fmt_bytes(local_mem)
+        human_bytes(local_mem)
     ))
 }
 
@@ -767,7 +751,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "--heap-reserve {} bytes is too small: give at least {} (it is address space, not \
              memory: the default 256GiB costs nothing until used)",
             args.heap_reserve,
-            crate::cmd::stats::human_bytes(min_reserve)
+            crate::cmd::units::human_bytes(min_reserve)
         );
     }
     if !args.allocator_only {
@@ -796,7 +780,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = args.local_donor_capacity.filter(|&c| c < slab) {
         bail!(
             "--local-donor-capacity {c} bytes holds not one slab of {}: give at least that",
-            crate::cmd::stats::human_bytes(slab)
+            crate::cmd::units::human_bytes(slab)
         );
     }
     preflight::check_sizes(&args)?;
@@ -1171,8 +1155,8 @@ mod preflight {
             bail!(
                 "--heal-rate {}/s is faster than any link farmem runs over: give at most {}/s \
                  (the default, 256MiB, keeps the program's bandwidth)",
-                fmt_bytes(rate),
-                fmt_bytes(MAX_HEAL_RATE_BYTES)
+                human_bytes(rate),
+                human_bytes(MAX_HEAL_RATE_BYTES)
             );
         }
         let Some(total) = farmem_donor::host::mem_total_bytes() else {
@@ -1183,17 +1167,17 @@ mod preflight {
                 "--mmap-threshold {} is more than this machine's memory ({}): no mapping that \
                  large could be paged, so farmem would manage nothing; give a size such as \
                  256KiB (the default)",
-                fmt_bytes(args.mmap_threshold),
-                fmt_bytes(total)
+                human_bytes(args.mmap_threshold),
+                human_bytes(total)
             );
         }
         if let Some(c) = args.local_donor_capacity.filter(|&c| c > total) {
             bail!(
                 "--local-donor-capacity {} is more than this machine's memory ({}): give at \
                  most {}",
-                fmt_bytes(c),
-                fmt_bytes(total),
-                fmt_bytes(total)
+                human_bytes(c),
+                human_bytes(total),
+                human_bytes(total)
             );
         }
         Ok(())
@@ -1208,18 +1192,18 @@ mod preflight {
         if budget_bytes < min {
             bail!(
                 "--local-mem {} is below the minimum the runtime needs ({}): give at least {}",
-                fmt_bytes(budget_bytes),
-                fmt_bytes(min),
-                fmt_bytes(min)
+                human_bytes(budget_bytes),
+                human_bytes(min),
+                human_bytes(min)
             );
         }
         if let Some(total) = farmem_donor::host::mem_total_bytes() {
             if budget_bytes > total {
                 bail!(
                     "--local-mem {} is more than this machine's memory ({}): give at most {}",
-                    fmt_bytes(budget_bytes),
-                    fmt_bytes(total),
-                    fmt_bytes(total)
+                    human_bytes(budget_bytes),
+                    human_bytes(total),
+                    human_bytes(total)
                 );
             }
         }

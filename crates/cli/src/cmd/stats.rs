@@ -23,6 +23,8 @@ use farmem_node::{NodeClient, NodeClientConfig, NodeStats};
 use farmem_transport::{ClientConfig, DonorClient, DonorStats};
 use serde::Serialize;
 
+use crate::cmd::units::human_bytes;
+
 /// Show a donor's capacity, use and load (--donor), or the host tier's (--node).
 ///
 /// Requests per second are measured from two STATS samples --interval-ms apart (default 1000 ms):
@@ -385,22 +387,6 @@ fn report(
         reclaim_wanted_bytes: s.reclaim_wanted_bytes,
         slabs_given_back_total: s.slabs_given_back_total,
         tenant: None,
-    }
-}
-
-/// `1536` → `1.5 KiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
     }
 }
 

@@ -25,6 +25,22 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     scaled(num, mult).map_err(|why| format!("bad size `{text}`: {why} (e.g. 64MiB, 1GiB, 4096)"))
 }
 
+/// `1536` → `1.5 KiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
 /// Parses a duration: a number with `ns`, `us`, `ms`, `s`, `m` or `h`; a number alone is seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (num, unit) = number_and_unit(text);

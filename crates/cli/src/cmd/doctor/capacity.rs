@@ -5,7 +5,7 @@
 //! user expects to need (`--far-mem`).
 
 use super::{Check, Status};
-use crate::cmd::stats::human_bytes;
+use crate::cmd::units::human_bytes;
 
 /// What one donor that answered lends.
 #[derive(Debug, Clone)]
