@@ -454,7 +454,7 @@ fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                     st.slots.release_empty(v.slot);
                 }
                 c.refused += 1;
-                st.pages.refuse_eviction(v.addr, v.was_clean, true);
+                st.pages.refuse_eviction(v.addr, v.was_clean);
                 tracing::debug!("evicting {:#x} failed: {err}", v.addr);
             }
             Ok(()) if v.was_clean => {
@@ -671,7 +671,7 @@ fn drop_unmovable(sh: &Shared, ev: &mut Evictor) -> usize {
             if evicting && crate::mm::is_present(now) {
                 // Still mapped: stays resident, written out when picked again (it may be
                 // write-protected for the copy: a write marks it dirty as usual).
-                st.pages.refuse_eviction(now, false, true);
+                st.pages.refuse_eviction(now, false);
                 st.slots.release_stale(slot);
                 kept += 1;
                 continue;

@@ -16,7 +16,7 @@
 #![allow(unsafe_code)]
 
 use farmem_mm::{Advice, Mapping};
-use farmem_uffd::{RegisterMode, Uffd, UffdError};
+use farmem_uffd::{MoveMode, RegisterMode, Uffd, UffdError};
 
 use crate::{RuntimeError, PAGE_SIZE};
 
@@ -98,7 +98,7 @@ pub(crate) fn move_to_pool(
     // SAFETY: `src..` are region pages the runtime manages (no Rust reference points into
     // regions) and `dst..` are empty pool slots the evictor owns; MOVE takes the pages out
     // atomically with respect to the page table.
-    unsafe { pool_uffd.move_pages(dst, src, len, true, false) }
+    unsafe { pool_uffd.move_pages(dst, src, len, MoveMode::DONT_WAKE) }
 }
 
 /// MOVEs one page from the pool slot at `src` back into the region page `dst`; `dontwake`
@@ -111,7 +111,17 @@ pub(crate) fn move_from_pool(
 ) -> Result<usize, UffdError> {
     // SAFETY: `src` is a pool slot holding this page, owned by the caller (state lock held);
     // nothing references it; MOVE hands the page to the region without copying.
-    unsafe { uffd.move_pages(dst, src, PAGE_SIZE, dontwake, false) }
+    unsafe {
+        uffd.move_pages(
+            dst,
+            src,
+            PAGE_SIZE,
+            MoveMode {
+                dont_wake: dontwake,
+                ..MoveMode::WAKE
+            },
+        )
+    }
 }
 
 /// Runs `f` on the bytes of page `page` of `m`: a pool slot, or a page of a memory slab

@@ -127,6 +127,28 @@ pub struct RegisterMode {
     pub wp: bool,
 }
 
+/// How UFFDIO_MOVE runs ([`Uffd::move_pages`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoveMode {
+    /// Leave the threads waiting on `dst` asleep (a later wake releases them, one for a batch).
+    pub dont_wake: bool,
+    /// Move what is there and skip holes in `src` instead of failing with ENOENT.
+    pub allow_src_holes: bool,
+}
+
+impl MoveMode {
+    /// Wake the waiting threads; fail on a hole.
+    pub const WAKE: MoveMode = MoveMode {
+        dont_wake: false,
+        allow_src_holes: false,
+    };
+    /// Leave the waiting threads asleep; fail on a hole.
+    pub const DONT_WAKE: MoveMode = MoveMode {
+        dont_wake: true,
+        allow_src_holes: false,
+    };
+}
+
 /// Errors of userfaultfd operations; each names the failing step and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum UffdError {
@@ -579,7 +601,7 @@ impl Uffd {
 
     /// UFFDIO_MOVE: moves the pages at `src..src+len` to the missing pages at `dst` (which must
     /// be registered with this userfaultfd) without copying; `src` is left empty. Returns the
-    /// bytes moved (less than `len` only with `allow_src_holes`).
+    /// bytes moved (less than `len` only with [`MoveMode::allow_src_holes`]).
     ///
     /// # Safety
     ///
@@ -590,18 +612,17 @@ impl Uffd {
         dst: usize,
         src: usize,
         len: usize,
-        dontwake: bool,
-        allow_src_holes: bool,
+        how: MoveMode,
     ) -> Result<usize, UffdError> {
         let mut m = sys::UffdioMove {
             dst: dst as u64,
             src: src as u64,
             len: len as u64,
-            mode: if dontwake {
+            mode: if how.dont_wake {
                 sys::UFFDIO_MOVE_MODE_DONTWAKE
             } else {
                 0
-            } | if allow_src_holes {
+            } | if how.allow_src_holes {
                 sys::UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES
             } else {
                 0

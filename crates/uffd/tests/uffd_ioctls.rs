@@ -1,7 +1,7 @@
 //! Every wrapper against the real kernel userfaultfd: faults served by COPY/ZEROPAGE/MOVE, a
 //! fault inside read(2), write-protect faults, release events, poison.
 
-use farmem_uffd::{Event, Features, RegisterMode, Uffd, PAGE_SIZE};
+use farmem_uffd::{Event, Features, MoveMode, RegisterMode, Uffd, PAGE_SIZE};
 use std::time::Duration;
 
 struct Map {
@@ -249,7 +249,7 @@ fn move_takes_a_page_out_and_back_without_copy() {
     // SAFETY: the region page is owned by this test and no reference points into it.
     let moved = unsafe {
         pool_uffd
-            .move_pages(pool.addr, region.addr, PAGE_SIZE, true, false)
+            .move_pages(pool.addr, region.addr, PAGE_SIZE, MoveMode::DONT_WAKE)
             .unwrap()
     };
     assert_eq!(moved, PAGE_SIZE);
@@ -259,7 +259,10 @@ fn move_takes_a_page_out_and_back_without_copy() {
     let t = std::thread::spawn(move || read_u64(a));
     assert!(matches!(next_event(&u), Event::Pagefault { .. }));
     // SAFETY: the pool page is ours and nothing references it.
-    unsafe { u.move_pages(a, pool.addr, PAGE_SIZE, false, false).unwrap() };
+    unsafe {
+        u.move_pages(a, pool.addr, PAGE_SIZE, MoveMode::WAKE)
+            .unwrap()
+    };
     assert_eq!(t.join().unwrap(), 0x0505_0505_0505_0505);
 }
 
@@ -419,13 +422,12 @@ fn move_refuses_pages_shared_since_fork_until_written() {
     // SAFETY: the region pages belong to this test and nothing references them.
     let (written, untouched) = unsafe {
         (
-            pool_uffd.move_pages(pool.addr, region.addr, PAGE_SIZE, true, false),
+            pool_uffd.move_pages(pool.addr, region.addr, PAGE_SIZE, MoveMode::DONT_WAKE),
             pool_uffd.move_pages(
                 pool.addr + PAGE_SIZE,
                 region.addr + PAGE_SIZE,
                 PAGE_SIZE,
-                true,
-                false,
+                MoveMode::DONT_WAKE,
             ),
         )
     };

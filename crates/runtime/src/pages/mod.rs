@@ -340,14 +340,13 @@ impl Pages {
         self.begin_eviction(addr)
     }
 
-    /// `Evicting` → resident again: the MOVE was refused. `requeue` hands it back to the
-    /// eviction policy.
-    pub(crate) fn refuse_eviction(&mut self, addr: usize, clean: bool, requeue: bool) {
+    /// `Evicting` → resident again, `clean` as it was picked: the MOVE was refused. The page
+    /// goes back to the eviction policy.
+    pub(crate) fn refuse_eviction(&mut self, addr: usize, clean: bool) {
         self.evicting -= 1;
         if self
             .apply(addr, Transition::RefuseEviction { clean })
             .is_some()
-            && requeue
         {
             self.policy.insert(pid_of(addr), Origin::Demand);
         }

@@ -320,12 +320,10 @@ fn refused_eviction_stays_resident() {
     reach(&mut p, BASE, PageState::ResidentClean);
     pick(&mut p, BASE);
     assert_eq!(p.begin_eviction(BASE), Some(true));
-    p.refuse_eviction(BASE, true, false);
+    p.refuse_eviction(BASE, true);
     assert_eq!(state(&p, BASE), PageState::ResidentClean);
     assert_eq!((p.evicting(), p.resident()), (0, 1));
-    assert_eq!(p.pick_victim(), None, "not requeued");
-    p.requeue(BASE);
-    assert_eq!(p.pick_victim(), Some((BASE / P) as u64));
+    assert_eq!(p.pick_victim(), Some((BASE / P) as u64), "requeued");
 }
 
 #[test]
