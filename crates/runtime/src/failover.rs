@@ -19,10 +19,48 @@
 
 use std::time::Instant;
 
-use farmem_transport::{Completion, PageAddr, Pending};
+use farmem_transport::{Completion, PageAddr, Pending, TransportError};
 
+use crate::seal::SealError;
 use crate::shared::Shared;
-use crate::PAGE_SIZE;
+use crate::{RuntimeError, PAGE_SIZE};
+
+/// Why one copy of a far page (or the backup file) did not serve a read.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyFailure {
+    /// No answer within the failover delay (the next copy was asked).
+    #[error("donor {donor} did not answer within the failover delay")]
+    Slow { donor: String },
+    /// The copy failed its seal check: never installed.
+    #[error(transparent)]
+    Sealed(SealError),
+    /// The answer held no page.
+    #[error("donor {donor} answered a page read with no page")]
+    NoPage { donor: String },
+    /// The request could not be sent (its connection is down).
+    #[error(transparent)]
+    Send(Box<RuntimeError>),
+    /// The request failed (connection lost, refused, timed out).
+    #[error(transparent)]
+    Transport(TransportError),
+    /// The backup file's copy failed its seal check.
+    #[error("backup file: {0}")]
+    BackupSealed(SealError),
+    /// The backup file never got this page.
+    #[error("the backup file never got this page")]
+    BackupMissing,
+    /// Reading the backup file failed.
+    #[error(transparent)]
+    Backup(Box<RuntimeError>),
+    /// No copy was anywhere to ask.
+    #[error("its slab is on no donor")]
+    Nowhere,
+}
+
+/// Every copy of a far page failed to serve a read: what went wrong with each, in order.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ReadFailed(pub Vec<CopyFailure>);
 
 /// A read of one far page in flight on one of its copies.
 pub(crate) struct ReplicaRead {
@@ -34,7 +72,7 @@ pub(crate) struct ReplicaRead {
     /// Another copy than the first was asked.
     failed_over: bool,
     /// What went wrong with each copy, for the error.
-    errors: Vec<String>,
+    errors: Vec<CopyFailure>,
 }
 
 impl ReplicaRead {
@@ -63,7 +101,7 @@ impl ReplicaRead {
                 }
                 Err(e) => {
                     sh.far.suspect(d);
-                    self.errors.push(e.to_string());
+                    self.errors.push(CopyFailure::Send(Box::new(e)));
                     self.failed_over = true;
                 }
             }
@@ -72,7 +110,7 @@ impl ReplicaRead {
 
     /// Waits for the page, failing over from copy to copy, then to the backup file. Returns
     /// the opened page, and whether another copy than the first served it.
-    pub(crate) fn finish(mut self, sh: &Shared) -> Result<(Vec<u8>, bool), String> {
+    pub(crate) fn finish(mut self, sh: &Shared) -> Result<(Vec<u8>, bool), ReadFailed> {
         let timeout = sh.request_timeout;
         while let Some((d, mut p, sent)) = self.current.take() {
             let result = if self.rest.is_empty() {
@@ -85,10 +123,9 @@ impl ReplicaRead {
                     if sh.far.donor(d).health.slow() {
                         sh.far.suspect(d);
                     }
-                    format!(
-                        "donor {} did not answer within the failover delay",
-                        sh.far.donor(d).read.addr()
-                    )
+                    CopyFailure::Slow {
+                        donor: sh.far.donor(d).read.addr().to_string(),
+                    }
                 }
                 Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
                     sh.far.read_times.record(sent.elapsed());
@@ -99,17 +136,16 @@ impl ReplicaRead {
                         Err(e) => {
                             // A copy that fails its check is a failed replica: never installed.
                             sh.stats.lock().s.seal_rejected += 1;
-                            e.to_string()
+                            CopyFailure::Sealed(e)
                         }
                     }
                 }
-                Some(Ok(_)) => format!(
-                    "donor {} answered a page read with no page",
-                    sh.far.donor(d).read.addr()
-                ),
+                Some(Ok(_)) => CopyFailure::NoPage {
+                    donor: sh.far.donor(d).read.addr().to_string(),
+                },
                 Some(Err(e)) => {
                     sh.far.on_error(d, &e);
-                    e.to_string()
+                    CopyFailure::Transport(e)
                 }
             };
             self.errors.push(why);
@@ -121,17 +157,15 @@ impl ReplicaRead {
             match b.read(self.far, &mut data) {
                 Ok(true) => match sh.far.open(self.far, &mut data) {
                     Ok(()) => return Ok((data, true)),
-                    Err(e) => self.errors.push(format!("backup file: {e}")),
+                    Err(e) => self.errors.push(CopyFailure::BackupSealed(e)),
                 },
-                Ok(false) => self
-                    .errors
-                    .push("the backup file never got this page".into()),
-                Err(e) => self.errors.push(e.to_string()),
+                Ok(false) => self.errors.push(CopyFailure::BackupMissing),
+                Err(e) => self.errors.push(CopyFailure::Backup(Box::new(e))),
             }
         }
         if self.errors.is_empty() {
-            self.errors.push("its slab is on no donor".into());
+            self.errors.push(CopyFailure::Nowhere);
         }
-        Err(self.errors.join("; "))
+        Err(ReadFailed(self.errors))
     }
 }

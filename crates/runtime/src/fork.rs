@@ -810,5 +810,5 @@ fn read_remote(sh: &Shared, e: Entry) -> Result<Vec<u8>, RuntimeError> {
     crate::failover::ReplicaRead::start(sh, e.far)
         .finish(sh)
         .map(|(data, _)| data)
-        .map_err(|reason| RuntimeError::FetchBeforeFork { far: e.far, reason })
+        .map_err(|source| RuntimeError::FetchBeforeFork { far: e.far, source })
 }

@@ -117,6 +117,7 @@ pub use config::{
     MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
 pub use embedded::PrivateNode;
+pub use failover::{CopyFailure, ReadFailed};
 pub use fork::{ForkPlan, Lent};
 pub use lentdonors::LentDonors;
 pub use prefetch::PrefetchInstall;
@@ -209,8 +210,12 @@ pub enum RuntimeError {
          --replicas 2, to survive this)"
     )]
     NoLiveReplica { far: u64, donors: String },
-    #[error("bringing far page {far} back before fork failed: {reason}")]
-    FetchBeforeFork { far: u64, reason: String },
+    #[error("bringing far page {far} back before fork failed: {source}")]
+    FetchBeforeFork {
+        far: u64,
+        #[source]
+        source: failover::ReadFailed,
+    },
     #[error("backup file {}", path.display())]
     BackupFile {
         path: std::path::PathBuf,
