@@ -60,7 +60,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use farmem_runtime::StatsFile;
+use farmem_contract::StatsFile;
 
 use crate::units;
 use cost::{CpuParts, SwapCounters};
@@ -785,7 +785,7 @@ mod tests {
     }
 
     /// A stats file holding `rt` (and the summary made from it), as `farmem run` writes one.
-    pub(super) fn stats_file(rt: farmem_runtime::Stats) -> StatsFile {
+    pub(super) fn stats_file(rt: farmem_contract::Stats) -> StatsFile {
         StatsFile {
             summary: Some((&rt).into()),
             runtime: Some(rt),
@@ -942,12 +942,12 @@ mod tests {
 
     #[test]
     fn farmem_fault_note_summarises_the_stats() {
-        let mut rt = farmem_runtime::Stats {
+        let mut rt = farmem_contract::Stats {
             faults_remote: 120,
             faults_pool_hit: 7,
             prefetched_pages: 10,
             prefetch_accuracy: 0.5,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         rt.latency.remote.p50_us = 23.0;
         let file = stats_file(rt);
@@ -961,11 +961,11 @@ mod tests {
 
     #[test]
     fn farmem_fault_note_counts_tier_faults_when_there_are_some() {
-        let mut rt = farmem_runtime::Stats {
+        let mut rt = farmem_contract::Stats {
             faults_remote: 3,
             faults_tier: 900,
             faults_pool_hit: 7,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         rt.latency.remote.p50_us = 23.0;
         rt.latency.tier.p50_us = 4.4;
@@ -978,7 +978,7 @@ mod tests {
 
     #[test]
     fn farmem_fault_note_says_what_became_of_prefetched_and_evicted_pages() {
-        let rt = farmem_runtime::Stats {
+        let rt = farmem_contract::Stats {
             faults_tier: 50,
             prefetched_pages: 200,
             prefetch_pollution: 50,
@@ -986,7 +986,7 @@ mod tests {
             tier_pages_written: 40,
             evicted_dropped_clean: 60,
             evicted_zero: 2,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         let file = stats_file(rt);
         let note = farmem_fault_note(&file).unwrap();
@@ -1001,27 +1001,27 @@ mod tests {
 
     #[test]
     fn farmem_moved_bytes_are_the_bytes_sent_to_donors_and_into_the_tier() {
-        let rt = farmem_runtime::Stats {
+        let rt = farmem_contract::Stats {
             bytes_received: 4096,
             bytes_sent: 8192,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         let file = stats_file(rt);
         assert_eq!(farmem_moved_bytes(&file), Some(8192));
         assert_eq!(farmem_moved_bytes(&StatsFile::default()), None);
         // Host tier only (farmem's default): the pages written into the tier.
-        let rt = farmem_runtime::Stats {
+        let rt = farmem_contract::Stats {
             tier_pages_written: 3,
             faults_tier: 2,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         let file = stats_file(rt);
         assert_eq!(farmem_moved_bytes(&file), Some(3 * 4096));
         // Both: a tier in front of donors.
-        let rt = farmem_runtime::Stats {
+        let rt = farmem_contract::Stats {
             tier_pages_written: 2,
             bytes_sent: 4096,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         let file = stats_file(rt);
         assert_eq!(farmem_moved_bytes(&file), Some(3 * 4096));

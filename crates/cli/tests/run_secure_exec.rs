@@ -7,7 +7,7 @@
 //! nobody with settings of its choosing in `FARMEM_RUN_SETTINGS`. And `farmem run` refuses a
 //! set-user-ID program another user starts, rather than running it unpaged.
 
-use farmem_runtime::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
+use farmem_contract::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
 use farmem_testkit::bins::*;
 use farmem_testkit::run::*;
 
@@ -27,12 +27,12 @@ fn hostile_settings(stats: &Path, fake_farmem: &Path) -> String {
         evict: None,
         prefetch: None,
         prefetch_install: None,
-        seal: farmem_runtime::SealMode::Auto,
-        tier: farmem_runtime::TierMode::Off,
+        seal: farmem_contract::SealMode::Auto,
+        tier: farmem_contract::TierMode::Off,
         replicas: None,
         backup_file: None,
         heal_rate_bytes: None,
-        over_budget: farmem_runtime::OverBudget::Allow,
+        over_budget: farmem_contract::OverBudget::Allow,
         stats_file: Some(stats.to_path_buf()),
         tree_dir: None,
         record_trace: None,

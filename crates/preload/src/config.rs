@@ -1,14 +1,14 @@
 //! The library's settings: the [`RunSettings`] `farmem run` puts in the environment.
 //!
 //! `farmem run` passes its options as one JSON value in [`RUN_SETTINGS_VAR`] (the type and its
-//! encoding: `farmem_runtime::run_settings`). The constructor reads it once with
+//! encoding: `farmem_contract::run_settings`). The constructor reads it once with
 //! [`take_from_env`]. With a tree directory (what `farmem run` gives) both stay in the
 //! environment, so every program the process execs is under farmem too; without one the
 //! variable is removed and `LD_PRELOAD` restored to what it was before `farmem run`.
 
 use std::ffi::OsString;
 
-pub use farmem_runtime::run_settings::{RunSettings, RunSettingsError, RUN_SETTINGS_VAR};
+pub use farmem_contract::run_settings::{RunSettings, RunSettingsError, RUN_SETTINGS_VAR};
 
 /// Reads the settings from the environment; without a tree directory, removes them and this
 /// library from what the program (and anything it execs) sees. `Ok(None)`: the library was
@@ -42,7 +42,7 @@ fn decode(value: OsString) -> Result<RunSettings, RunSettingsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use farmem_runtime::run_settings::RUN_SETTINGS_VERSION;
+    use farmem_contract::run_settings::RUN_SETTINGS_VERSION;
 
     #[test]
     fn the_settings_of_farmem_run_decode() {
@@ -54,12 +54,12 @@ mod tests {
             evict: None,
             prefetch: None,
             prefetch_install: None,
-            seal: farmem_runtime::SealMode::Auto,
-            tier: farmem_runtime::TierMode::Off,
+            seal: farmem_contract::SealMode::Auto,
+            tier: farmem_contract::TierMode::Off,
             replicas: None,
             backup_file: None,
             heal_rate_bytes: None,
-            over_budget: farmem_runtime::OverBudget::Allow,
+            over_budget: farmem_contract::OverBudget::Allow,
             stats_file: None,
             tree_dir: None,
             record_trace: None,

@@ -465,7 +465,7 @@ fn finish() {
 fn stats_path(cfg: &RunSettings) -> Option<PathBuf> {
     match &cfg.tree_dir {
         Some(dir) => Some(
-            dir.join(farmem_runtime::TREE_STATS_DIR)
+            dir.join(farmem_contract::TREE_STATS_DIR)
                 .join(format!("{}.json", std::process::id())),
         ),
         None => cfg.stats_file.clone(),

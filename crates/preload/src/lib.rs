@@ -76,9 +76,9 @@ pub struct ShimCounters {
     pub fixed_reregistered: u64,
 }
 
-impl From<ShimCounters> for farmem_runtime::PreloadCounters {
+impl From<ShimCounters> for farmem_contract::PreloadCounters {
     fn from(c: ShimCounters) -> Self {
-        farmem_runtime::PreloadCounters {
+        farmem_contract::PreloadCounters {
             heap_bytes: c.heap_bytes,
             mmap_regions: c.mmap_regions,
             mmap_region_bytes: c.mmap_region_bytes,

@@ -1,6 +1,7 @@
 //! How a [`crate::Runtime`] runs: [`RuntimeConfig`], and the split of one local memory limit
 //! into the region budget and the write-back pool.
 
+use crate::{OverBudget, SealMode, TierMode};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,72 +110,6 @@ pub struct RuntimeConfig {
     /// What happens when write-back fails for good (far memory ran out) with resident pages at
     /// the budget ([`OverBudget`]).
     pub over_budget: OverBudget,
-}
-
-/// What the runtime does when its far memory runs out: write-back fails (every donor full or
-/// gone, the node out of room) while resident pages are at the budget, so nothing can be
-/// evicted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OverBudget {
-    /// The budget holds as a memory cgroup's limit holds: faulting threads wait for
-    /// write-back (backpressure); if it still fails after `wait`, the process is killed
-    /// (SIGKILL, as an OOM kill) with a message saying what ran out.
-    Fail {
-        /// How long write-back may fail before the process is ended.
-        wait: Duration,
-    },
-    /// Faults are served beyond the budget while write-back fails; the stats and `farmem
-    /// run`'s summary say so. In a container with a hard memory limit that can be an OOM
-    /// kill later.
-    Allow,
-}
-
-impl OverBudget {
-    /// `farmem run`'s default wait before a run whose far memory ran out is ended.
-    pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-}
-
-/// Where the host tier comes from ([`crate::tier`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TierMode {
-    /// The host's node if one listens on the default socket; else, with no donor named, a
-    /// private node started for this runtime (the embedded default); else no tier.
-    #[default]
-    Auto,
-    /// The node listening on this socket; failing to use it is an error.
-    Node(PathBuf),
-    /// No host tier: pages go to the donors, or (none named) to the embedded TCP donor.
-    Off,
-}
-
-/// Whether pages leaving the process are sealed ([`crate::seal`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SealMode {
-    /// Sealed when any donor's address is not one of this host's (the embedded donor and
-    /// loopback donors are on this host: their memory is this machine's anyway).
-    #[default]
-    Auto,
-    /// Always sealed.
-    On,
-    /// Never sealed.
-    Off,
-}
-
-impl std::str::FromStr for SealMode {
-    type Err = crate::RuntimeError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(SealMode::Auto),
-            "on" => Ok(SealMode::On),
-            "off" => Ok(SealMode::Off),
-            other => Err(crate::RuntimeError::Config(format!(
-                "unknown seal mode {other:?}: choose auto, on or off"
-            ))),
-        }
-    }
 }
 
 impl Default for RuntimeConfig {

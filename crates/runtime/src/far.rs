@@ -563,14 +563,14 @@ impl Far {
     }
 
     /// What this runtime holds on each of its donors now.
-    pub(crate) fn donor_uses(&self) -> Vec<crate::stats::DonorUse> {
+    pub(crate) fn donor_uses(&self) -> Vec<crate::DonorUse> {
         let far_slab = self.slab_pages * PAGE_SIZE as u64;
         self.donors
             .iter()
             .map(|d| {
                 let (held, pieces) = d.pack.lock().usage();
                 let info = d.read.info();
-                crate::stats::DonorUse {
+                crate::DonorUse {
                     addr: d.read.addr().to_string(),
                     health: if d.health.is_dead() {
                         "dead"

@@ -88,7 +88,6 @@ mod prefetch;
 mod prefetch_thread;
 mod readtimes;
 mod replicas;
-pub mod run_settings;
 mod runs;
 mod seal;
 pub mod secure;
@@ -113,21 +112,22 @@ use farmem_uffd::UffdError;
 
 pub use budget::Usage;
 pub use config::{
-    split_local_memory, split_local_pages, OverBudget, RuntimeConfig, SealMode, TierMode,
-    MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
+    split_local_memory, split_local_pages, RuntimeConfig, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
 };
+// The contract with `farmem run` and the benchmarks (crate farmem-contract), re-exported so
+// the runtime's users name one crate.
 pub use embedded::PrivateNode;
 pub use failover::{CopyFailure, ReadFailed};
+pub use farmem_contract::{
+    modes, run_settings, DonorUse, FaultLatency, LatencySummary, OverBudget, PrefetchInstall,
+    PreloadCounters, SealMode, Stats, StatsFile, StatsSummary, TierMode, TreeProcess, TreeStats,
+    UnknownMode, UnmanagedMapping, UnmanagedReport, UnpagedProcess, TREE_BUDGET_SOCKET,
+    TREE_STATS_DIR,
+};
 pub use fork::{ForkPlan, Lent};
 pub use lentdonors::LentDonors;
-pub use prefetch::PrefetchInstall;
-pub use run_settings::{TREE_BUDGET_SOCKET, TREE_STATS_DIR};
 pub use seal::SealError;
-pub use stats::{
-    clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, DonorUse, FaultLatency,
-    LatencySummary, PreloadCounters, ProcStat, Stats, StatsFile, StatsSummary, ThreadsCpu,
-    TreeProcess, TreeStats, UnmanagedMapping, UnmanagedReport, UnpagedProcess,
-};
+pub use stats::{clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, ProcStat, ThreadsCpu};
 
 use shared::Shared;
 

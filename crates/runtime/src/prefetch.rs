@@ -74,6 +74,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::sync::{Condvar, Mutex};
+use crate::PrefetchInstall;
 use farmem_policy::measures::{PrefetchStats, PrefetchSummary};
 use farmem_policy::prefetch::{Access, Prefetcher};
 use farmem_policy::Origin;
@@ -90,29 +91,6 @@ pub(crate) const MAX_IN_FLIGHT: usize = 256;
 /// Most in-flight entries kept, consumed ones included (bounds memory if the prefetch thread
 /// stalls).
 const MAX_TRACKED: usize = 65_536;
-
-/// How prefetched pages are made local (see the module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PrefetchInstall {
-    /// Keep them in the write-back pool; the first touch is a cheap local fault, seen as a hit.
-    #[default]
-    Buffer,
-    /// Install them into the region at once, except each window's first page (the marker).
-    Marker,
-}
-
-impl std::str::FromStr for PrefetchInstall {
-    type Err = RuntimeError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "buffer" => Ok(PrefetchInstall::Buffer),
-            "marker" => Ok(PrefetchInstall::Marker),
-            other => Err(RuntimeError::Config(format!(
-                "unknown prefetch install mode {other:?}: choose buffer or marker"
-            ))),
-        }
-    }
-}
 
 /// A page to prefetch.
 pub(crate) struct Req {

@@ -24,9 +24,10 @@ use farmem_transport::{Completion, PageAddr};
 use farmem_uffd::UffdError;
 
 use crate::pages::PageState;
-use crate::prefetch::{page_of, PrefetchInstall, Req, MAX_WINDOWS};
+use crate::prefetch::{page_of, Req, MAX_WINDOWS};
 use crate::shared::{Shared, State};
 use crate::stats::FaultKind;
+use crate::PrefetchInstall;
 use crate::PAGE_SIZE;
 
 /// A prefetched page a fault waits for arrived (`data`) or could not be fetched (`None`):

@@ -478,10 +478,10 @@ mod tests {
         let zram = CpuParts::of(SystemKind::Zram, &tree, 0.5, None).unwrap();
         assert_eq!(zram.total_s(), 2.5);
         // farmem: the runtime threads' system time (0.75) is already in the tree's.
-        let rt = farmem_runtime::Stats {
+        let rt = farmem_contract::Stats {
             runtime_cpu_s: 1.75,
             runtime_system_s: 0.75,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         let file = crate::compare::tests::stats_file(rt);
         let f = CpuParts::of(SystemKind::Farmem, &tree, 7.0, Some(&file)).unwrap();
@@ -501,12 +501,12 @@ mod tests {
 
     #[test]
     fn farmem_pages_are_tier_plus_donor_pages() {
-        let rt = farmem_runtime::Stats {
+        let rt = farmem_contract::Stats {
             faults_tier: 3,
             tier_pages_written: 5,
             bytes_received: 2 * 4096,
             bytes_sent: 4096,
-            ..farmem_runtime::Stats::default()
+            ..farmem_contract::Stats::default()
         };
         let file = crate::compare::tests::stats_file(rt);
         assert_eq!(farmem_moved_pages(&file), Some((5, 6)));

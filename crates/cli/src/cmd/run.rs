@@ -8,7 +8,7 @@
 //! donors answer and accept the token), starts the embedded local donor when no `--donor` is
 //! given (a `farmem donor` child on 127.0.0.1, so the program itself never spawns processes),
 //! then starts the program with `libfarmem_preload.so` in `LD_PRELOAD` and its settings in one
-//! environment variable (`farmem_runtime::run_settings`, JSON), which every process of the
+//! environment variable (`farmem_contract::run_settings`, JSON), which every process of the
 //! program's tree inherits; the processes share `--local-mem` through the budget coordinator
 //! this command hosts (crate farmem-tree). The library (crates/preload) starts the runtime inside the program
 //! and rewrites the stats file every second and at exit; this command reads that file after the
@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use farmem_contract::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
 use farmem_donor::{ChildDonor, ChildDonorCommand, ChildDonorError};
-use farmem_runtime::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
 use farmem_runtime::{SealMode, StatsFile, TierMode};
 
 use crate::cmd::run_tree::{self, TreeDir};
@@ -525,7 +525,7 @@ pub fn summary_line(stats: &StatsFile) -> String {
 
 /// What the run took of its donors' slabs and how much of it its far slabs filled, empty
 /// when it held no donor slab at the end.
-fn donor_part(v: &farmem_runtime::StatsSummary) -> String {
+fn donor_part(v: &farmem_contract::StatsSummary) -> String {
     if v.donor_bytes_taken == 0 {
         return String::new();
     }
@@ -538,7 +538,7 @@ fn donor_part(v: &farmem_runtime::StatsSummary) -> String {
 
 /// The summary's account of forks that lent far pages to their children, empty when
 /// none did.
-fn fork_part(v: &farmem_runtime::StatsSummary) -> String {
+fn fork_part(v: &farmem_contract::StatsSummary) -> String {
     if v.fork_pages_lent == 0 && v.pages_borrowed == 0 {
         return String::new();
     }
@@ -687,7 +687,7 @@ pub fn unmanaged_warning(stats: &StatsFile, local_mem: u64) -> Option<String> {
 }
 
 /// The summary's account of donor failures, empty when none happened.
-fn failure_part(v: &farmem_runtime::StatsSummary) -> String {
+fn failure_part(v: &farmem_contract::StatsSummary) -> String {
     let mut s = String::new();
     // Failed fetches and sends come first: a run whose fetches all failed served no fault
     // and read nothing, and without them its summary said only "0 faults … remote in 0 B".
@@ -745,7 +745,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     check_preloadable(&program)?;
     let lib = crate::cmd::preload::find_preload_lib()?;
     preflight::check_budget(args.local_mem)?;
-    let min_reserve = farmem_runtime::run_settings::MIN_HEAP_RESERVE_BYTES;
+    let min_reserve = farmem_contract::run_settings::MIN_HEAP_RESERVE_BYTES;
     if args.heap_reserve < min_reserve {
         bail!(
             "--heap-reserve {} bytes is too small: give at least {} (it is address space, not \
@@ -882,8 +882,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         backup_file: backup_file.clone(),
         heal_rate_bytes: args.heal_rate,
         over_budget: match args.over_budget.as_str() {
-            "allow" => farmem_runtime::OverBudget::Allow,
-            _ => farmem_runtime::OverBudget::Fail {
+            "allow" => farmem_contract::OverBudget::Allow,
+            _ => farmem_contract::OverBudget::Fail {
                 wait: Duration::from_secs(args.over_budget_wait),
             },
         },
@@ -1434,10 +1434,10 @@ mod tests {
                 pool_bytes: 13 << 20,
                 ..StatsSummary::default()
             }),
-            tree: Some(farmem_runtime::TreeStats {
-                processes: vec![farmem_runtime::TreeProcess::default(); 2],
+            tree: Some(farmem_contract::TreeStats {
+                processes: vec![farmem_contract::TreeProcess::default(); 2],
                 peak_local_bytes: 63 << 20,
-                ..farmem_runtime::TreeStats::default()
+                ..farmem_contract::TreeStats::default()
             }),
             ..StatsFile::default()
         });
@@ -1546,7 +1546,7 @@ mod tests {
         assert!(!w.contains("counted per process"), "one process: {w}");
         // A tree's count may count pages shared since a fork twice: said so.
         let mut tree = at(300 << 20, 0);
-        tree.tree = Some(farmem_runtime::TreeStats {
+        tree.tree = Some(farmem_contract::TreeStats {
             processes: vec![Default::default(), Default::default()],
             ..Default::default()
         });

@@ -84,7 +84,7 @@ pub fn account(
     local_mem: u64,
 ) -> Option<StatsFile> {
     let root = files.first()?;
-    let mut total: Option<farmem_runtime::StatsSummary> = None;
+    let mut total: Option<farmem_contract::StatsSummary> = None;
     for f in files {
         if let Some(s) = &f.summary {
             match &mut total {
@@ -179,7 +179,7 @@ pub fn write(path: &Path, file: &StatsFile) -> Result<(), farmem_fds::files::Fil
 #[cfg(test)]
 mod tests {
     use super::*;
-    use farmem_runtime::StatsSummary;
+    use farmem_contract::StatsSummary;
 
     fn file(pid: u32, faults: u64, is_final: bool) -> StatsFile {
         StatsFile {

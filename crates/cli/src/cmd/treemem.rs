@@ -41,7 +41,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use farmem_runtime::UnpagedProcess;
+use farmem_contract::UnpagedProcess;
 use serde::Serialize;
 
 /// How often [`TreeRss`] samples.

@@ -7,8 +7,8 @@
 //!
 //! # Design
 //!
-//! - It lives here because both sides already depend on this crate (a crate of its own would
-//!   hold one struct), and most of the settings configure the runtime the library starts.
+//! - It lives in this small crate, beside the stats file and the modes it names, so both sides
+//!   share the contract without the reader linking the writer.
 //! - An environment variable, not a file or an inherited descriptor: it reaches the
 //!   constructor with nothing to open, leaves nothing to clean up, and the program cannot have
 //!   closed it before the library reads it.
