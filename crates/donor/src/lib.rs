@@ -47,9 +47,10 @@
 //! never moves or drops pages itself. No replication.
 #![deny(unsafe_code)]
 
-pub mod child;
 mod conn;
-pub mod host;
+// The host's memory probes and the child launcher live in farmem-host; re-exported so the
+// donor's users keep their paths.
+pub use farmem_host::probe as host;
 pub mod limits;
 mod logins;
 pub mod loglimit;
@@ -63,7 +64,7 @@ mod shared;
 mod slots;
 pub mod store;
 
-pub use child::{
+pub use farmem_host::child::{
     ChildDonor, ChildDonorCommand, ChildDonorError, ChildServer, ChildServerCommand,
     ChildServerError, DonorBanner, DonorStderr, NotABanner, ServerBanner, ServerStderr,
 };

@@ -3,7 +3,7 @@
 //! `farmem node` prints exactly one line to stdout once its socket listens: the
 //! [`NodeBanner`], `farmem node listening on PATH`. Whoever starts a private node (the runtime,
 //! the tests) uses [`ChildNodeCommand`] (see [`child_node_command`]): the launcher shared with
-//! the donor (`farmem_donor::child`) spawns `BIN node --exit-with-parent PID --socket PATH
+//! the donor (`farmem_host::child`) spawns `BIN node --exit-with-parent PID --socket PATH
 //! ARGS…`, reads the banner within a deadline, and returns a [`ChildNode`] that kills and reaps
 //! the child when dropped. Read that module's docs: no `pre_exec` hook, the banner read on the
 //! calling thread, and the child dies with the *thread* that spawned it.
@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use farmem_donor::{ChildServer, ChildServerCommand, NotABanner, ServerBanner};
+use farmem_host::{ChildServer, ChildServerCommand, NotABanner, ServerBanner};
 
 /// What `farmem node` prints before the socket path.
 const BANNER_PREFIX: &str = "farmem node listening on ";

@@ -151,7 +151,7 @@ impl Default for NodeConfig {
             frame_deadline: FRAME_DEADLINE,
             watch_period: Duration::from_millis(250),
             reclaim_patience: Duration::from_secs(2),
-            mem_available: farmem_donor::host::mem_available_bytes,
+            mem_available: farmem_host::probe::mem_available_bytes,
         }
     }
 }
@@ -984,7 +984,7 @@ impl NodeServer {
                 });
             }
         }
-        let memory_limit = farmem_donor::host::memory_limit_bytes();
+        let memory_limit = farmem_host::probe::memory_limit_bytes();
         if let Some((limit_bytes, what)) = memory_limit {
             if cfg.capacity_bytes > limit_bytes {
                 return Err(NodeServerError::CapacityTooLarge {

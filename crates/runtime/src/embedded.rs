@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use farmem_donor::{ChildDonorCommand, ChildDonorError};
+use farmem_host::{ChildDonorCommand, ChildDonorError};
 
 use crate::{RuntimeConfig, RuntimeError};
 
@@ -144,7 +144,7 @@ impl PrivateNode {
             reason: format!("could not make a private directory for its socket: {e}"),
         })?;
         let socket = dir.join("node.sock");
-        let capacity = farmem_donor::host::memory_limit_bytes()
+        let capacity = farmem_host::probe::memory_limit_bytes()
             .map_or(capacity_bytes, |(limit, _)| capacity_bytes.min(limit));
         let command = farmem_node::child::child_node_command(bin, &socket)
             .arg("--capacity")

@@ -12,7 +12,7 @@
 //!   fault path, one for the sender's write batches, so a 1 MiB write batch never sits in front
 //!   of a fault's 4 KiB read on the same TCP stream.
 //! - With no donor configured, [`EmbeddedDonor`] starts `farmem donor --listen 127.0.0.1:0` as
-//!   a child process (`farmem_donor::ChildDonorCommand`, which reads its banner), and kills it
+//!   a child process (`farmem_host::ChildDonorCommand`, which reads its banner), and kills it
 //!   when the runtime is dropped. The child is spawned from a keeper thread that lives as long as the
 //!   runtime, and the child (`--exit-with-parent`) sets `PR_SET_PDEATHSIG(SIGKILL)` itself, so it
 //!   also dies with the process. No `pre_exec` hook: std would fork instead of posix_spawn, and

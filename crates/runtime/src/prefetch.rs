@@ -78,7 +78,7 @@ use crate::PrefetchInstall;
 use farmem_policy::measures::{PrefetchStats, PrefetchSummary};
 use farmem_policy::prefetch::{Access, Prefetcher};
 use farmem_policy::Origin;
-use farmem_sim::trace::{AccessKind, Record, TraceWriter};
+use farmem_trace::{AccessKind, Record, TraceWriter};
 use farmem_transport::{ClientConfig, DonorClient};
 
 use crate::far::Far;

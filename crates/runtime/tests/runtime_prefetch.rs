@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use farmem_donor::RunningDonor;
 use farmem_runtime::{PrefetchInstall, Runtime, RuntimeConfig, Stats};
-use farmem_sim::trace::{read_trace, AccessKind};
 use farmem_testkit::donor::in_process;
 use farmem_testkit::pages::{MIB, PAGE};
 use farmem_testkit::runtime::{config, start};
+use farmem_trace::{read_trace, AccessKind};
 
 /// The donor of these tests: 256 MiB in 4 MiB slabs.
 fn start_donor() -> RunningDonor {

@@ -1,7 +1,7 @@
 //! Page-access traces, trace generators and the simulator that replays them through farmem's
 //! prefetchers and eviction policies (crates/policy), in the role of Kona's cache simulator.
 //!
-//! - [`trace`]: the compact, versioned binary trace format; [`trace::TraceWriter`] (streaming,
+//! - [`trace`] (crate farmem-trace): the compact, versioned binary trace format; [`trace::TraceWriter`] (streaming,
 //!   buffered, used by the runtime's `--record-trace`) and [`trace::TraceReader`], which rejects
 //!   corrupt and truncated files.
 //! - [`gen`]: synthetic traces (`seq`, `stride:K`, `interleave:T:K1,K2,…`, `random`, `zipf:S`,
@@ -14,7 +14,9 @@
 pub mod gen;
 pub mod report;
 pub mod sim;
-pub mod trace;
+/// The trace format, in crate farmem-trace (the runtime writes traces without linking the
+/// simulator).
+pub use farmem_trace as trace;
 
 pub use trace::{AccessKind, Record, TraceError, TraceReader, TraceWriter};
 

@@ -27,6 +27,7 @@
 //! The count and checksum are written when the writer finishes (it seeks back to the header),
 //! so the output must be seekable (a file, not a pipe), and a writer killed before
 //! [`TraceWriter::finish`] (or its drop) leaves a trace the reader refuses as unfinished.
+#![forbid(unsafe_code)]
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
