@@ -21,7 +21,7 @@ use farmem_donor::{DonorConfig, DonorServer};
 use farmem_runtime::{PrefetchInstall, RuntimeConfig, Stats, TierMode};
 use serde::Serialize;
 
-const PAGE: usize = 4096;
+const PAGE: usize = farmem_runtime::PAGE_SIZE;
 
 /// Measure prefetching on sequential and stride-10 scans: none vs buffer vs marker install.
 #[derive(Args, Debug)]

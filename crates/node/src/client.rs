@@ -564,7 +564,7 @@ impl NodeClient {
                     )));
                 }
                 if slab_bytes == 0
-                    || !slab_bytes.is_multiple_of(4096)
+                    || !slab_bytes.is_multiple_of(farmem_mm::PAGE_SIZE as u64)
                     || usize::try_from(slab_bytes).is_err()
                 {
                     return Err(not_a_node(format!("a slab size of {slab_bytes} bytes")));

@@ -95,7 +95,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const WARNS_PER_INTERVAL: u32 = 10;
 /// See [`WARNS_PER_INTERVAL`].
 pub const WARN_INTERVAL: Duration = Duration::from_secs(10);
-const PAGE: u64 = 4096;
+const PAGE: u64 = farmem_mm::PAGE_SIZE as u64;
 
 /// How a node runs.
 #[derive(Debug, Clone)]

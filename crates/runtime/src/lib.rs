@@ -131,8 +131,10 @@ pub use stats::{clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, ProcSta
 
 use shared::Shared;
 
-/// The page size the runtime manages.
-pub const PAGE_SIZE: usize = 4096;
+/// The page size the runtime manages: the wire's page (farmem-proto), which the memory and
+/// userfaultfd crates (below the wire, so with constants of their own) must agree with.
+pub use farmem_proto::PAGE_SIZE;
+const _: () = assert!(PAGE_SIZE == farmem_mm::PAGE_SIZE && PAGE_SIZE == farmem_uffd::PAGE_SIZE);
 
 /// Errors of the runtime: each names the failing step and what to do.
 #[derive(Debug, thiserror::Error)]

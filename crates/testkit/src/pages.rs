@@ -2,7 +2,7 @@
 //! comes back from the wrong place or an old round is caught.
 
 /// Bytes in a page.
-pub const PAGE: usize = 4096;
+pub const PAGE: usize = farmem_proto::PAGE_SIZE;
 /// Bytes in a MiB.
 pub const MIB: usize = 1 << 20;
 

@@ -57,7 +57,7 @@ use farmem_runtime::{parse_proc_stat, ProcStat, StatsFile};
 use super::systems::{parse_vmstat_field, SystemKind};
 
 /// Bytes of a page.
-pub const PAGE_BYTES: u64 = 4096;
+pub const PAGE_BYTES: u64 = farmem_runtime::PAGE_SIZE as u64;
 
 /// User and system CPU time, seconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
