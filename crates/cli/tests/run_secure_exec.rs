@@ -21,7 +21,7 @@ use std::time::Duration;
 fn hostile_settings(stats: &Path, fake_farmem: &Path) -> String {
     RunSettings {
         version: RUN_SETTINGS_VERSION,
-        budget_bytes: 256 << 20,
+        local_mem_bytes: 256 << 20,
         donors: vec![],
         token_file: None,
         evict: None,

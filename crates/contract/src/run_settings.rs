@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub const RUN_SETTINGS_VAR: &str = "FARMEM_RUN_SETTINGS";
 
 /// Version of the settings' layout; bumped on every change of [`RunSettings`].
-pub const RUN_SETTINGS_VERSION: u32 = 5;
+pub const RUN_SETTINGS_VERSION: u32 = 6;
 
 /// In a tree directory ([`RunSettings::tree_dir`]): the folder of the processes' stats files
 /// (`PID.json`, each a [`crate::StatsFile`]) and the budget coordinator's socket.
@@ -44,8 +44,9 @@ pub const MIN_HEAP_RESERVE_BYTES: u64 = 64 << 20;
 pub struct RunSettings {
     /// [`RUN_SETTINGS_VERSION`] of the `farmem` binary that wrote them.
     pub version: u32,
-    /// `--local-mem`: the region budget and the write-back pool together.
-    pub budget_bytes: u64,
+    /// `--local-mem`: resident region pages and the write-back pool together
+    /// ([`crate::LocalMemory`] splits it).
+    pub local_mem_bytes: u64,
     /// Donor addresses (`host:port`); empty: the runtime's embedded donor.
     pub donors: Vec<String>,
     /// File holding the donors' token.
@@ -164,7 +165,7 @@ mod tests {
     fn settings() -> RunSettings {
         RunSettings {
             version: RUN_SETTINGS_VERSION,
-            budget_bytes: 256 << 20,
+            local_mem_bytes: 256 << 20,
             donors: vec!["127.0.0.1:7000".into(), "127.0.0.1:7001".into()],
             token_file: Some("/etc/farmem/token".into()),
             evict: Some("clock".into()),
@@ -217,7 +218,7 @@ mod tests {
 
     #[test]
     fn malformed_settings_say_to_use_farmem_run() {
-        for text in ["", "1GiB", "{\"budget_bytes\": 1}"] {
+        for text in ["", "1GiB", "{\"local_mem_bytes\": 1}"] {
             let e = RunSettings::decode(text).unwrap_err();
             assert!(matches!(e, RunSettingsError::Malformed { .. }), "{e}");
             assert!(e.to_string().contains("farmem run"), "{e}");

@@ -48,7 +48,7 @@ mod tests {
     fn the_settings_of_farmem_run_decode() {
         let s = RunSettings {
             version: RUN_SETTINGS_VERSION,
-            budget_bytes: 256 << 20,
+            local_mem_bytes: 256 << 20,
             donors: vec!["127.0.0.1:7000".into()],
             token_file: None,
             evict: None,

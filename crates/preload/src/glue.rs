@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use farmem_contract::LocalMemory;
 use farmem_runtime::{ForkPlan, Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport};
 
 use crate::config::RunSettings;
@@ -85,22 +86,15 @@ fn runtime_config(cfg: &RunSettings) -> Result<RuntimeConfig, String> {
         None => None,
     };
     // --local-mem covers the region pages and the write-back pool together.
-    let (budget_bytes, mut pool_bytes) = farmem_runtime::split_local_memory(cfg.budget_bytes)
-        .ok_or_else(|| {
-            format!(
-                "--local-mem of {} bytes is below the minimum of {} bytes",
-                cfg.budget_bytes,
-                farmem_runtime::MIN_LOCAL_BYTES
-            )
-        })?;
+    let mut local = LocalMemory::new(cfg.local_mem_bytes).map_err(|e| e.to_string())?;
     if cfg.tree_dir.is_some() {
         // Every process of a tree has a pool of its own, and its share of the budget can be
         // small: a pool of a fifth of the whole budget each would overcommit it.
-        pool_bytes = pool_bytes.min(crate::tree::POOL_BYTES);
+        local = local.in_tree();
     }
     let mut rc = RuntimeConfig {
-        budget_bytes,
-        pool_bytes: Some(pool_bytes),
+        budget_bytes: local.resident_bytes(),
+        pool_bytes: Some(local.pool_bytes()),
         donors: cfg.donors.clone(),
         token,
         thread_hook: Some(Arc::new(crate::mark_runtime_thread)),

@@ -208,7 +208,7 @@ extern "C" fn init() {
         if let Err(e) = glue::start(cfg) {
             fatal(&e);
         }
-        let first_chunk = (cfg.budget_bytes / 2).clamp(64 << 20, 1 << 30);
+        let first_chunk = (cfg.local_mem_bytes / 2).clamp(64 << 20, 1 << 30);
         // SAFETY: called once, from the constructor, before the heap is marked ready; the
         // shim reserves a fresh span and registers its first chunk through glue::register.
         let err =

@@ -14,10 +14,6 @@ use std::time::Duration;
 use farmem_runtime::{Runtime, TREE_BUDGET_SOCKET};
 use farmem_tree::{Report, TreeClient};
 
-/// The most write-back pool a process of a tree maps (with a host tier it keeps 1 MiB of it):
-/// a fifth of the whole budget per process would overcommit it with a few processes.
-pub(crate) const POOL_BYTES: u64 = 4 << 20;
-
 /// The least budget of region pages a process asks for beside its pool.
 const MIN_SHARE_PAGES: u64 = farmem_tree::LEAST_SHARE_BYTES / 4096;
 
@@ -131,8 +127,9 @@ mod tests {
 
     #[test]
     fn the_least_share_leaves_the_least_budget_beside_its_pool() {
-        let pool_slots = (POOL_BYTES / 4096) as u32;
-        let (pool, budget) = farmem_runtime::split_local_pages(LEAST_LOCAL_PAGES, pool_slots);
+        let pool_slots = (farmem_contract::local::TREE_POOL_BYTES / 4096) as u32;
+        let (pool, budget) =
+            farmem_contract::LocalMemory::split_pages(LEAST_LOCAL_PAGES, pool_slots);
         assert_eq!(budget, MIN_SHARE_PAGES);
         assert!(pool >= 16 && u64::from(pool) < MIN_SHARE_PAGES, "{pool}");
     }

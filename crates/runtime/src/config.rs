@@ -1,49 +1,12 @@
-//! How a [`crate::Runtime`] runs: [`RuntimeConfig`], and the split of one local memory limit
-//! into the region budget and the write-back pool.
+//! How a [`crate::Runtime`] runs: [`RuntimeConfig`]. The split of one local memory limit into
+//! the region budget and the write-back pool is farmem-contract's `LocalMemory`.
 
 use crate::{OverBudget, SealMode, TierMode};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{PrefetchInstall, PAGE_SIZE};
-
-/// The smallest budget [`crate::Runtime::start`] accepts (16 pages).
-pub const MIN_BUDGET_BYTES: u64 = 16 * PAGE_SIZE as u64;
-
-/// The smallest write-back pool (16 slots).
-const MIN_POOL_BYTES: u64 = 16 * PAGE_SIZE as u64;
-
-/// The smallest local memory [`split_local_memory`] accepts: the minimum budget and pool.
-pub const MIN_LOCAL_BYTES: u64 = MIN_BUDGET_BYTES + MIN_POOL_BYTES;
-
-/// Splits one limit on local memory into the region budget and the write-back pool
-/// (`(budget_bytes, pool_bytes)`), so that resident region pages and pool pages together stay
-/// within it: the pool gets a fifth, 64 KiB to 64 MiB, in whole pages. `farmem run
-/// --local-mem` means this total, so a program under farmem uses no more local page memory
-/// than the limit a swap-based comparison gives its cgroup. `None` below [`MIN_LOCAL_BYTES`].
-pub fn split_local_memory(local_bytes: u64) -> Option<(u64, u64)> {
-    if local_bytes < MIN_LOCAL_BYTES {
-        return None;
-    }
-    let page = PAGE_SIZE as u64;
-    let pool = ((local_bytes / POOL_FRACTION).clamp(MIN_POOL_BYTES, 64 << 20) / page) * page;
-    let budget = ((local_bytes - pool) / page) * page;
-    Some((budget, pool))
-}
-
-/// The pool's share of local memory (one part in this many).
-const POOL_FRACTION: u64 = 5;
-
-/// Splits a local-page grant that changes while the runtime runs (a process tree's share) into
-/// pool slots and region pages, `(pool_slots, budget_pages)`: the pool gets the same fifth as
-/// in [`split_local_memory`], at least the smallest pool and at most `slots`, the slots mapped
-/// at start. The budget may come out below the runtime's least (it then keeps its least).
-pub fn split_local_pages(local_pages: u64, slots: u32) -> (u32, u64) {
-    let min_pool = MIN_POOL_BYTES / PAGE_SIZE as u64;
-    let pool = (local_pages / POOL_FRACTION).clamp(min_pool, u64::from(slots).max(1));
-    (pool as u32, local_pages.saturating_sub(pool))
-}
+use crate::PrefetchInstall;
 
 /// How a [`crate::Runtime`] runs.
 #[derive(Clone)]
@@ -162,49 +125,5 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("heal_rate_bytes", &self.heal_rate_bytes)
             .field("over_budget", &self.over_budget)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn local_memory_split_stays_within_the_limit() {
-        assert_eq!(split_local_memory(MIN_LOCAL_BYTES - 1), None);
-        assert_eq!(
-            split_local_memory(MIN_LOCAL_BYTES),
-            Some((MIN_BUDGET_BYTES, MIN_POOL_BYTES))
-        );
-        let mib = 1u64 << 20;
-        assert_eq!(split_local_memory(100 * mib), Some((80 * mib, 20 * mib)));
-        // The pool is capped at 64 MiB.
-        assert_eq!(split_local_memory(1000 * mib), Some((936 * mib, 64 * mib)));
-        for local in [MIN_LOCAL_BYTES, 200_001, 3 * mib + 17, 513 * mib + 4095] {
-            let (budget, pool) = split_local_memory(local).unwrap();
-            assert!(budget + pool <= local, "{local}");
-            assert!(
-                budget >= MIN_BUDGET_BYTES && pool >= MIN_POOL_BYTES,
-                "{local}"
-            );
-            assert_eq!((budget % PAGE_SIZE as u64, pool % PAGE_SIZE as u64), (0, 0));
-        }
-    }
-
-    #[test]
-    fn a_changing_grant_shrinks_the_pool_with_it_within_its_slots() {
-        // A whole tree budget in one process: the pool mapped at start, as before.
-        assert_eq!(split_local_pages(12_288, 1024), (1024, 11_264));
-        // An idle process trimmed to its least share: a fifth goes to the pool.
-        assert_eq!(split_local_pages(1280, 1024), (256, 1024));
-        // Never below the smallest pool, never above the slots mapped.
-        assert_eq!(split_local_pages(40, 1024), (16, 24));
-        assert_eq!(split_local_pages(10, 1024), (16, 0));
-        assert_eq!(split_local_pages(1 << 30, 16), (16, (1 << 30) - 16));
-        for local in [0, 1, 17, 300, 5000, 1 << 20] {
-            let (pool, budget) = split_local_pages(local, 1024);
-            assert!(u64::from(pool) + budget >= local, "{local}");
-            assert!((16..=1024).contains(&pool), "{local}");
-        }
     }
 }

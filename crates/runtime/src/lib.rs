@@ -111,9 +111,8 @@ use farmem_mm::Mapping;
 use farmem_uffd::UffdError;
 
 pub use budget::Usage;
-pub use config::{
-    split_local_memory, split_local_pages, RuntimeConfig, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES,
-};
+pub use config::RuntimeConfig;
+pub use farmem_contract::local::{LocalMemory, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES};
 // The contract with `farmem run` and the benchmarks (crate farmem-contract), re-exported so
 // the runtime's users name one crate.
 pub use embedded::PrivateNode;
@@ -722,7 +721,7 @@ impl Runtime {
     /// once, unsent ones as they are sent; the rest is the budget ([`Runtime::set_budget_pages`]).
     /// Returns `(pool_slots, budget_pages)` now in force.
     pub fn set_local_pages(&self, pages: u64) -> (u64, u64) {
-        let (pool, budget) = config::split_local_pages(pages, self.sh.pool.slots());
+        let (pool, budget) = LocalMemory::split_pages(pages, self.sh.pool.slots());
         let sh = &self.sh;
         if !sh.in_child.load(Ordering::Relaxed) {
             let mut st = sh.state.lock();

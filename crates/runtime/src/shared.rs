@@ -168,7 +168,7 @@ fn open_uffds(cfg: &RuntimeConfig) -> Result<(Uffd, Uffd, PoolMemory), RuntimeEr
         })?;
     let pool_bytes = cfg
         .pool_bytes
-        .unwrap_or((cfg.budget_bytes / 4).clamp(1 << 20, 64 << 20));
+        .unwrap_or_else(|| crate::LocalMemory::default_pool_bytes(cfg.budget_bytes));
     let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
     let pool_len = pool_slots as usize * PAGE_SIZE;
     let pool = Mapping::anonymous(pool_len).map_err(|source| RuntimeError::Mmap {

@@ -863,7 +863,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let settings = RunSettings {
         version: RUN_SETTINGS_VERSION,
-        budget_bytes: args.local_mem,
+        local_mem_bytes: args.local_mem,
         donors,
         // Absolute: a process of the tree that changed directory (a pyenv shim does) reads it
         // when its runtime starts.
@@ -1188,7 +1188,7 @@ mod preflight {
         // of budget and a pool of a fifth); below that the coordinator grants the least share
         // anyway, over the limit (128 KiB ran with 1 MiB): the limit must hold at least one
         // process's, pool included.
-        let min = farmem_runtime::MIN_LOCAL_BYTES.max(2 * farmem_tree::LEAST_SHARE_BYTES);
+        let min = farmem_contract::local::MIN_LOCAL_BYTES.max(2 * farmem_tree::LEAST_SHARE_BYTES);
         if budget_bytes < min {
             bail!(
                 "--local-mem {} is below the minimum the runtime needs ({}): give at least {}",

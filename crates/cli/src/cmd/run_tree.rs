@@ -108,8 +108,8 @@ pub fn account(
             // Peaks of different processes need not coincide: the coordinator saw the tree's
             // (resident and pooled pages together).
             t.peak_resident_bytes = peak_local_bytes;
-            let (budget, pool) =
-                farmem_runtime::split_local_memory(local_mem).unwrap_or((local_mem, 0));
+            let (budget, pool) = farmem_contract::LocalMemory::new(local_mem)
+                .map_or((local_mem, 0), |l| (l.resident_bytes(), l.pool_bytes()));
             t.budget_bytes = budget;
             t.pool_bytes = pool;
         }
