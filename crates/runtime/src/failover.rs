@@ -19,48 +19,11 @@
 
 use std::time::Instant;
 
-use farmem_transport::{Completion, PageAddr, Pending, TransportError};
+use farmem_transport::{Completion, PageAddr, Pending};
 
-use crate::seal::SealError;
+use crate::error::{CopyFailure, ReadFailed};
 use crate::shared::Shared;
-use crate::{RuntimeError, PAGE_SIZE};
-
-/// Why one copy of a far page (or the backup file) did not serve a read.
-#[derive(Debug, thiserror::Error)]
-pub enum CopyFailure {
-    /// No answer within the failover delay (the next copy was asked).
-    #[error("donor {donor} did not answer within the failover delay")]
-    Slow { donor: String },
-    /// The copy failed its seal check: never installed.
-    #[error(transparent)]
-    Sealed(SealError),
-    /// The answer held no page.
-    #[error("donor {donor} answered a page read with no page")]
-    NoPage { donor: String },
-    /// The request could not be sent (its connection is down).
-    #[error(transparent)]
-    Send(Box<RuntimeError>),
-    /// The request failed (connection lost, refused, timed out).
-    #[error(transparent)]
-    Transport(TransportError),
-    /// The backup file's copy failed its seal check.
-    #[error("backup file: {0}")]
-    BackupSealed(SealError),
-    /// The backup file never got this page.
-    #[error("the backup file never got this page")]
-    BackupMissing,
-    /// Reading the backup file failed.
-    #[error(transparent)]
-    Backup(Box<RuntimeError>),
-    /// No copy was anywhere to ask.
-    #[error("its slab is on no donor")]
-    Nowhere,
-}
-
-/// Every copy of a far page failed to serve a read: what went wrong with each, in order.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-pub struct ReadFailed(pub Vec<CopyFailure>);
+use crate::PAGE_SIZE;
 
 /// A read of one far page in flight on one of its copies.
 pub(crate) struct ReplicaRead {

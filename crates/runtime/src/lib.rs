@@ -67,6 +67,7 @@ mod dontfork;
 mod doorbell;
 mod drops;
 mod embedded;
+mod error;
 mod events;
 mod evict;
 mod failover;
@@ -108,7 +109,6 @@ use std::time::Duration;
 
 use crate::sync::Mutex;
 use farmem_mm::Mapping;
-use farmem_uffd::UffdError;
 
 pub use budget::Usage;
 pub use config::RuntimeConfig;
@@ -116,7 +116,8 @@ pub use farmem_contract::local::{LocalMemory, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES}
 // The contract with `farmem run` and the benchmarks (crate farmem-contract), re-exported so
 // the runtime's users name one crate.
 pub use embedded::PrivateNode;
-pub use failover::{CopyFailure, ReadFailed};
+pub use error::RuntimeError;
+pub use error::{CopyFailure, ReadFailed};
 pub use farmem_contract::{
     modes, run_settings, DonorUse, FaultLatency, LatencySummary, OverBudget, PrefetchInstall,
     PreloadCounters, SealMode, Stats, StatsFile, StatsSummary, TierMode, TreeProcess, TreeStats,
@@ -134,153 +135,6 @@ use shared::Shared;
 /// userfaultfd crates (below the wire, so with constants of their own) must agree with.
 pub use farmem_proto::PAGE_SIZE;
 const _: () = assert!(PAGE_SIZE == farmem_mm::PAGE_SIZE && PAGE_SIZE == farmem_uffd::PAGE_SIZE);
-
-/// Errors of the runtime: each names the failing step and what to do.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error("invalid runtime configuration: {0}")]
-    Config(String),
-    #[error("creating the runtime's wake-up eventfd failed")]
-    Doorbell(#[source] std::io::Error),
-    #[error("userfaultfd: {step}")]
-    Uffd {
-        step: &'static str,
-        #[source]
-        source: UffdError,
-    },
-    #[error("donor {addr}: {step} failed")]
-    Donor {
-        addr: String,
-        step: &'static str,
-        #[source]
-        source: farmem_transport::TransportError,
-    },
-    /// Every live donor refused a slab. Says what ran out in the donor's own words (capacity,
-    /// a tenant's or client's quota, its host's memory) and what this runtime holds of them,
-    /// so "full" is never stranded capacity taken for exhaustion.
-    #[error(
-        "the donors are full: no slab could be placed on any of the {live} live donor(s) of \
-         {donors}; {addr} refused: {source}; this program holds {taken_bytes} bytes of donor \
-         slabs, {filled_bytes} of them filled; start more donors or give them more --capacity, \
-         or raise the budget"
-    )]
-    DonorsFull {
-        live: usize,
-        donors: usize,
-        addr: String,
-        taken_bytes: u64,
-        filled_bytes: u64,
-        source: Box<farmem_transport::TransportError>,
-    },
-    #[error(
-        "a region of {len_bytes} bytes needs up to {needed_bytes} bytes of far memory beyond \
-         the budget, but the donors lend only {capacity_bytes} bytes: start more donors, give \
-         them more --capacity, or raise the budget"
-    )]
-    InsufficientCapacity {
-        len_bytes: u64,
-        needed_bytes: u64,
-        capacity_bytes: u64,
-    },
-    #[error("host tier (node at {}): {step} failed", path.display())]
-    Node {
-        path: std::path::PathBuf,
-        step: &'static str,
-        #[source]
-        source: farmem_node::NodeError,
-    },
-    #[error("nowhere to put evicted pages: {}", nowhere_why(.tier.as_deref(), *.node_gone, *.donors))]
-    NowhereToPlace {
-        /// The host tier, described, if one is used.
-        tier: Option<String>,
-        /// The node has ended (its connection is closed), rather than being full.
-        node_gone: bool,
-        /// Donors configured (none of them live, when this is said).
-        donors: usize,
-    },
-    #[error("the private node (this program's host tier) could not be started: {reason}")]
-    PrivateNode { reason: String },
-    #[error(
-        "none of the {tried} donor(s) could be reached ({first}); start them, or check the \
-         addresses and the network"
-    )]
-    NoDonorReachable { tried: usize, first: String },
-    #[error(
-        "far page {far}: no donor holding its slab is alive ({donors}) and there is no backup \
-         file; the pages stay in the write-back pool (give --backup-file, or more donors and \
-         --replicas 2, to survive this)"
-    )]
-    NoLiveReplica { far: u64, donors: String },
-    #[error("bringing far page {far} back before fork failed: {source}")]
-    FetchBeforeFork {
-        far: u64,
-        #[source]
-        source: failover::ReadFailed,
-    },
-    #[error("backup file {}", path.display())]
-    BackupFile {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("donor {addr} is unusable: {reason}")]
-    BadDonor { addr: String, reason: String },
-    #[error("the embedded donor could not be started: {reason}")]
-    EmbeddedDonor { reason: String },
-    #[error("could not start {what}")]
-    Spawn {
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{op} of {len_bytes} bytes failed")]
-    Mmap {
-        op: &'static str,
-        len_bytes: usize,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{addr:#x}+{len_bytes:#x} cannot be registered: {reason}")]
-    BadRange {
-        addr: usize,
-        len_bytes: usize,
-        reason: &'static str,
-    },
-    #[error("the runtime cannot be used in a forked child (its threads exist only in the parent)")]
-    InChild,
-    #[error("sealing pages")]
-    Seal(#[source] SealError),
-    #[error("internal error: {0}")]
-    Internal(&'static str),
-}
-
-/// [`RuntimeError::NowhereToPlace`]'s message: what is out of room, and what to do. It said
-/// "no host tier lends no more slabs and no donor is configured" with every donor dead.
-fn nowhere_why(tier: Option<&str>, node_gone: bool, donors: usize) -> String {
-    let tier = match tier {
-        Some(t) if node_gone => {
-            format!("{t} is gone (its node ended: was `farmem run` or the node killed?)")
-        }
-        Some(t) => format!("{t} lends no more slabs"),
-        None => "there is no host tier".into(),
-    };
-    if donors == 0 && node_gone {
-        format!(
-            "{tier} and no donor is configured; the pages stay in this process, over the budget"
-        )
-    } else if donors == 0 {
-        format!(
-            "{tier} and no donor is configured; the pages stay in this process: give the node \
-             more --capacity, name donors with --donor, or raise the budget"
-        )
-    } else {
-        format!(
-            "{tier} and none of the {donors} donor(s) is live (see the warnings above for each); \
-             the pages wait in the write-back pool until one answers: restart the donors, or \
-             give --backup-file so pages go to disk meanwhile"
-        )
-    }
-}
 
 /// The paging runtime of this process.
 pub struct Runtime {
