@@ -36,23 +36,20 @@
 //! Far slabs are never returned to donors while the runtime lives (freed far pages are reused
 //! instead); donors reclaim them when the connection closes (after their orphan grace period).
 
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
-use std::time::Duration;
-
 use crate::sync::{Condvar, Mutex, RwLock};
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
 use rand::Rng;
 
 use crate::backup::Backup;
-use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
+use crate::embedded::EmbeddedDonor;
 use crate::health::Health;
 use crate::lentdonors::LentDonors;
 use crate::pack::{Pack, Piece};
 use crate::readtimes::ReadTimes;
-use crate::replicas::{Replica, Replicas, MAX_REPLICAS};
+use crate::replicas::{Replica, Replicas};
 use crate::seal::{SealError, Sealer};
 use crate::tier::Tier;
-use crate::{RuntimeConfig, RuntimeError, SealMode, PAGE_SIZE};
+use crate::{RuntimeError, PAGE_SIZE};
 
 /// One donor and what this runtime placed on it.
 pub(crate) struct Donor {
@@ -128,195 +125,36 @@ pub(crate) struct Far {
     _embedded: Option<EmbeddedDonor>,
 }
 
-/// Whether `addr` (HOST:PORT) names this host: a loopback address, or one a socket can bind
-/// here.
-fn on_this_host(addr: &str) -> bool {
-    let Ok(resolved) = addr.to_socket_addrs() else {
-        return false;
-    };
-    let mut any = false;
-    for a in resolved {
-        any = true;
-        let ip = a.ip();
-        if !ip.is_loopback() && UdpSocket::bind(SocketAddr::new(ip, 0)).is_err() {
-            return false;
-        }
-    }
-    any
-}
-
-/// What this client tells its donors it is (IDENT), for their operators: the program's name,
-/// its pid and this host's name.
-fn client_label() -> String {
-    let program = std::fs::read_to_string("/proc/self/comm")
-        .map(|c| c.trim_end().to_string())
-        .unwrap_or_else(|_| "?".into());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim_end().to_string())
-        .unwrap_or_else(|_| "?".into());
-    format!("{program} pid {} on {host}", std::process::id())
+/// What [`Far::connect`] found, for [`Far::from_parts`].
+pub(crate) struct Parts {
+    pub(crate) donors: Vec<Donor>,
+    pub(crate) borrowed: Vec<Donor>,
+    pub(crate) far_floor: u64,
+    pub(crate) lent: Option<LentDonors>,
+    pub(crate) client_base: ClientConfig,
+    pub(crate) slab_pages: u64,
+    pub(crate) replicas: usize,
+    pub(crate) tier: Option<Tier>,
+    pub(crate) sealer: Option<Sealer>,
+    pub(crate) backup: Option<Backup>,
+    pub(crate) embedded: Option<EmbeddedDonor>,
 }
 
 impl Far {
-    /// Opens the host tier and connects to the configured donors; with neither, starts the
-    /// embedded TCP donor. A donor that cannot be reached is reported and left out as long as
-    /// another one answers (fewer than `--replicas` left: the slabs run degraded, said once).
-    pub(crate) fn connect(cfg: &RuntimeConfig) -> Result<Far, RuntimeError> {
-        let tier = Tier::open(cfg)?;
-        // A random client id and reconnect key (ClientConfig::default), shared by every
-        // connection of this runtime: they attach to one client on each donor.
-        let ccfg = ClientConfig {
-            token: cfg.token.clone(),
-            request_timeout: cfg.request_timeout,
-            link_delay_us: cfg.link_delay_us,
-            thread_hook: cfg.thread_hook.clone(),
-            label: Some(client_label()),
-            ..ClientConfig::default()
-        };
-        let (addrs, embedded) = if cfg.donors.is_empty() && tier.is_none() {
-            let e = EmbeddedDonor::start(cfg)?;
-            (vec![e.addr.clone()], Some(e))
-        } else {
-            (cfg.donors.clone(), None)
-        };
-        let mut donors = Vec::new();
-        let mut unreachable = Vec::new();
-        for a in &addrs {
-            let connect = |purpose: &'static str, spin: Duration| {
-                DonorClient::connect(
-                    a,
-                    ClientConfig {
-                        spin,
-                        ..ccfg.clone()
-                    },
-                )
-                .map_err(|source| RuntimeError::Donor {
-                    addr: a.clone(),
-                    step: purpose,
-                    source,
-                })
-            };
-            // Only the fault path's reads spin while waiting (see ClientConfig::spin):
-            // spinning on write-back and prefetch batches slowed a sequential scan by 20-40%
-            // on this 2-core machine, where it takes CPU from the pipeline.
-            let clients = connect("connecting (fault path)", FAULT_PATH_SPIN)
-                .and_then(|read| Ok((read, connect("connecting (write-back)", Duration::ZERO)?)));
-            match clients {
-                Ok((read, write)) => {
-                    let info = read.info();
-                    donors.push(Donor {
-                        read,
-                        write,
-                        capacity_bytes: info.capacity_bytes,
-                        slabs_placed: Mutex::new(0),
-                        // Cut once the far slab size is known (below).
-                        pack: Mutex::new(Pack::new(1, 1)),
-                        health: Health::default(),
-                    });
-                }
-                // A bad token or a refused HELLO is a configuration error, never skipped.
-                Err(e @ RuntimeError::Donor { .. }) if is_unreachable(&e) => unreachable.push(e),
-                Err(e) => return Err(e),
-            }
-        }
-        if let Some(first) = unreachable.first() {
-            if donors.is_empty() {
-                return Err(RuntimeError::NoDonorReachable {
-                    tried: addrs.len(),
-                    first: first.to_string(),
-                });
-            }
-            for e in &unreachable {
-                tracing::warn!(
-                    "{e}: going on with the {} donor(s) that answered",
-                    donors.len()
-                );
-            }
-        }
-        let replicas = cfg.replicas.unwrap_or(if addrs.len() >= 2 { 2 } else { 1 });
-        if replicas == 0 || replicas > MAX_REPLICAS || (replicas > addrs.len() && !addrs.is_empty())
-        {
-            return Err(RuntimeError::Config(format!(
-                "--replicas {replicas}: give 1 to {} (at most one copy of a slab per donor; {} \
-                 donor(s) configured)",
-                MAX_REPLICAS.min(addrs.len().max(1)),
-                addrs.len()
-            )));
-        }
-        if replicas > donors.len() && !donors.is_empty() {
-            tracing::warn!(
-                "only {} of {} donors answered: slabs keep {} copies instead of {replicas} \
-                 (degraded) until more donors can be used",
-                donors.len(),
-                addrs.len(),
-                donors.len()
-            );
-        }
-        // One far slab size for every home: the smallest slab any of them hands out.
-        let slab_bytes = donors
-            .iter()
-            .map(|d| d.read.info().slab_size_bytes)
-            .chain(tier.as_ref().map(Tier::slab_bytes))
-            .min()
-            .unwrap_or(64 << 20);
-        if slab_bytes < PAGE_SIZE as u64 || !slab_bytes.is_multiple_of(PAGE_SIZE as u64) {
-            return Err(RuntimeError::BadDonor {
-                addr: addrs
-                    .first()
-                    .cloned()
-                    .unwrap_or_else(|| "the host tier".into()),
-                reason: format!("slab size {slab_bytes} is not a positive multiple of 4096"),
-            });
-        }
-        let slab_pages = slab_bytes / PAGE_SIZE as u64;
-        for d in &donors {
-            *d.pack.lock() =
-                Pack::new(d.read.info().slab_size_bytes / PAGE_SIZE as u64, slab_pages);
-        }
-        // The host tier is this machine's memory: never sealed (see the module doc).
-        let seal = match cfg.seal {
-            SealMode::On => !addrs.is_empty(),
-            SealMode::Off => false,
-            SealMode::Auto => embedded.is_none() && !addrs.iter().all(|a| on_this_host(a)),
-        };
-        let sealer = if seal {
-            Some(Sealer::new().map_err(RuntimeError::Seal)?)
-        } else {
-            None
-        };
-        let backup = match &cfg.backup_file {
-            Some(path) => Some(Backup::create(path)?),
-            None => None,
-        };
-        let (borrowed, borrowed_homes) = match &cfg.lent_donors {
-            Some(l) => l.connect(&ccfg, donors.len()),
-            None => (Vec::new(), Vec::new()),
-        };
-        // Read only: the same connection serves as the write side, which is never used.
-        let borrowed = borrowed
-            .into_iter()
-            .map(|c| Donor {
-                capacity_bytes: c.info().capacity_bytes,
-                read: c.clone(),
-                write: c,
-                slabs_placed: Mutex::new(0),
-                // Read only: nothing is placed on a borrowed connection.
-                pack: Mutex::new(Pack::new(1, 1)),
-                health: Health::default(),
-            })
-            .collect();
-        let far = Far {
-            donors,
-            borrowed,
-            far_floor: cfg.far_floor,
-            lent: cfg.lent_donors.clone(),
-            client_base: ccfg.clone(),
-            slab_pages,
-            replicas,
+    /// The far side made of `p`, with nothing placed yet.
+    pub(crate) fn from_parts(p: Parts) -> Far {
+        Far {
+            donors: p.donors,
+            borrowed: p.borrowed,
+            far_floor: p.far_floor,
+            lent: p.lent,
+            client_base: p.client_base,
+            slab_pages: p.slab_pages,
+            replicas: p.replicas,
             placement: Mutex::new(Vec::new()),
-            tier,
-            sealer,
-            backup,
+            tier: p.tier,
+            sealer: p.sealer,
+            backup: p.backup,
             backup_only_log: Mutex::default(),
             copy_gate: RwLock::new(()),
             dropped: Mutex::new(Vec::new()),
@@ -324,24 +162,8 @@ impl Far {
             heal_mu: Mutex::new(false),
             read_times: ReadTimes::default(),
             batch_times: ReadTimes::default(),
-            _embedded: embedded,
-        };
-        if cfg
-            .lent_donors
-            .as_ref()
-            .is_some_and(|l| l.slab_pages() != far.slab_pages)
-        {
-            return Err(RuntimeError::Config(format!(
-                "borrowing pages lent on donors: the parent's slabs are {} pages, this \
-                 runtime's {}",
-                cfg.lent_donors.as_ref().map_or(0, LentDonors::slab_pages),
-                far.slab_pages
-            )));
+            _embedded: p.embedded,
         }
-        for (idx, r) in borrowed_homes {
-            far.set_home(idx, Some(Home::Borrowed(r)));
-        }
-        Ok(far)
     }
 
     /// What the parent lent this forked child on donors, if anything.
@@ -829,20 +651,6 @@ impl Far {
     }
 }
 
-/// Whether a connect error means the donor cannot be reached (down, no route, not
-/// listening), rather than a configuration error (refused HELLO, bad token).
-fn is_unreachable(e: &RuntimeError) -> bool {
-    match e {
-        RuntimeError::Donor { source, .. } => matches!(
-            source,
-            farmem_transport::TransportError::Connect { .. }
-                | farmem_transport::TransportError::Timeout { .. }
-                | farmem_transport::TransportError::Disconnected { .. }
-        ),
-        _ => false,
-    }
-}
-
 /// Placement statistics per donor, for tests and stats: slabs placed on each.
 pub(crate) fn slabs_per_donor(far: &Far) -> Vec<u64> {
     far.donors.iter().map(|d| *d.slabs_placed.lock()).collect()
@@ -860,17 +668,4 @@ pub(crate) fn first_copies_per_donor(far: &Far) -> Vec<u64> {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn loopback_and_local_addresses_are_on_this_host() {
-        assert!(super::on_this_host("127.0.0.1:7070"));
-        assert!(super::on_this_host("localhost:7070"));
-        assert!(super::on_this_host("0.0.0.0:7070"));
-        // TEST-NET-3 (RFC 5737): never assigned to a host, so never this one.
-        assert!(!super::on_this_host("203.0.113.9:7070"));
-        assert!(!super::on_this_host("no-such-host.invalid:7070"));
-    }
 }

@@ -73,6 +73,7 @@ mod evict;
 mod failover;
 mod failure_log;
 mod far;
+mod far_connect;
 mod farpages;
 mod fault;
 mod fork;
