@@ -45,7 +45,7 @@ use crate::failover::ReplicaRead;
 use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
 use crate::prefetch::addr_of;
-use crate::shared::{Shared, State};
+use crate::shared::{Failure, Shared, State};
 use crate::stats::FaultKind;
 use crate::PAGE_SIZE;
 
@@ -104,8 +104,8 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
             };
             if let Err(e) = wait_for_events(&sh, timeout) {
                 sh.report(
+                    Failure::Fetch,
                     format!("fault loop: waiting for userfaultfd events: {e}"),
-                    true,
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -113,7 +113,7 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
             // after that (see Shared::wait_events_handled).
             sh.read_seq.fetch_add(1, Ordering::SeqCst);
             if let Err(e) = sh.uffd.read_events(&mut events) {
-                sh.report(format!("fault loop: {e}"), true);
+                sh.report(Failure::Fetch, format!("fault loop: {e}"));
                 continue;
             }
         }
@@ -286,6 +286,7 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
                 drop(st);
                 if absent {
                     sh.report(
+                        Failure::Fetch,
                         format!(
                             "internal error: page {:#x} is taken for resident ({:?}) but is \
                              not mapped; its contents are lost: the faulting thread (process \
@@ -295,7 +296,6 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
                             std::process::id(),
                             msg.thread
                         ),
-                        true,
                     );
                     sh.stats.lock().s.state_lost_pages += 1;
                     if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
@@ -350,8 +350,8 @@ fn serve_write_protect(
         Err(err) => {
             drop(st);
             sh.report(
+                Failure::Fetch,
                 format!("write-protect fault at {:#x}: {err}", msg.addr),
-                true,
             );
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
         }
@@ -495,8 +495,8 @@ fn serve_from_pool(
         Err(err) => {
             drop(st);
             sh.report(
+                Failure::Fetch,
                 format!("moving page {:#x} back from the pool: {err}", msg.addr),
-                true,
             );
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
         }
@@ -554,11 +554,11 @@ fn serve_from_memory(
             st.pages.begin_fetch(msg.addr);
             drop(st);
             sh.report(
+                Failure::Fetch,
                 format!(
                     "page {:#x}: its far slab has no memory slab (far page {})",
                     msg.addr, e.far
                 ),
-                true,
             );
             fail_fetch(sh, msg, q);
         }
@@ -769,11 +769,11 @@ fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
                 return;
             }
             Err(e) => sh.report(
+                Failure::Fetch,
                 format!(
                     "fetching page {:#x} (far page {}) failed (try {} of {}): {e}",
                     f.msg.addr, f.far, f.attempts, sh.fetch_attempts
                 ),
-                true,
             ),
         }
         if f.attempts >= sh.fetch_attempts {

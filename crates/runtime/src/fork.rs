@@ -72,7 +72,7 @@ use crate::lentdonors::{Lender, LentDonors};
 use crate::memslabs::MemKind;
 use crate::pages::{Entry, PageState, NO_FAR};
 use crate::replicas::Replicas;
-use crate::shared::{Shared, State};
+use crate::shared::{Failure, Shared, State};
 use crate::{RuntimeError, PAGE_SIZE};
 
 /// What a fork lends the child (see the module doc): the tier slabs it inherits and the region
@@ -274,11 +274,11 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
     for attempt in 0..3 {
         if let Err(e) = bring_all_back(sh, &lendable) {
             sh.report(
+                Failure::Fetch,
                 format!(
                     "before fork: bringing evicted pages back failed ({e}); the child will \
                      read zeros where those pages are"
                 ),
-                true,
             );
         }
         let mut st = sh.state.lock();
@@ -288,8 +288,8 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
         }
         if let Some(what) = missing {
             sh.report(
+                Failure::Fetch,
                 format!("before fork: {what}; the child will read zeros there"),
-                true,
             );
         }
         plan.regions = st

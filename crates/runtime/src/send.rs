@@ -20,7 +20,7 @@ use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
 use crate::replicas::Replicas;
-use crate::shared::{Shared, Staged, State};
+use crate::shared::{Failure, Shared, Staged, State};
 use crate::{RuntimeError, PAGE_SIZE};
 
 /// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
@@ -74,9 +74,12 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
                 batch.len()
             );
             match failing.should_log(&e.to_string()) {
-                Some(0) => sh.report(msg, false),
-                Some(n) => sh.report(format!("{msg} (and {n} times more since said)"), false),
-                None => sh.count_error(msg, false),
+                Some(0) => sh.report(Failure::Send, msg),
+                Some(n) => sh.report(
+                    Failure::Send,
+                    format!("{msg} (and {n} times more since said)"),
+                ),
+                None => sh.count_error(Failure::Send, msg),
             }
             sh.failing_since
                 .lock()

@@ -26,6 +26,15 @@ use crate::slots::{PoolMemory, Slots};
 use crate::stats::{FaultKind, StatsCell};
 use crate::{OverBudget, RuntimeConfig, RuntimeError, PAGE_SIZE};
 
+/// Which counter an error a runtime thread meets goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Bringing a page in (the fault path, a fork's fetch): `fetch_errors`.
+    Fetch,
+    /// Sending pages out (write-back, write-through): `send_errors`.
+    Send,
+}
+
 /// A page copied out of the pool, waiting to be sent.
 pub(crate) struct Staged {
     /// The page's address when staged (for an ack after it moved back: `ResidentSending`).
@@ -301,20 +310,19 @@ impl Shared {
         tracing::trace!("runtime thread {:?} started", std::thread::current().name());
     }
 
-    /// Records an error: counted, logged loudly, kept as `last_error`.
-    pub(crate) fn report(&self, msg: String, fetch: bool) {
+    /// Records an error of `kind`: counted, logged loudly, kept as `last_error`.
+    pub(crate) fn report(&self, kind: Failure, msg: String) {
         tracing::error!("{msg}");
-        self.count_error(msg, fetch);
+        self.count_error(kind, msg);
     }
 
     /// Counts an error and keeps it as `last_error`, without logging it (a repeat of one
     /// already logged).
-    pub(crate) fn count_error(&self, msg: String, fetch: bool) {
+    pub(crate) fn count_error(&self, kind: Failure, msg: String) {
         let mut s = self.stats.lock();
-        if fetch {
-            s.s.fetch_errors += 1;
-        } else {
-            s.s.send_errors += 1;
+        match kind {
+            Failure::Fetch => s.s.fetch_errors += 1,
+            Failure::Send => s.s.send_errors += 1,
         }
         s.s.last_error = Some(msg);
     }

@@ -12,7 +12,7 @@ use crate::doorbell::IDLE_WAIT;
 use crate::far::Home;
 use crate::memslabs::MemKind;
 use crate::replicas::{Replica, Replicas};
-use crate::shared::Shared;
+use crate::shared::{Failure, Shared};
 use crate::tier::Tier;
 use crate::{RuntimeError, PAGE_SIZE};
 
@@ -102,11 +102,11 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
             Err(e) => {
                 busy = false;
                 sh.report(
+                    Failure::Send,
                     format!(
                         "writing the host tier through to the donors failed (kept in memory, \
                          retrying): {e}"
                     ),
-                    false,
                 );
                 next_round = Instant::now() + backoff;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -138,11 +138,11 @@ fn give_back(sh: &Shared, tier: &Tier, n: usize) {
                 Err(e) => {
                     drop(st);
                     sh.report(
+                        Failure::Send,
                         format!(
                             "the node asked for {n} slabs back, but no local memory could be \
                              mapped to hold them ({e}); they stay in the host tier"
                         ),
-                        false,
                     );
                     return;
                 }
