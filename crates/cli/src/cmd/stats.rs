@@ -275,19 +275,7 @@ fn render_table(results: &[(String, anyhow::Result<StatsReport>)]) -> String {
             Err(e) => errors.push(format!("{d}: {e:#}")),
         }
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let cells: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out += cells.join("  ").trim_end();
-        out.push('\n');
-    }
+    let mut out = aligned(&rows, "");
     out += &format!(
         "all {} answering: capacity {}, used {} ({:.0}%), committed {}\n",
         rows.len() - 1,
@@ -501,16 +489,23 @@ fn render_tenant(t: &TenantReport) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+    out += &aligned(&rows, "    ");
+    out
+}
+
+/// `rows` as lines of left-aligned columns two spaces apart, each line after `indent`.
+fn aligned<const N: usize>(rows: &[[String; N]], indent: &str) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
-    for r in &rows {
+    let mut out = String::new();
+    for r in rows {
         let cells: Vec<String> = r
             .iter()
             .zip(&widths)
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
-        out += "    ";
+        out += indent;
         out += cells.join("  ").trim_end();
         out.push('\n');
     }
