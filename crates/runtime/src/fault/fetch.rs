@@ -1,0 +1,119 @@
+//! Completing remote reads: installing a fetched page, failing over between copies, and
+//! poisoning a page that cannot be brought back.
+
+use farmem_policy::Origin;
+use farmem_uffd::UffdError;
+
+use crate::failover::ReplicaRead;
+use crate::pages::PageState;
+use crate::shared::{Failure, Shared};
+use crate::stats::FaultKind;
+use crate::PAGE_SIZE;
+
+use super::{FaultMsg, Fetch, Queues};
+
+/// Waits for one remote read (failing over between its copies, retrying on failure) and
+/// installs the page.
+pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
+    loop {
+        let read = f
+            .read
+            .take()
+            .unwrap_or_else(|| ReplicaRead::start(sh, f.far));
+        match read.finish(sh) {
+            Ok((data, failed_over)) => {
+                let kind = if failed_over {
+                    FaultKind::Failover
+                } else {
+                    FaultKind::Remote
+                };
+                install_fetched(sh, f.msg, data.into_boxed_slice(), kind, q);
+                return;
+            }
+            Err(e) => sh.report(
+                Failure::Fetch,
+                format!(
+                    "fetching page {:#x} (far page {}) failed (try {} of {}): {e}",
+                    f.msg.addr, f.far, f.attempts, sh.fetch_attempts
+                ),
+            ),
+        }
+        if f.attempts >= sh.fetch_attempts {
+            fail_fetch(sh, f.msg, q);
+            return;
+        }
+        f.attempts += 1;
+    }
+}
+
+/// A page that cannot be brought back: poison it so the faulting thread gets SIGBUS.
+pub(super) fn fail_fetch(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
+    let mut st = sh.state.lock();
+    match st.pages.get(msg.addr).map(|e| e.state) {
+        Some(PageState::Fetching) => st.pages.abandon_fetch(msg.addr),
+        Some(_) => {
+            // Released meanwhile: serve whatever it is now.
+            drop(st);
+            q.retry.push_back(msg);
+            return;
+        }
+        None => {}
+    }
+    drop(st);
+    tracing::error!(
+        "page {:#x} cannot be brought back from its donor: the faulting thread gets SIGBUS",
+        msg.addr
+    );
+    if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
+        eprintln!(
+            "farmem: fatal: page {:#x} cannot be brought back from its donor and cannot be \
+             poisoned; aborting rather than returning wrong data",
+            msg.addr
+        );
+        std::process::abort();
+    }
+}
+
+/// Installs a fetched page if it is still wanted.
+pub(super) fn install_fetched(
+    sh: &Shared,
+    msg: FaultMsg,
+    data: Box<[u8]>,
+    kind: FaultKind,
+    q: &mut Queues,
+) {
+    let mut st = sh.state.lock();
+    if !sh.room_for_fault(&mut st) {
+        drop(st);
+        q.installs.push_back((msg, data, kind));
+        return;
+    }
+    let state = st.pages.get(msg.addr).map(|e| e.state);
+    if state != Some(PageState::Fetching) {
+        // Released or remapped while in flight: serve what the page is now.
+        drop(st);
+        q.retry.push_back(msg);
+        return;
+    }
+    // Read faults get the page write-protected so that a later write is seen (clean pages are
+    // dropped at eviction without resending).
+    match sh.uffd.copy(msg.addr, &data, false, !msg.write) {
+        Ok(()) | Err(UffdError::Exists { .. }) => {
+            st.pages
+                .install_fetched(msg.addr, msg.write, Origin::Demand);
+            sh.kick_evictor(&st);
+            drop(st);
+            sh.count_fault(kind, msg.t0);
+        }
+        Err(UffdError::Again { .. }) => {
+            drop(st);
+            q.installs.push_back((msg, data, kind));
+        }
+        Err(err) => {
+            st.pages.abandon_fetch(msg.addr);
+            drop(st);
+            tracing::debug!("installing page {:#x}: {err}", msg.addr);
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
