@@ -64,7 +64,6 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use farmem_mm::Advice;
-use farmem_uffd::UffdError;
 
 use crate::far::Home;
 use crate::forkhold::ForkHold;
@@ -73,136 +72,14 @@ use crate::memslabs::MemKind;
 use crate::pages::{Entry, PageState, NO_FAR};
 use crate::replicas::Replicas;
 use crate::shared::{Failure, Shared, State};
-use crate::{RuntimeError, PAGE_SIZE};
 
-/// What a fork lends the child (see the module doc): the tier slabs it inherits and the region
-/// pages left there. The child's runtime borrows them ([`crate::Runtime::borrow`]); a child
-/// without one copies them in ([`Lent::copy_in`]). Made only by [`crate::Runtime::prepare_fork`]
-/// (its fields are private: the child's runtime takes the slabs' mappings as its own).
-#[derive(Clone, Debug, Default)]
-pub struct Lent {
-    /// Pages per far slab (the child must use the same).
-    slab_pages: u64,
-    /// The child's own far pages start here, above every far page lent (a slab boundary).
-    floor: u64,
-    /// The lent slabs, mapped at the same addresses in the child, by far slab.
-    slabs: Vec<LentSlab>,
-    /// Region pages left in them (or on donors), and resident pages with a copy in a lent
-    /// slab: (page address, far page).
-    pages: Vec<(usize, u64)>,
-    /// The donors pages were left on, if any.
-    donors: Option<LentDonors>,
-}
+mod back;
+mod lent;
 
-/// One lent slab.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LentSlab {
-    /// The far slab it holds.
-    far_slab: u64,
-    /// Its mapping (inherited by the child at the same address).
-    addr: usize,
-    len: usize,
-}
-
-impl Lent {
-    /// Where the child's own far pages start ([`crate::RuntimeConfig::far_floor`]).
-    pub fn floor(&self) -> u64 {
-        self.floor
-    }
-
-    /// Pages lent.
-    pub fn pages(&self) -> usize {
-        self.pages.len()
-    }
-
-    /// What the child's runtime needs to read the pages lent on donors, if any were.
-    pub fn donors(&self) -> Option<&LentDonors> {
-        self.donors.as_ref()
-    }
-
-    /// Where far page `far` is in the lent slabs' memory.
-    fn source(&self, far: u64) -> Option<usize> {
-        if self.slab_pages == 0 {
-            return None;
-        }
-        let i = self
-            .slabs
-            .binary_search_by_key(&(far / self.slab_pages), |s| s.far_slab)
-            .ok()?;
-        let s = &self.slabs[i];
-        let off = (far % self.slab_pages) as usize * PAGE_SIZE;
-        (off + PAGE_SIZE <= s.len).then_some(s.addr + off)
-    }
-
-    /// In the child, before its regions are registered: drops every page it shares with the
-    /// parent that still equals its lent far copy, so its runtime borrows that copy instead of
-    /// counting (and, to evict it, copying out) the parent's resident page. Returns the pages
-    /// dropped.
-    pub fn discard_unchanged(&self) -> usize {
-        self.mapped(true)
-            .filter(|&(addr, src)| crate::mm::drop_inherited_page_if_equal(addr, src))
-            .count()
-    }
-
-    /// In a child that pages nothing itself: copies every lent page that is not mapped yet
-    /// into its region page (plain memory there); those lent on donors are read from them.
-    /// Returns the pages copied; a page that cannot be read is reported on stderr (it reads
-    /// as zeros: every copy of it is gone).
-    pub fn copy_in(&self) -> usize {
-        let mut n = self.mapped(false).fold(0, |n, (addr, src)| {
-            crate::mm::copy_inherited_page(addr, src);
-            n + 1
-        });
-        let Some(donors) = &self.donors else {
-            return n;
-        };
-        let far_pages: Vec<(usize, u64)> = self
-            .pages
-            .iter()
-            .copied()
-            .filter(|&(addr, far)| {
-                let mut p = [0u8];
-                donors.has(far) && farmem_mm::mincore(addr, &mut p).is_ok() && p[0] & 1 == 0
-            })
-            .collect();
-        let fars: Vec<u64> = far_pages.iter().map(|(_, f)| *f).collect();
-        let mut lost: Option<(usize, String)> = None;
-        for (&(addr, _), data) in far_pages.iter().zip(donors.read(&fars)) {
-            match data {
-                Ok(d) => {
-                    crate::mm::copy_inherited_page(addr, d.as_ptr() as usize);
-                    n += 1;
-                }
-                Err(e) => {
-                    let l = lost.get_or_insert((0, e));
-                    l.0 += 1;
-                }
-            }
-        }
-        if let Some((count, why)) = lost {
-            eprintln!(
-                "farmem: error: process {}: {count} page(s) its parent left on donors could not \
-                 be read ({why}); they read as zeros",
-                std::process::id()
-            );
-        }
-        n
-    }
-
-    /// The lent pages whose region page is mapped here and present (`present`) or not, with
-    /// where their lent copy is: (page address, copy address). Allocates nothing (it runs in a
-    /// forked child without a runtime).
-    fn mapped(&self, present: bool) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.pages.iter().filter_map(move |&(addr, far)| {
-            let mut p = [0u8];
-            farmem_mm::mincore(addr, &mut p).ok()?;
-            if (p[0] & 1 != 0) != present {
-                return None;
-            }
-            Some((addr, self.source(far)?))
-        })
-    }
-}
+use back::{bring_all_back, check_all_back};
+pub(crate) use lent::borrow;
+pub use lent::Lent;
+use lent::LentSlab;
 
 /// What [`before_fork`] hands the forking thread.
 #[derive(Debug, Default)]
@@ -222,7 +99,7 @@ pub struct ForkPlan {
 
 /// What a fork may leave far for the child.
 #[derive(Default)]
-struct Lendable {
+pub(super) struct Lendable {
     /// Memory slabs, by index, with their kind at the time they were held (a slab the node
     /// took back meanwhile changes kind, and its pages are brought back instead).
     memory: BTreeMap<u32, MemKind>,
@@ -238,7 +115,7 @@ impl Lendable {
 
 /// Where a lent page's far copy is.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum LentAt {
+pub(super) enum LentAt {
     /// In memory slab `m` (the host tier, or one this process borrowed).
     Memory(u32),
     /// On this process's donors.
@@ -312,7 +189,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
 /// Takes a hold over every tier slab of this process and marks those (and the slabs this
 /// process borrowed itself) to be inherited; returns the hold and the slabs. A refused hold
 /// (a node without holds, or too many) lends nothing: everything is brought back as before.
-fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
+pub(super) fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
     let mut lendable = Lendable {
         donors: hold_donors(sh),
         ..Lendable::default()
@@ -355,7 +232,7 @@ fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
 /// Whether this fork may leave pages on donors: this runtime has donors, no backup file (a
 /// child could not read it), and the hold (made on first use) is mapped for the fork
 /// ([`ForkHold::begin_fork`], undone in [`after_fork_parent`]).
-fn hold_donors(sh: &Shared) -> bool {
+pub(super) fn hold_donors(sh: &Shared) -> bool {
     if sh.far.donors.is_empty() || sh.far.backup.is_some() {
         return false;
     }
@@ -383,7 +260,7 @@ fn hold_donors(sh: &Shared) -> bool {
 
 /// Whether a page in `e` is left where it is for the child: remote in a lendable slab, or on
 /// donors when those are lendable.
-fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<LentAt> {
+pub(super) fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<LentAt> {
     if e.state != PageState::Remote {
         return None;
     }
@@ -405,7 +282,12 @@ fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<Len
 
 /// Whether a resident page in `e` has a copy in a lendable slab that the child may use instead
 /// of the page (if the page still equals it): not while that copy is being rewritten.
-fn has_lent_copy(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<LentAt> {
+pub(super) fn has_lent_copy(
+    sh: &Shared,
+    st: &State,
+    lendable: &Lendable,
+    e: Entry,
+) -> Option<LentAt> {
     if e.state == PageState::ResidentSending {
         return None;
     }
@@ -413,7 +295,7 @@ fn has_lent_copy(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Opti
 }
 
 /// The lendable memory slab far page `far` lives in, if any.
-fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option<u32> {
+pub(super) fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option<u32> {
     if far == NO_FAR || lendable.memory.is_empty() {
         return None;
     }
@@ -426,7 +308,11 @@ fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option
 
 /// Freezes the far pages of `pages` (lent) and describes what the child borrows (those left
 /// on donors are covered by the fork's hold, mapped in [`hold_donors`]).
-fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, LentAt)>) -> Option<Lent> {
+pub(super) fn lend_pages(
+    sh: &Shared,
+    st: &mut State,
+    pages: Vec<(usize, u64, LentAt)>,
+) -> Option<Lent> {
     if pages.is_empty() {
         return None;
     }
@@ -517,99 +403,6 @@ pub(crate) fn thaw_if_no_child(sh: &Shared) {
     }
 }
 
-/// In a forked child's runtime: borrows what the parent lent (see [`crate::Runtime::borrow`]).
-pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
-    let bad = |what: String| {
-        Err(RuntimeError::Config(format!(
-            "borrowing lent pages: {what}"
-        )))
-    };
-    if lent.slab_pages != sh.far.slab_pages {
-        return bad(format!(
-            "the parent's slabs are {} pages, this runtime's {}",
-            lent.slab_pages, sh.far.slab_pages
-        ));
-    }
-    let mut st = sh.state.lock();
-    if st.far_pages.floor() < lent.floor {
-        return bad(format!(
-            "this runtime's far pages start at {}, below the lent ones' end {}",
-            st.far_pages.floor(),
-            lent.floor
-        ));
-    }
-    let on_donors = |far: u64| {
-        lent.donors.as_ref().is_some_and(|d| d.has(far))
-            && matches!(sh.far.home(far), Some((Home::Borrowed(_), _)))
-    };
-    if let Some(&(a, far)) = lent
-        .pages
-        .iter()
-        .find(|(_, f)| lent.source(*f).is_none() && !on_donors(*f))
-    {
-        return bad(format!("page {a:#x} is at far page {far}, in no lent slab"));
-    }
-    for s in &lent.slabs {
-        // An inherited slab is mapped here, and is neither a region nor memory of this runtime.
-        let mut present = vec![0u8; s.len / PAGE_SIZE];
-        let own = st
-            .mem
-            .ranges()
-            .into_iter()
-            .chain([(sh.pool.mapping().addr(), sh.pool.mapping().len())]);
-        if farmem_mm::mincore(s.addr, &mut present).is_err()
-            || st.pages.overlaps(s.addr, s.addr + s.len)
-            || own
-                .into_iter()
-                .any(|(a, l)| a < s.addr + s.len && s.addr < a + l)
-        {
-            return bad(format!(
-                "slab {} at {:#x} (+{} bytes) is not an inherited slab mapping",
-                s.far_slab, s.addr, s.len
-            ));
-        }
-    }
-    for s in &lent.slabs {
-        let mapping =
-            crate::mm::adopt_inherited(s.addr, s.len).map_err(|source| RuntimeError::Mmap {
-                op: "taking a slab lent at fork",
-                len_bytes: s.len,
-                source,
-            })?;
-        let m = st.mem.insert(mapping, MemKind::Borrowed, s.far_slab);
-        sh.far.set_home(s.far_slab, Some(Home::Memory(m)));
-    }
-    // A page present here was faulted in by another of the parent's threads in the instant
-    // before the fork: the child has it already.
-    let ranges = st.pages.ranges();
-    let present: Vec<Vec<u8>> = ranges
-        .iter()
-        .map(|&(s, e)| {
-            let mut p = vec![0u8; (e - s) / PAGE_SIZE];
-            if farmem_mm::mincore(s, &mut p).is_err() {
-                p.fill(1); // not mapped (the program unmapped it): nothing to borrow there
-            }
-            p
-        })
-        .collect();
-    let mut n = 0;
-    for &(addr, far) in &lent.pages {
-        let i = ranges.partition_point(|&(_, e)| e <= addr);
-        let Some(&(s, e)) = ranges.get(i) else {
-            continue;
-        };
-        if addr < s || addr >= e || present[i][(addr - s) / PAGE_SIZE] & 1 != 0 {
-            continue;
-        }
-        if st.pages.inherit(addr, far) {
-            n += 1;
-        }
-    }
-    drop(st);
-    sh.stats.lock().s.pages_borrowed += n as u64;
-    Ok(n)
-}
-
 /// After `fork()` in the parent: the fork's hold is left to the child, and eviction resumes
 /// once no other fork is being prepared.
 pub(crate) fn after_fork_parent(sh: &Shared, plan: Option<&ForkPlan>) {
@@ -637,178 +430,4 @@ pub(crate) fn after_fork_parent(sh: &Shared, plan: Option<&ForkPlan>) {
         drop(st);
         sh.evict_cv.notify_one();
     }
-}
-
-/// Checks, with the state lock held right before `fork()`, that every page with contents is
-/// resident (the child gets exactly the pages mapped at fork) or lent (left in a lendable
-/// slab). Returns a description of the pages that are neither, for the error report — the
-/// child would read zeros there — the lent pages (address, far page, memory slab) and how many
-/// of them are remote (the rest are resident, with a copy the child may use). Whether
-/// the first missing page is present in the page tables (`mincore`) is part of the
-/// description; it is not itself checked, since a resident page may be swapped out by the
-/// kernel or released by another thread whose REMOVE event is not processed yet, and the
-/// child is right either way.
-fn check_all_back(
-    sh: &Shared,
-    st: &mut State,
-    lendable: &Lendable,
-) -> (Option<String>, Vec<(usize, u64, LentAt)>, usize) {
-    let mut bad = 0usize;
-    let mut first: Option<(usize, PageState, bool)> = None;
-    let mut lent = Vec::new();
-    let mut remote = 0;
-    for (s, e) in st.pages.ranges() {
-        let mut present = vec![0u8; (e - s) / PAGE_SIZE];
-        if farmem_mm::mincore(s, &mut present).is_err() {
-            continue; // not (entirely) mapped: an UNMAP event is on its way
-        }
-        for (a, en) in st.pages.entries_in(s, e) {
-            if en.state == PageState::Empty || st.dontfork.contains(a) {
-                continue;
-            }
-            if en.state.is_resident() {
-                // The child drops its copy if it still equals the far one
-                // ([`Lent::discard_unchanged`]).
-                if let Some(m) = has_lent_copy(sh, st, lendable, en) {
-                    lent.push((a, en.far, m));
-                }
-                continue;
-            }
-            if let Some(m) = is_lent(sh, st, lendable, en) {
-                lent.push((a, en.far, m));
-                remote += 1;
-                continue;
-            }
-            let here = present[(a - s) / PAGE_SIZE] & 1 != 0;
-            bad += 1;
-            first.get_or_insert((a, en.state, here));
-        }
-    }
-    let what = first.map(|(a, state, here)| {
-        format!(
-            "{bad} page(s) are not in local memory at fork (first {a:#x}: {state:?}, {}present)",
-            if here { "" } else { "not " }
-        )
-    });
-    (what, lent, remote)
-}
-
-/// Brings every evicted page of every region back (before fork), but those left for the child
-/// in a `lendable` slab: called from a program thread with eviction paused and no eviction
-/// half-done.
-fn bring_all_back(sh: &Shared, lendable: &Lendable) -> Result<(), RuntimeError> {
-    let mut guard = sh.state.lock();
-    let st = &mut *guard;
-    let mut todo: Vec<usize> = Vec::new();
-    for (s, e) in st.pages.ranges() {
-        for (a, en) in st.pages.entries_in(s, e) {
-            let evicted = matches!(
-                en.state,
-                PageState::PoolSent
-                    | PageState::PoolUnsent
-                    | PageState::Remote
-                    | PageState::Fetching
-            );
-            if evicted && !st.dontfork.contains(a) && is_lent(sh, st, lendable, en).is_none() {
-                todo.push(a);
-            }
-        }
-    }
-    drop(guard);
-    let mut first_err: Option<RuntimeError> = None;
-    for addr in todo {
-        if let Err(e) = bring_back(sh, addr) {
-            // Go on with the other pages: one failure must not cost the child the rest (the
-            // first error is reported).
-            first_err.get_or_insert(e);
-        }
-    }
-    first_err.map_or(Ok(()), Err)
-}
-
-/// Brings one page back, acting on its entry as it is now: the sender may have acknowledged
-/// a pool page (PoolUnsent → PoolSent) since the list was made.
-fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
-    loop {
-        let mut st = sh.state.lock();
-        let Some(e) = st.pages.get(addr) else {
-            return Ok(());
-        };
-        if e.state == PageState::Fetching {
-            // Another thread's fault is being served from the donor right now: the fault
-            // thread installs it (or, if the fetch fails, leaves it Remote). Skipping it would
-            // fork with the page missing, and the child would read zeros there.
-            drop(st);
-            std::thread::sleep(Duration::from_micros(200));
-            continue;
-        }
-        let mut copied = false;
-        let r = match e.state {
-            PageState::PoolSent | PageState::PoolUnsent => {
-                match crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false) {
-                    // MOVE needs both ranges writable: the program made this page's range
-                    // read-only or PROT_NONE (mprotect) since it was evicted. COPY installs
-                    // into any registered range.
-                    Err(err) if err.errno() == Some(libc::EINVAL) => {
-                        copied = true;
-                        crate::mm::with_page_bytes(sh.pool.mapping(), e.slot, |data| {
-                            sh.uffd.copy(addr, data, false, false)
-                        })
-                    }
-                    r => r.map(|_| ()),
-                }
-            }
-            PageState::Remote => match sh.far.home(e.far) {
-                // In the host tier: one copy from its memory slab.
-                Some((Home::Memory(m), page)) => st
-                    .mem
-                    .read(m, page, |src| sh.uffd.copy(addr, src, false, false))
-                    .ok_or(RuntimeError::Internal(
-                        "a page in the host tier has no memory slab",
-                    ))?,
-                _ => {
-                    drop(st);
-                    let data = read_remote(sh, e)?;
-                    st = sh.state.lock();
-                    if st.pages.get(addr) != Some(e) {
-                        continue; // changed meanwhile: look again
-                    }
-                    sh.uffd.copy(addr, &data, false, false)
-                }
-            },
-            _ => return Ok(()), // resident already, or released
-        };
-        match r {
-            Ok(()) | Err(UffdError::Exists { .. }) => {
-                // EEXIST: the region page is there already and the pool page was not moved.
-                let left_in_slot = copied || r.is_err();
-                if let Some(slot) = st.pages.install_for_fork(addr) {
-                    if left_in_slot {
-                        st.slots.release_stale(slot);
-                    } else {
-                        st.slots.release_empty(slot);
-                    }
-                }
-                return Ok(());
-            }
-            Err(UffdError::Again { .. }) => {
-                drop(st);
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            Err(source) => {
-                return Err(RuntimeError::Uffd {
-                    step: "bringing pages back before fork",
-                    source,
-                })
-            }
-        }
-    }
-}
-
-/// Reads a remote page's data from its donors (failing over between copies).
-fn read_remote(sh: &Shared, e: Entry) -> Result<Vec<u8>, RuntimeError> {
-    crate::failover::ReplicaRead::start(sh, e.far)
-        .finish(sh)
-        .map(|(data, _)| data)
-        .map_err(|source| RuntimeError::FetchBeforeFork { far: e.far, source })
 }
