@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use crate::sync::{Condvar, Mutex};
 
-use crate::{RuntimeError, PAGE_SIZE};
+use crate::error::RuntimeError;
+use farmem_proto::PAGE_SIZE;
 
 /// Pages queued at most before a writer waits for the disk (64 MiB).
 const MAX_QUEUED: usize = 16 * 1024;

@@ -1,12 +1,14 @@
 //! How a [`crate::Runtime`] runs: [`RuntimeConfig`]. The split of one local memory limit into
 //! the region budget and the write-back pool is farmem-contract's `LocalMemory`.
 
-use crate::{OverBudget, SealMode, TierMode};
+use farmem_contract::OverBudget;
+use farmem_contract::SealMode;
+use farmem_contract::TierMode;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::PrefetchInstall;
+use farmem_contract::PrefetchInstall;
 
 /// How a [`crate::Runtime`] runs.
 #[derive(Clone)]

@@ -39,7 +39,7 @@ use std::time::Duration;
 use crate::pages::PageState;
 use crate::runs::runs;
 use crate::shared::Shared;
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Copies each page of `pages` (address, pool slot; ascending addresses, each `Evicting` and
 /// recorded with [`crate::drops::Drops::begin`]) into its slot and drops it from this process. Returns, per

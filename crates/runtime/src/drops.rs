@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Pages being dropped and the REMOVE events the drops raise (part of the state, under the
 /// state lock).

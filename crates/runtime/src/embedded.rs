@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use farmem_host::{ChildDonorCommand, ChildDonorError};
 
-use crate::{RuntimeConfig, RuntimeError};
+use crate::config::RuntimeConfig;
+use crate::error::RuntimeError;
 
 /// How long a demand read polls for its answer before sleeping (`ClientConfig::spin`): on
 /// a one-pass random scan (256 MiB at 128 MiB local) the average access fell from 80-90 µs to

@@ -38,7 +38,7 @@ use crate::far::Home;
 use crate::pages::PageState;
 use crate::runs::runs;
 use crate::shared::{Shared, Staged, State};
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// The widest hole, in pages, between two of a round's victims that the round closes by
 /// taking the resident pages in it too ([`close_holes`]). Leap's eager eviction takes the

@@ -23,7 +23,7 @@ use farmem_transport::{Completion, PageAddr, Pending};
 
 use crate::error::{CopyFailure, ReadFailed};
 use crate::shared::Shared;
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// A read of one far page in flight on one of its copies.
 pub(crate) struct ReplicaRead {

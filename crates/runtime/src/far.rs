@@ -42,6 +42,7 @@ use rand::Rng;
 
 use crate::backup::Backup;
 use crate::embedded::EmbeddedDonor;
+use crate::error::RuntimeError;
 use crate::health::Health;
 use crate::lentdonors::LentDonors;
 use crate::pack::{Pack, Piece};
@@ -49,7 +50,7 @@ use crate::readtimes::ReadTimes;
 use crate::replicas::{Replica, Replicas};
 use crate::seal::{SealError, Sealer};
 use crate::tier::Tier;
-use crate::{RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 /// One donor and what this runtime placed on it.
 pub(crate) struct Donor {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use farmem_transport::{ClientConfig, DonorClient};
 
 use crate::backup::Backup;
+use crate::config::RuntimeConfig;
 use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
+use crate::error::RuntimeError;
 use crate::far::{Donor, Far, Home, Parts};
 use crate::health::Health;
 use crate::pack::Pack;
@@ -16,7 +18,8 @@ use crate::replicas::{Replicas, MAX_REPLICAS};
 use crate::seal::Sealer;
 use crate::sync::Mutex;
 use crate::tier::Tier;
-use crate::{RuntimeConfig, RuntimeError, SealMode, PAGE_SIZE};
+use farmem_contract::SealMode;
+use farmem_proto::PAGE_SIZE;
 
 /// What this client tells its donors it is (IDENT), for their operators: the program's name,
 /// its pid and this host's name.

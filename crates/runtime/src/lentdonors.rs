@@ -23,7 +23,7 @@ use farmem_transport::{ClientConfig, DonorClient, ReconnectKey};
 use crate::embedded::FAULT_PATH_SPIN;
 use crate::replicas::{Replica, Replicas};
 use crate::seal::{LentSeals, SealError};
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// What a forked child needs to read the pages left for it on donors (see the module doc).
 /// Set as [`crate::RuntimeConfig::lent_donors`] for the child's runtime.

@@ -23,7 +23,7 @@ use farmem_mm::Mapping;
 use crate::replicas::Replicas;
 
 #[cfg(test)]
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Where a memory slab's memory comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

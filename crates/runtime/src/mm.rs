@@ -18,7 +18,8 @@
 use farmem_mm::{Advice, Mapping};
 use farmem_uffd::{MoveMode, RegisterMode, Uffd, UffdError};
 
-use crate::{RuntimeError, PAGE_SIZE};
+use crate::error::RuntimeError;
+use farmem_proto::PAGE_SIZE;
 
 /// Whether this process runs in secure-execution mode (`getauxval(AT_SECURE)`: set-user-ID,
 /// set-group-ID or file capabilities): see [`crate::secure`].

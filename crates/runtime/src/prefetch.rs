@@ -74,16 +74,18 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::sync::{Condvar, Mutex};
-use crate::PrefetchInstall;
+use farmem_contract::PrefetchInstall;
 use farmem_policy::measures::{PrefetchStats, PrefetchSummary};
 use farmem_policy::prefetch::{Access, Prefetcher};
 use farmem_policy::Origin;
 use farmem_trace::{AccessKind, Record, TraceWriter};
 use farmem_transport::{ClientConfig, DonorClient};
 
+use crate::config::RuntimeConfig;
+use crate::error::RuntimeError;
 use crate::far::Far;
 use crate::pages::{PageState, Pages, NO_FAR};
-use crate::{RuntimeConfig, RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 /// Most prefetched pages in flight at once that no demand fault has reached yet (the
 /// prefetchers' lookahead is far smaller; predictions beyond it are not issued).

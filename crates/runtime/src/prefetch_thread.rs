@@ -27,8 +27,8 @@ use crate::pages::PageState;
 use crate::prefetch::{page_of, Req, MAX_WINDOWS};
 use crate::shared::{Shared, State};
 use crate::stats::FaultKind;
-use crate::PrefetchInstall;
-use crate::PAGE_SIZE;
+use farmem_contract::PrefetchInstall;
+use farmem_proto::PAGE_SIZE;
 
 /// A prefetched page a fault waits for arrived (`data`) or could not be fetched (`None`):
 /// installs it and wakes the fault, or hands the page back to the demand path (state

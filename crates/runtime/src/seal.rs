@@ -34,7 +34,7 @@
 use crate::sync::Mutex;
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Bytes of a tag.
 const TAG_BYTES: usize = 16;

@@ -16,12 +16,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::RuntimeError;
 use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
 use crate::replicas::Replicas;
 use crate::shared::{Failure, Shared, Staged, State};
-use crate::{RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 /// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
 /// was moved back unmodified while its send was pending.

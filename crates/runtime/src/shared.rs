@@ -16,7 +16,9 @@ use farmem_mm::{Advice, Mapping};
 use farmem_uffd::{Features, Uffd};
 
 use crate::budget::Budget;
+use crate::config::RuntimeConfig;
 use crate::doorbell::Doorbell;
+use crate::error::RuntimeError;
 use crate::far::Far;
 use crate::farpages::FarPages;
 use crate::memslabs::MemSlabs;
@@ -24,7 +26,8 @@ use crate::pages::{Pages, Released};
 use crate::prefetch::Prefetch;
 use crate::slots::{PoolMemory, Slots};
 use crate::stats::{FaultKind, StatsCell};
-use crate::{OverBudget, RuntimeConfig, RuntimeError, PAGE_SIZE};
+use farmem_contract::OverBudget;
+use farmem_proto::PAGE_SIZE;
 
 /// Which counter an error a runtime thread meets goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

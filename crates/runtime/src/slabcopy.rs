@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use farmem_transport::{PageAddr, PageWrite};
 
+use crate::error::RuntimeError;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
-use crate::{RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 /// Where a slab's pages are copied from.
 #[derive(Clone, Copy)]

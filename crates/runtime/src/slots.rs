@@ -24,7 +24,7 @@ use std::os::fd::OwnedFd;
 use farmem_mm::Mapping;
 
 use crate::pages::Pages;
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Told of every page that leaves the pool unread when its slot is reclaimed (the
 /// prefetcher, whose accuracy counts such a page as a miss).

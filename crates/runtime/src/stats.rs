@@ -17,7 +17,9 @@ use std::sync::OnceLock;
 
 use hdrhistogram::Histogram;
 
-use crate::{FaultLatency, LatencySummary, Stats};
+use farmem_contract::FaultLatency;
+use farmem_contract::LatencySummary;
+use farmem_contract::Stats;
 
 /// The kinds of fault the runtime serves, for latency histograms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -57,8 +57,10 @@ use crate::sync::Mutex;
 use farmem_mm::Advice;
 use farmem_node::{NodeClient, NodeClientConfig, NodeError, SlabHold, TierSlab};
 
+use crate::config::RuntimeConfig;
+use crate::error::RuntimeError;
 use crate::memslabs::MemKind;
-use crate::{RuntimeConfig, RuntimeError, TierMode};
+use farmem_contract::TierMode;
 
 /// How long a full (or gone) node is not asked for slabs again.
 const FULL_RETRY: Duration = Duration::from_secs(1);

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use farmem_mm::{Advice, Mapping};
 
 use crate::doorbell::IDLE_WAIT;
+use crate::error::RuntimeError;
 use crate::far::Home;
 use crate::memslabs::MemKind;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::{Failure, Shared};
 use crate::tier::Tier;
-use crate::{RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 impl Shared {
     /// Where far page `far` lives and its page index there, placing its slab first if it has

@@ -8,7 +8,7 @@ use crate::far::Home;
 use crate::pages::{PageState, NO_FAR};
 use crate::prefetch::addr_of;
 use crate::shared::{Shared, State};
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Most pages installed ahead from memory slabs per fault: Leap's largest window, and more
 /// than one UFFDIO_COPY batch is not worth holding the state lock for.

@@ -8,7 +8,7 @@ use crate::failover::ReplicaRead;
 use crate::pages::PageState;
 use crate::shared::{Failure, Shared};
 use crate::stats::FaultKind;
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 use super::{FaultMsg, Fetch, Queues};
 

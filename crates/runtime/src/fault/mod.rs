@@ -47,7 +47,7 @@ use crate::pages::{Entry, PageState, NO_FAR};
 use crate::prefetch::addr_of;
 use crate::shared::{Failure, Shared, State};
 use crate::stats::FaultKind;
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 mod ahead;
 mod fetch;

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use farmem_uffd::UffdError;
 
+use crate::error::RuntimeError;
 use crate::far::Home;
 use crate::pages::{Entry, PageState};
 use crate::shared::{Shared, State};
-use crate::{RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 use super::{has_lent_copy, is_lent, Lendable, LentAt};
 

@@ -1,10 +1,11 @@
 //! What a fork lends the child ([`Lent`]), and the child's runtime borrowing it ([`borrow`]).
 
+use crate::error::RuntimeError;
 use crate::far::Home;
 use crate::lentdonors::LentDonors;
 use crate::memslabs::MemKind;
 use crate::shared::Shared;
-use crate::{RuntimeError, PAGE_SIZE};
+use farmem_proto::PAGE_SIZE;
 
 /// What a fork lends the child (see the module doc): the tier slabs it inherits and the region
 /// pages left there. The child's runtime borrows them ([`crate::Runtime::borrow`]); a child

@@ -52,7 +52,7 @@ mod table;
 use farmem_policy::evict::EvictionPolicy;
 use farmem_policy::Origin;
 
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 pub(crate) use state::{next_state, Entry, PageState, Transition, NO_FAR};
 use table::Table;
 

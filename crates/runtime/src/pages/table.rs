@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::{Entry, PageState, NO_FAR};
-use crate::PAGE_SIZE;
+use farmem_proto::PAGE_SIZE;
 
 /// Pages per table chunk.
 const CHUNK_PAGES: usize = 512;
