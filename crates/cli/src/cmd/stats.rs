@@ -553,22 +553,13 @@ pub fn render_node(path: &str, s: &NodeStats) -> String {
             }
         ),
     };
-    let r = &s.refusals;
-    let refusals: Vec<String> = [
-        ("full", r.full),
-        ("pressure", r.pressure),
-        ("not yours", r.not_yours),
-        ("bad request", r.bad_request),
-        ("denied", r.denied),
-        ("too many clients", r.too_many_clients),
-        ("version", r.version),
-        ("internal", r.internal),
-        ("share used", r.share_used),
-    ]
-    .iter()
-    .filter(|(_, n)| *n > 0)
-    .map(|(what, n)| format!("{what} {n}"))
-    .collect();
+    let refusals: Vec<String> = s
+        .refusals
+        .by_reason()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(why, n)| format!("{} {n}", why.replace('_', " ")))
+        .collect();
     let rows = [
         ("capacity", human_bytes(s.capacity_bytes)),
         (
