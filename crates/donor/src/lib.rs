@@ -26,7 +26,7 @@
 //! - [`store`]: slabs, owners, quotas, capacity, activity tags, orphaned clients.
 //! - `mem`: the slab memory mappings and the only code touching their bytes (the crate's only
 //!   `unsafe`, fenced there).
-//! - [`metrics`]: counters, STATS, and the Prometheus text endpoint.
+//! - [`metrics`]: counters, STATS, and the Prometheus text (served by `farmem-metrics`).
 //! - [`reclaim`]: taking memory back (Valet): which slabs the donor wants back from which
 //!   client, when its owner lowers its capacity ([`DonorControl`]) or its host's free memory
 //!   falls below `--keep-free`.

@@ -6,23 +6,13 @@
 //! places: fixed Prometheus buckets (atomics) and an `hdrhistogram` behind a mutex (held for one
 //! `record` call, nanoseconds) from which STATS computes p50/p99.
 //!
-//! The endpoint is a tiny hand-written HTTP/1.1 responder rather than an HTTP framework: it
-//! answers `GET /metrics` with one `Connection: close` response per connection, which is all a
-//! Prometheus scraper needs, and it keeps the donor free of an async runtime and a large
-//! dependency tree. It runs on its own thread; a scraper has [`REQUEST_DEADLINE`] for its whole
-//! request, so a slow or hostile scraper can delay only other scrapers (and the donor's shutdown)
-//! by seconds, and never the data path.
-//!
-//! # Limitations
-//! One scrape is served at a time; request headers beyond 8 KiB are refused. A scraper that
-//! keeps opening slow connections can keep other scrapers waiting.
-use std::fmt::Write as _;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+//! The text is written with `farmem-metrics`' renderer and served by its endpoint (one scrape at
+//! a time on its own thread, with a deadline and a head limit: see that crate), so a slow or
+//! hostile scraper never delays the data path.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use farmem_metrics::{Exposition, Kind};
 use farmem_proto::{DonorStats, Opcode, Status};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -30,41 +20,27 @@ use parking_lot::Mutex;
 use crate::store::{SlabStore, TenantUse};
 
 /// Each tenant's use, quota and clients, one sample per tenant (label `tenant`).
-fn render_tenants(o: &mut String, store: &SlabStore) {
+fn render_tenants(e: &mut Exposition, store: &SlabStore) {
     let tenants = store.tenant_use();
-    let family = |o: &mut String, name: &str, help: &str, v: &dyn Fn(&TenantUse) -> Option<u64>| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for t in &tenants {
-            if let Some(v) = v(t) {
-                let _ = writeln!(o, "{name}{{tenant=\"{}\"}} {v}", label_value(&t.name));
-            }
-        }
+    let mut family = |name: &str, help: &str, v: &dyn Fn(&TenantUse) -> Option<u64>| {
+        let samples = tenants.iter().filter_map(|t| Some((&t.name, v(t)?)));
+        e.by_label(name, Kind::Gauge, help, "tenant", samples);
     };
     family(
-        o,
         "farmem_donor_tenant_used_bytes",
         "Bytes in the slabs a tenant's clients hold.",
         &|t| Some(t.used_bytes),
     );
     family(
-        o,
         "farmem_donor_tenant_quota_bytes",
         "A tenant's quota in bytes (tenants with one only).",
         &|t| t.quota_bytes,
     );
     family(
-        o,
         "farmem_donor_tenant_clients",
         "A tenant's clients, connected or waiting out the orphan grace.",
         &|t| Some(t.clients),
     );
-}
-
-/// A Prometheus label value: backslash, double quote and newline escaped.
-fn label_value(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Upper bounds of the service-time histogram buckets, in seconds (Prometheus `le`).
@@ -268,110 +244,85 @@ impl Metrics {
 
     /// Renders every metric in the Prometheus text exposition format (version 0.0.4).
     pub fn render(&self, store: &SlabStore) -> String {
-        let mut o = String::with_capacity(4096);
-        let gauge = |o: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
-        gauge(
-            &mut o,
-            "farmem_donor_capacity_bytes",
-            "Lendable capacity in bytes.",
-            store.capacity_bytes(),
+        let mut e = Exposition::new();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (name, help, v) in [
+            ("farmem_donor_capacity_bytes", "Lendable capacity in bytes.", store.capacity_bytes()),
+            ("farmem_donor_used_bytes", "Bytes in allocated slabs.", store.used_bytes()),
+            (
+                "farmem_donor_committed_bytes",
+                "Bytes of slab memory written and not yet returned to the OS.",
+                store.committed_bytes(),
+            ),
+            ("farmem_donor_slab_size_bytes", "Size of one slab in bytes.", store.slab_size_bytes()),
+            ("farmem_donor_slabs", "Allocated slabs.", store.slab_count() as u64),
+            (
+                "farmem_donor_clients",
+                "Client ids with at least one open connection.",
+                store.connected_clients() as u64,
+            ),
+            ("farmem_donor_connections", "Open connections.", load(&self.connections)),
+            (
+                "farmem_donor_reclaim_wanted_bytes",
+                "Bytes the donor wants back: lent beyond its capacity plus the host's shortfall below --keep-free.",
+                load(&self.reclaim_wanted_bytes),
+            ),
+            (
+                "farmem_donor_reclaim_wanted_slabs",
+                "Slabs the donor is asking clients to give back.",
+                load(&self.reclaim_wanted_slabs),
+            ),
+            (
+                "farmem_donor_reclaim_overdue_slabs",
+                "Slabs asked for more than 30 s ago and not given back yet.",
+                load(&self.reclaim_overdue_slabs),
+            ),
+        ] {
+            e.single(name, Kind::Gauge, help, v);
+        }
+        e.single(
+            "farmem_donor_uptime_seconds",
+            Kind::Gauge,
+            "Seconds since the donor started.",
+            format_args!("{:.3}", self.start.elapsed().as_secs_f64()),
         );
-        gauge(
-            &mut o,
-            "farmem_donor_used_bytes",
-            "Bytes in allocated slabs.",
-            store.used_bytes(),
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_committed_bytes",
-            "Bytes of slab memory written and not yet returned to the OS.",
-            store.committed_bytes(),
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_slab_size_bytes",
-            "Size of one slab in bytes.",
-            store.slab_size_bytes(),
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_slabs",
-            "Allocated slabs.",
-            store.slab_count() as u64,
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_clients",
-            "Client ids with at least one open connection.",
-            store.connected_clients() as u64,
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_connections",
-            "Open connections.",
-            self.connections.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_reclaim_wanted_bytes",
-            "Bytes the donor wants back: lent beyond its capacity plus the host's shortfall below --keep-free.",
-            self.reclaim_wanted_bytes.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_reclaim_wanted_slabs",
-            "Slabs the donor is asking clients to give back.",
-            self.reclaim_wanted_slabs.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut o,
-            "farmem_donor_reclaim_overdue_slabs",
-            "Slabs asked for more than 30 s ago and not given back yet.",
-            self.reclaim_overdue_slabs.load(Ordering::Relaxed),
-        );
-        let _ = writeln!(
-            o,
-            "# HELP farmem_donor_uptime_seconds Seconds since the donor started.\n# TYPE farmem_donor_uptime_seconds gauge\nfarmem_donor_uptime_seconds {:.3}",
-            self.start.elapsed().as_secs_f64()
-        );
-        render_tenants(&mut o, store);
-        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        counter(
-            &mut o,
+        render_tenants(&mut e, store);
+        e.single(
             "farmem_donor_connections_total",
+            Kind::Counter,
             "Connections accepted.",
-            self.connections_total.load(Ordering::Relaxed),
+            load(&self.connections_total),
         );
-        let _ = writeln!(
-            o,
-            "# HELP farmem_donor_connections_refused_total Connections closed unserved: every slot taken (full), a client id or tenant at its connection bound (bound), or unauthenticated and evicted for a newer one (evicted).\n# TYPE farmem_donor_connections_refused_total counter\nfarmem_donor_connections_refused_total{{reason=\"full\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"bound\"}} {}\nfarmem_donor_connections_refused_total{{reason=\"evicted\"}} {}",
-            self.refused_full.load(Ordering::Relaxed),
-            self.refused_bound.load(Ordering::Relaxed),
-            self.evicted_unauthenticated.load(Ordering::Relaxed),
+        e.by_label(
+            "farmem_donor_connections_refused_total",
+            Kind::Counter,
+            "Connections closed unserved: every slot taken (full), a client id or tenant at its connection bound (bound), or unauthenticated and evicted for a newer one (evicted).",
+            "reason",
+            [
+                ("full", load(&self.refused_full)),
+                ("bound", load(&self.refused_bound)),
+                ("evicted", load(&self.evicted_unauthenticated)),
+            ],
         );
-        counter(
-            &mut o,
-            "farmem_donor_slabs_given_back_total",
-            "Slabs clients freed after the donor asked for them back.",
-            self.slabs_given_back.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
-            "farmem_donor_pages_read_total",
-            "Pages read.",
-            self.pages_read.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
-            "farmem_donor_pages_written_total",
-            "Pages written.",
-            self.pages_written.load(Ordering::Relaxed),
-        );
+        for (name, help, v) in [
+            (
+                "farmem_donor_slabs_given_back_total",
+                "Slabs clients freed after the donor asked for them back.",
+                &self.slabs_given_back,
+            ),
+            (
+                "farmem_donor_pages_read_total",
+                "Pages read.",
+                &self.pages_read,
+            ),
+            (
+                "farmem_donor_pages_written_total",
+                "Pages written.",
+                &self.pages_written,
+            ),
+        ] {
+            e.single(name, Kind::Counter, help, load(v));
+        }
         for (name, help, arr) in [
             (
                 "farmem_donor_requests_total",
@@ -389,147 +340,29 @@ impl Metrics {
                 &self.bytes_out,
             ),
         ] {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (i, v) in arr.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "{name}{{type=\"{}\"}} {}",
-                    type_name(i),
-                    v.load(Ordering::Relaxed)
-                );
-            }
+            let samples = arr.iter().enumerate().map(|(i, v)| (type_name(i), load(v)));
+            e.by_label(name, Kind::Counter, help, "type", samples);
         }
-        let _ = writeln!(
-            o,
-            "# HELP farmem_donor_errors_total Requests answered with an error status, by status.\n# TYPE farmem_donor_errors_total counter"
+        e.by_label(
+            "farmem_donor_errors_total",
+            Kind::Counter,
+            "Requests answered with an error status, by status.",
+            "status",
+            Status::ALL
+                .iter()
+                .skip(1)
+                .map(|s| (s.name(), load(&self.errors[s.code() as usize]))),
         );
-        for s in Status::ALL.iter().skip(1) {
-            let _ = writeln!(
-                o,
-                "farmem_donor_errors_total{{status=\"{}\"}} {}",
-                s.name(),
-                self.errors[s.code() as usize].load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "# HELP farmem_donor_service_seconds Time to serve one request.\n# TYPE farmem_donor_service_seconds histogram"
+        let buckets: Vec<u64> = self.buckets.iter().map(load).collect();
+        e.histogram(
+            "farmem_donor_service_seconds",
+            "Time to serve one request.",
+            &SERVICE_BUCKETS_S,
+            &buckets,
+            format_args!("{:.9}", load(&self.service_sum_ns) as f64 / 1e9),
         );
-        let mut cum = 0;
-        for (i, le) in SERVICE_BUCKETS_S.iter().enumerate() {
-            cum += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(
-                o,
-                "farmem_donor_service_seconds_bucket{{le=\"{le}\"}} {cum}"
-            );
-        }
-        cum += self.buckets[SERVICE_BUCKETS_S.len()].load(Ordering::Relaxed);
-        let _ = writeln!(
-            o,
-            "farmem_donor_service_seconds_bucket{{le=\"+Inf\"}} {cum}"
-        );
-        let _ = writeln!(
-            o,
-            "farmem_donor_service_seconds_sum {:.9}",
-            self.service_sum_ns.load(Ordering::Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(o, "farmem_donor_service_seconds_count {cum}");
-        o
+        e.finish()
     }
-}
-
-/// Serves the metrics endpoint until `stop` is set (the listener is shut down to wake it).
-pub(crate) fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    store: Arc<SlabStore>,
-    stop: &AtomicBool,
-) {
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        match conn {
-            Ok(s) => {
-                if let Err(e) = answer(s, &metrics, &store) {
-                    tracing::debug!("metrics request failed: {e}");
-                }
-            }
-            Err(e) => {
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                tracing::warn!("metrics endpoint: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
-
-/// The longest a scraper may take to send its whole request.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
-/// The longest one write of the answer may block on a scraper that does not read.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-
-fn answer(mut s: TcpStream, metrics: &Metrics, store: &SlabStore) -> std::io::Result<()> {
-    s.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    let deadline = Instant::now() + REQUEST_DEADLINE;
-    let mut buf = [0u8; 8192];
-    let mut n = 0;
-    // Read until the end of the request headers, within one deadline for the whole request (a
-    // per-read timeout alone would let a scraper dribbling bytes hold the endpoint, and the
-    // donor's shutdown, for hours).
-    while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-        if n == buf.len() {
-            return respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "request headers too large\n",
-            );
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return respond(
-                &mut s,
-                "408 Request Timeout",
-                "the request took too long to arrive\n",
-            );
-        }
-        s.set_read_timeout(Some(left))?;
-        let r = match s.read(&mut buf[n..]) {
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
-            r => r?,
-        };
-        if r == 0 {
-            break;
-        }
-        n += r;
-    }
-    let line = buf[..n].split(|&b| b == b'\r').next().unwrap_or(&[]);
-    let mut parts = line.split(|&b| b == b' ');
-    let (method, path) = (parts.next().unwrap_or(&[]), parts.next().unwrap_or(&[]));
-    if method != b"GET" {
-        return respond(&mut s, "405 Method Not Allowed", "only GET is supported\n");
-    }
-    if path != b"/metrics" && path != b"/" {
-        return respond(&mut s, "404 Not Found", "metrics are at /metrics\n");
-    }
-    let body = metrics.render(store);
-    let head = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body.as_bytes())?;
-    s.flush()
-}
-
-fn respond(s: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
-    let msg = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(msg.as_bytes())
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use farmem_metrics::MetricsEndpoint;
 use farmem_proto::{encode_error, Opcode, Status, MAX_TOKEN_LEN, PAGE_SIZE};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -51,7 +52,7 @@ pub use crate::limits::{
 use crate::logins::Logins;
 pub use crate::logins::{MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_SOURCE};
 use crate::loglimit::LogLimiter;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::reclaim::{Reclaimer, RECLAIM_TICK};
 use crate::shared::Shared;
 pub use crate::slots::MAX_CONNS_PER_CLIENT;
@@ -324,6 +325,7 @@ impl std::fmt::Debug for ShutdownHandle {
 pub struct DonorServer {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
 }
 
@@ -552,13 +554,8 @@ impl Plan {
     }
 
     /// The state a donor's connections share: an empty store, the counters `metrics`, and the
-    /// listeners, if any.
-    fn shared(
-        &self,
-        metrics: Arc<Metrics>,
-        listener: Option<TcpListener>,
-        metrics_listener: Option<TcpListener>,
-    ) -> Shared {
+    /// listener, if any.
+    fn shared(&self, metrics: Arc<Metrics>, listener: Option<TcpListener>) -> Shared {
         Shared {
             store: Arc::new(SlabStore::with_tenants(
                 self.capacity_bytes,
@@ -588,7 +585,6 @@ impl Plan {
             hello_timeout: self.hello_timeout,
             stall_timeout: self.stall_timeout,
             listener,
-            metrics_listener,
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             orphan_grace: self.orphan_grace,
@@ -634,8 +630,9 @@ impl DonorServer {
         };
         let metrics = Arc::new(Metrics::new());
         Ok(DonorServer {
-            shared: Arc::new(plan.shared(metrics, Some(listener), metrics_listener)),
+            shared: Arc::new(plan.shared(metrics, Some(listener))),
             local_addr,
+            metrics_listener,
             metrics_addr,
         })
     }
@@ -691,16 +688,12 @@ impl DonorServer {
                 .spawn(move || reap_loop(&sh))
                 .map_err(DonorError::Spawn)?
         };
-        let metrics_thread = match &shared.metrics_listener {
+        let metrics_endpoint = match self.metrics_listener {
             None => None,
             Some(l) => {
-                let l = l.try_clone().map_err(DonorError::Socket)?;
                 let (m, s) = (Arc::clone(&shared.metrics), Arc::clone(&shared.store));
-                let sh = Arc::clone(&shared);
                 Some(
-                    std::thread::Builder::new()
-                        .name("farmem-donor-metrics".into())
-                        .spawn(move || metrics::serve(l, m, s, &sh.stop))
+                    MetricsEndpoint::start(l, "farmem-donor-metrics", move || m.render(&s))
                         .map_err(DonorError::Spawn)?,
                 )
             }
@@ -708,14 +701,13 @@ impl DonorServer {
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         let result = accept_loop(&shared, &mut threads);
         shared.shutdown();
+        // Stops the endpoint (after the scrape it may be answering).
+        drop(metrics_endpoint);
         for t in threads {
             let _ = t.join();
         }
         let _ = reaper.join();
         let _ = reclaim.join();
-        if let Some(t) = metrics_thread {
-            let _ = t.join();
-        }
         tracing::info!("donor stopped");
         result
     }
@@ -947,7 +939,7 @@ impl SessionDonor {
     /// `metrics_listen` are not used) and binds nothing.
     pub fn new(cfg: DonorConfig) -> Result<SessionDonor, DonorError> {
         let plan = Plan::check(&cfg)?;
-        let shared = Arc::new(plan.shared(Arc::new(Metrics::new()), None, None));
+        let shared = Arc::new(plan.shared(Arc::new(Metrics::new()), None));
         Ok(SessionDonor {
             shared,
             plan: Arc::new(plan),
@@ -960,10 +952,7 @@ impl SessionDonor {
     /// before it.
     pub fn with_empty_store(&self) -> SessionDonor {
         SessionDonor {
-            shared: Arc::new(
-                self.plan
-                    .shared(Arc::clone(&self.shared.metrics), None, None),
-            ),
+            shared: Arc::new(self.plan.shared(Arc::clone(&self.shared.metrics), None)),
             plan: Arc::clone(&self.plan),
         }
     }

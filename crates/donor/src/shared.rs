@@ -49,7 +49,6 @@ pub(crate) struct Shared {
     pub(crate) stall_timeout: Duration,
     /// The data listener (`None` for a [`SessionDonor`]).
     pub(crate) listener: Option<TcpListener>,
-    pub(crate) metrics_listener: Option<TcpListener>,
     pub(crate) conns: Mutex<HashMap<u64, TcpStream>>,
     pub(crate) next_conn: AtomicU64,
     pub(crate) orphan_grace: Duration,
@@ -199,9 +198,6 @@ impl Shared {
         // Wakes the blocked accept() (Linux answers it with EINVAL).
         if let Some(l) = &self.listener {
             let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Read);
-        }
-        if let Some(m) = &self.metrics_listener {
-            let _ = rustix::net::shutdown(m, rustix::net::Shutdown::Read);
         }
         for s in self.conns.lock().values() {
             let _ = s.shutdown(std::net::Shutdown::Both);

@@ -27,7 +27,7 @@
 //! - [`client`]: what the runtime uses: trusted connect, slabs mapped shared, RECLAIM channel,
 //!   holds ([`SlabHold`]).
 //! - [`child`]: the `farmem node listening on PATH` banner; a node started as a child process.
-//! - [`metrics`]: [`NodeStats`] (STATS, `farmem stats --node`) and the Prometheus endpoint.
+//! - [`metrics`]: [`NodeStats`] (STATS, `farmem stats --node`) and its Prometheus text.
 //!
 //! # Limitations
 //! The node lends memory on its own host only; the clients choose which slabs to give back.

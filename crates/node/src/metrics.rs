@@ -1,25 +1,17 @@
 //! The node's figures: the [`NodeStats`] struct STATS returns (JSON) and `farmem stats --node`
-//! prints, the counters behind it, and the Prometheus text endpoint (`--metrics ADDR`).
+//! prints, the counters behind it, and its Prometheus text (`--metrics ADDR`).
 //!
 //! # Design
 //! The server builds one [`NodeStats`] snapshot under its state lock; both the STATS reply and
 //! the Prometheus text are rendered from that snapshot, so the two never disagree. Counters
 //! that are not state (reclaims, refusals) are relaxed atomics in [`Counters`].
 //!
-//! The endpoint answers `GET /metrics` with one `Connection: close` response per connection on
-//! its own thread; a scraper has [`SCRAPE_DEADLINE`] for its whole request, so a slow one can
-//! delay only other scrapers, never a client of the node.
-//!
-//! # Limitations
-//! One scrape at a time; request heads beyond 8 KiB are refused.
-use std::fmt::Write as _;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+//! The text is written with `farmem-metrics`' renderer and served by its endpoint (one scrape at
+//! a time on its own thread, with a deadline and a head limit: see that crate), so a slow
+//! scraper never delays a client of the node.
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use farmem_metrics::{Exposition, Kind};
 use serde::{Deserialize, Serialize};
 
 use crate::wire::ErrorCode;
@@ -63,6 +55,23 @@ pub struct Refusals {
     /// ALLOC refused: the user holds its share ([`crate::share`]); absent from older nodes.
     #[serde(default)]
     pub share_used: u64,
+}
+
+impl Refusals {
+    /// Each count with its reason (snake_case, the metrics' `reason` label), in a fixed order.
+    pub fn by_reason(&self) -> [(&'static str, u64); 9] {
+        [
+            ("full", self.full),
+            ("pressure", self.pressure),
+            ("not_yours", self.not_yours),
+            ("bad_request", self.bad_request),
+            ("denied", self.denied),
+            ("too_many_clients", self.too_many_clients),
+            ("version", self.version),
+            ("internal", self.internal),
+            ("share_used", self.share_used),
+        ]
+    }
 }
 
 /// The node's figures (the STATS answer, JSON on the wire).
@@ -159,77 +168,58 @@ impl Counters {
 
 /// `stats` in the Prometheus text exposition format (version 0.0.4).
 pub fn render_prometheus(stats: &NodeStats) -> String {
-    let mut o = String::with_capacity(2048);
-    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in samples {
-            let _ = writeln!(o, "{name}{labels} {v}");
-        }
-    };
-    let single: [(&str, &str, &str, u64); 8] = [
+    let mut e = Exposition::new();
+    let single: [(&str, &str, u64); 8] = [
         (
             "farmem_node_capacity_bytes",
-            "gauge",
             "Bytes the node may lend.",
             stats.capacity_bytes,
         ),
         (
             "farmem_node_used_bytes",
-            "gauge",
             "Bytes in slabs held by clients or kept for holds.",
             stats.used_bytes,
         ),
         (
             "farmem_node_slab_bytes",
-            "gauge",
             "Size of one slab in bytes.",
             stats.slab_bytes,
         ),
         (
             "farmem_node_clients",
-            "gauge",
             "Connected clients.",
             stats.clients.len() as u64,
         ),
         (
             "farmem_node_under_pressure",
-            "gauge",
             "1 while the host's MemAvailable is below --keep-free (new slabs refused).",
             u64::from(stats.under_pressure),
         ),
         (
             "farmem_node_holds",
-            "gauge",
             "Live holds (slabs a forked child may still read).",
             stats.holds,
         ),
         (
             "farmem_node_held_slabs",
-            "gauge",
             "Slabs named by a live hold.",
             stats.held_slabs,
         ),
         (
             "farmem_node_kept_slabs",
-            "gauge",
             "Slabs no client holds, kept (and counted in used bytes) until their holds die.",
             stats.kept_slabs,
         ),
     ];
-    for (name, kind, help, v) in single {
-        family(name, kind, help, &[(String::new(), v)]);
+    for (name, help, v) in single {
+        e.single(name, Kind::Gauge, help, v);
     }
-    let per_client: Vec<(String, u64)> = stats
-        .clients
-        .iter()
-        .map(|c| (format!("{{pid=\"{}\",uid=\"{}\"}}", c.pid, c.uid), c.slabs))
-        .collect();
-    family(
-        "farmem_node_slabs",
-        "gauge",
-        "Slabs held, by client.",
-        &per_client,
-    );
+    let slabs = "farmem_node_slabs";
+    e.family(slabs, Kind::Gauge, "Slabs held, by client.");
+    for c in &stats.clients {
+        let (pid, uid) = (c.pid.to_string(), c.uid.to_string());
+        e.sample(slabs, &[("pid", &pid), ("uid", &uid)], c.slabs);
+    }
     for (name, help, v) in [
         (
             "farmem_node_reclaim_requests_total",
@@ -242,136 +232,16 @@ pub fn render_prometheus(stats: &NodeStats) -> String {
             stats.reclaimed_slabs_total,
         ),
     ] {
-        family(name, "counter", help, &[(String::new(), v)]);
+        e.single(name, Kind::Counter, help, v);
     }
-    let r = &stats.refusals;
-    let by_reason: Vec<(String, u64)> = [
-        ("full", r.full),
-        ("pressure", r.pressure),
-        ("not_yours", r.not_yours),
-        ("bad_request", r.bad_request),
-        ("denied", r.denied),
-        ("too_many_clients", r.too_many_clients),
-        ("version", r.version),
-        ("internal", r.internal),
-        ("share_used", r.share_used),
-    ]
-    .into_iter()
-    .map(|(reason, v)| (format!("{{reason=\"{reason}\"}}"), v))
-    .collect();
-    family(
+    e.by_label(
         "farmem_node_refusals_total",
-        "counter",
+        Kind::Counter,
         "Requests and connections refused, by reason.",
-        &by_reason,
+        "reason",
+        stats.refusals.by_reason(),
     );
-    o
-}
-
-/// The longest a scraper may take to send its request head.
-pub const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
-const HEAD_LIMIT: usize = 8192;
-
-/// The metrics endpoint: a listener and the thread answering it.
-pub struct MetricsEndpoint {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl MetricsEndpoint {
-    /// Serves `snapshot()` as Prometheus text at `http://ADDR/metrics` on a thread of its own.
-    pub fn start<F>(listener: TcpListener, snapshot: F) -> std::io::Result<MetricsEndpoint>
-    where
-        F: Fn() -> NodeStats + Send + 'static,
-    {
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("farmem-node-metrics".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if flag.load(Ordering::Acquire) {
-                        return;
-                    }
-                    let outcome = conn.and_then(|s| scrape(s, &snapshot));
-                    if let Err(e) = outcome {
-                        tracing::debug!("metrics request failed: {e}");
-                    }
-                }
-            })?;
-        Ok(MetricsEndpoint {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wake the accept call; the thread sees the flag and ends.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Reads one request head (bounded in size and time) and answers it.
-fn scrape(mut s: TcpStream, snapshot: &dyn Fn() -> NodeStats) -> std::io::Result<()> {
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let until = Instant::now() + SCRAPE_DEADLINE;
-    let mut head = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    let complete = loop {
-        if head.windows(4).any(|w| w == b"\r\n\r\n") {
-            break true;
-        }
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() || head.len() > HEAD_LIMIT {
-            break false;
-        }
-        s.set_read_timeout(Some(left))?;
-        match s.read(&mut chunk) {
-            Ok(0) => break false,
-            Ok(n) => head.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    };
-    let (status, kind, body) = if !complete {
-        (
-            "400 Bad Request",
-            "text/plain",
-            "incomplete request\n".into(),
-        )
-    } else if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
-        (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            render_prometheus(&snapshot()),
-        )
-    } else {
-        (
-            "404 Not Found",
-            "text/plain",
-            "farmem node metrics: GET /metrics\n".into(),
-        )
-    };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(reply.as_bytes())
+    e.finish()
 }
 
 #[cfg(test)]
@@ -432,23 +302,5 @@ mod tests {
         let s = sample();
         let j = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeStats>(&j).unwrap(), s);
-    }
-
-    #[test]
-    fn the_endpoint_serves_metrics_and_404s_the_rest() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let ep = MetricsEndpoint::start(l, sample).unwrap();
-        let get = |path: &str| {
-            let mut s = TcpStream::connect(ep.addr()).unwrap();
-            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        };
-        let ok = get("/metrics");
-        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
-        assert!(ok.contains("farmem_node_used_bytes 8388608"), "{ok}");
-        assert!(get("/other").starts_with("HTTP/1.1 404"));
-        drop(ep);
     }
 }

@@ -67,11 +67,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use farmem_metrics::MetricsEndpoint;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix};
 
 use crate::hold::{self, Holds, Liveness};
-use crate::metrics::{ClientStats, Counters, MetricsEndpoint, NodeStats};
+use crate::metrics::{render_prometheus, ClientStats, Counters, NodeStats};
 use crate::share::{fair_share_bytes, MaxShare, Wanting};
 use crate::slab;
 use crate::wire::{decode_client_frame, ClientFrame, ErrorCode, NodeFrame, PROTOCOL_VERSION};
@@ -1050,8 +1051,10 @@ impl NodeServer {
                 let sh = Arc::clone(&shared);
                 let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
                 Some(
-                    MetricsEndpoint::start(l, move || sh.snapshot())
-                        .map_err(|source| NodeServerError::Metrics { addr, source })?,
+                    MetricsEndpoint::start(l, "farmem-node-metrics", move || {
+                        render_prometheus(&sh.snapshot())
+                    })
+                    .map_err(|source| NodeServerError::Metrics { addr, source })?,
                 )
             }
             None => None,

@@ -356,34 +356,18 @@ fn check_donor(
     };
     let (name, _local, addr, whose) = match addr {
         Some(a) => (format!("donor {a}"), None, a.to_string(), "donor"),
-        None => {
-            let started = DonorServer::bind(DonorConfig {
-                listen: "127.0.0.1:0".into(),
-                capacity_bytes: 16 << 20,
-                slab_size_bytes: 1 << 20,
-                ..DonorConfig::default()
-            });
-            match started {
-                Ok(d) => {
-                    let d = d.spawn();
-                    let a = d.local_addr().to_string();
-                    (
-                        "donor round trip".to_string(),
-                        Some(d),
-                        a,
-                        "in-process donor",
-                    )
-                }
-                Err(e) => {
-                    let c = Check::new(
-                        "donor round trip",
-                        Status::Failed,
-                        format!("starting a donor in this process on 127.0.0.1: {e}"),
-                    );
-                    return (c, None);
-                }
+        None => match in_process_donor() {
+            Ok(d) => {
+                let a = d.local_addr().to_string();
+                (
+                    "donor round trip".to_string(),
+                    Some(d),
+                    a,
+                    "in-process donor",
+                )
             }
-        }
+            Err(c) => return (c, None),
+        },
     };
     let client = match DonorClient::connect(&addr, cfg) {
         Ok(c) => c,
@@ -401,12 +385,49 @@ fn check_donor(
         }
     };
     let info = client.info();
+    let check = round_trip(&client, &info, name, &addr, whose);
+    // What it holds now (the round trip's slab freed): for the far-capacity check.
+    let figures = client.stats().ok().map(|s| capacity::DonorFigures {
+        addr: addr.clone(),
+        capacity_bytes: s.capacity_bytes,
+        used_bytes: s.used_bytes,
+        slab_bytes: info.slab_size_bytes,
+    });
+    (check, figures)
+}
+
+/// A donor started in this process on 127.0.0.1 (when no donor is named), or the failed check.
+fn in_process_donor() -> Result<farmem_donor::RunningDonor, Check> {
+    let started = DonorServer::bind(DonorConfig {
+        listen: "127.0.0.1:0".into(),
+        capacity_bytes: 16 << 20,
+        slab_size_bytes: 1 << 20,
+        ..DonorConfig::default()
+    });
+    match started {
+        Ok(d) => Ok(d.spawn()),
+        Err(e) => Err(Check::new(
+            "donor round trip",
+            Status::Failed,
+            format!("starting a donor in this process on 127.0.0.1: {e}"),
+        )),
+    }
+}
+
+/// The round-trip check of a connected donor: a page's p50, and what it lends.
+fn round_trip(
+    client: &DonorClient,
+    info: &farmem_transport::DonorInfo,
+    name: String,
+    addr: &str,
+    whose: &str,
+) -> Check {
     let lends = format!(
         "lends {} in slabs of {}",
         crate::cmd::units::human_bytes(info.capacity_bytes),
         crate::cmd::units::human_bytes(info.slab_size_bytes)
     );
-    let check = match donor_p50_us(&client) {
+    match donor_p50_us(client) {
         Ok(p50) => Check::new(
             name,
             Status::Ok,
@@ -422,15 +443,7 @@ fn check_donor(
             format!("{addr} answers but has no room for a slab now ({lends}): {e:#}"),
         ),
         Err(e) => Check::new(name, Status::Failed, format!("{addr} ({lends}): {e:#}")),
-    };
-    // What it holds now (the round trip's slab freed): for the far-capacity check.
-    let figures = client.stats().ok().map(|s| capacity::DonorFigures {
-        addr: addr.clone(),
-        capacity_bytes: s.capacity_bytes,
-        used_bytes: s.used_bytes,
-        slab_bytes: info.slab_size_bytes,
-    });
-    (check, figures)
+    }
 }
 
 /// The host tier's node: running and usable by this user, not running (a note: `farmem run`

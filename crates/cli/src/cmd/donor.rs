@@ -326,6 +326,29 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
     if let Some(pid) = args.exit_with_parent {
         exit_with_parent(pid)?;
     }
+    let server = DonorServer::bind(config(&args)?).context("starting the donor")?;
+    let (signals_handle, watcher) = watch_signals(&server, args.capacity_file.clone())?;
+    if let Some(m) = server.metrics_addr() {
+        tracing::info!("metrics at http://{m}/metrics");
+    }
+    {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (the parent stopped reading) must not stop the donor.
+        let banner = DonorBanner {
+            addr: server.local_addr(),
+        };
+        let _ = writeln!(out, "{banner}");
+        let _ = out.flush();
+    }
+    let result = server.run();
+    signals_handle.close();
+    let _ = watcher.join();
+    result.context("the donor failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The donor's configuration from the flags and the files they name.
+fn config(args: &DonorArgs) -> anyhow::Result<DonorConfig> {
     let token = args
         .token_file
         .as_deref()
@@ -351,7 +374,7 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
     if let (Some(k), None) = (args.keep_free, &args.meminfo_file) {
         farmem_donor::host::check_keep_free(k).map_err(anyhow::Error::msg)?;
     }
-    let cfg = DonorConfig {
+    Ok(DonorConfig {
         listen: args.listen.clone(),
         capacity_bytes,
         slab_size_bytes: args.slab_size,
@@ -369,11 +392,16 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| PathBuf::from(farmem_donor::host::MEMINFO)),
         ..DonorConfig::default()
-    };
-    let server = DonorServer::bind(cfg).context("starting the donor")?;
+    })
+}
+
+/// A thread that stops the donor on SIGINT/SIGTERM and reloads `capacity_file` on SIGHUP.
+fn watch_signals(
+    server: &DonorServer,
+    capacity_file: Option<PathBuf>,
+) -> anyhow::Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
     let handle = server.shutdown_handle();
     let control = server.control();
-    let capacity_file = args.capacity_file.clone();
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("installing the SIGINT/SIGTERM/SIGHUP handlers")?;
     let signals_handle = signals.handle();
@@ -396,21 +424,5 @@ pub fn run(args: DonorArgs) -> anyhow::Result<ExitCode> {
             }
         })
         .context("starting the signal thread")?;
-    if let Some(m) = server.metrics_addr() {
-        tracing::info!("metrics at http://{m}/metrics");
-    }
-    {
-        let mut out = std::io::stdout().lock();
-        // A closed stdout (the parent stopped reading) must not stop the donor.
-        let banner = DonorBanner {
-            addr: server.local_addr(),
-        };
-        let _ = writeln!(out, "{banner}");
-        let _ = out.flush();
-    }
-    let result = server.run();
-    signals_handle.close();
-    let _ = watcher.join();
-    result.context("the donor failed")?;
-    Ok(ExitCode::SUCCESS)
+    Ok((signals_handle, watcher))
 }

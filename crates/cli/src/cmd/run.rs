@@ -29,26 +29,16 @@
 //!   copied.
 //! - A program killed by a signal leaves the stats of its last one-second snapshot.
 
-use std::ffi::OsString;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use farmem_contract::run_settings::{RunSettings, RUN_SETTINGS_VAR, RUN_SETTINGS_VERSION};
-use farmem_runtime::{SealMode, TierMode};
+use farmem_runtime::SealMode;
 
-use crate::cmd::run_tree::{self, TreeDir};
-use crate::cmd::treemem::TreeRss;
+use crate::cmd::run_tree;
 use crate::cmd::units::parse_size;
-use farmem_tree::{Admission, Coordinator};
-
-/// Exit status of a program whose start-up failed inside the preload library (it printed why).
-const PRELOAD_FAILED_STATUS: i32 = 125;
 
 /// Arguments of `farmem run`.
 #[derive(Args, Debug)]
@@ -167,21 +157,59 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+mod launch;
 mod preflight;
 mod program;
 mod servers;
 mod summary;
 
 pub use program::*;
-use servers::{start_local_donor, start_private_node};
-pub use summary::*;
+use servers::{start_coordinator, start_far};
+use summary::report;
+#[cfg(test)]
+use summary::*;
 
-/// Runs `farmem run`.
+/// Runs `farmem run`: checks, starts what pages the program, runs it, reports.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (cmd, cmd_args) = args
         .command
         .split_first()
         .context("no COMMAND given after `--`")?;
+    let checked = check(&args, cmd)?;
+    let far = start_far(&args, checked.token.clone())?;
+    let backup_file = check_copies(&args, &far.donors)?;
+    let (tree, coordinator) = start_coordinator(&args)?;
+    if let Some(p) = &args.stats {
+        let _ = std::fs::remove_file(p);
+    }
+    let settings = launch::settings(&args, &far, backup_file.clone(), &tree)?;
+    let command = launch::command(&checked, cmd, cmd_args, &settings)?;
+    let (status, account) =
+        launch::run_program(command, &checked.program, &args, &tree, &coordinator)?;
+    if let (Some(p), Some(acc)) = (&args.stats, &account) {
+        if let Err(e) = run_tree::write(p, acc) {
+            eprintln!("farmem: warning: writing {}: {e}", p.display());
+        }
+    }
+    drop(coordinator);
+    drop(far);
+    // The runtime lives until the process ends and never drops its backup file: it holds the
+    // program's pages, so it goes with the program (also when the program crashed).
+    if let Some(p) = &backup_file {
+        remove_backup_file(p);
+    }
+    Ok(ExitCode::from(report(&args, &status, account.as_ref())))
+}
+
+/// What the checks before anything starts found: the program, the preload library, the token.
+struct Checked {
+    program: PathBuf,
+    lib: PathBuf,
+    token: Option<Vec<u8>>,
+}
+
+/// Checks the command and every flag that can be checked before anything starts.
+fn check(args: &RunArgs, cmd: &OsStr) -> anyhow::Result<Checked> {
     let program = resolve_command(cmd, std::env::var_os("PATH").as_deref())?;
     check_preloadable(&program)?;
     let lib = crate::cmd::preload::find_preload_lib()?;
@@ -203,6 +231,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(crate::cmd::donor::read_token_file)
         .transpose()?;
+    check_flags(args)?;
+    Ok(Checked {
+        program,
+        lib,
+        token,
+    })
+}
+
+/// The flags naming files, policies and sizes.
+fn check_flags(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.stats {
         preflight::check_writable("--stats", p)?;
     }
@@ -224,41 +262,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             crate::cmd::units::human_bytes(slab)
         );
     }
-    preflight::check_sizes(&args)?;
-    let capacity = args
-        .local_donor_capacity
-        .unwrap_or((4u64 << 30).saturating_add(args.local_mem.saturating_mul(2)));
-    // The host tier: the node named, the host's node, or a private one (see `--local-donor`).
-    let mut private_node = None;
-    let tier = if args.allocator_only {
-        TierMode::Off
-    } else if let Some(p) = &args.node {
-        preflight::check_node(p)?;
-        TierMode::Node(p.clone())
-    } else if args.local_donor == "tcp" {
-        TierMode::Off
-    } else if preflight::host_node_answers()? {
-        TierMode::Node(farmem_node::default_socket_path())
-    } else if args.donors.is_empty() {
-        let n = start_private_node(capacity)?;
-        let path = n.socket().to_path_buf();
-        private_node = Some(n);
-        TierMode::Node(path)
-    } else {
-        TierMode::Off
-    };
-    let mut local_donor = None;
-    let donors = if args.donors.is_empty() && tier == TierMode::Off && !args.allocator_only {
-        let d = start_local_donor(capacity)?;
-        let addr = d.addr().to_string();
-        local_donor = Some(d);
-        vec![addr]
-    } else {
-        args.donors.clone()
-    };
-    if !args.allocator_only {
-        preflight::check_donors(&donors, token.clone())?;
-    }
+    preflight::check_sizes(args)
+}
+
+/// Checks the copies asked for against the donors, and the backup file (returned, resolved).
+fn check_copies(args: &RunArgs, donors: &[String]) -> anyhow::Result<Option<PathBuf>> {
     if let Some(r) = args.replicas {
         let n = donors.len().max(1);
         if usize::from(r) > n {
@@ -275,310 +283,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.heal_rate == Some(0) {
         anyhow::bail!("--heal-rate 0 would never heal: give a rate such as 256MiB");
     }
+    Ok(backup_file)
+}
 
-    // The process tree: every process's stats file and the coordinator of the shared budget.
-    let tree = TreeDir::create()?;
-    // Only this run's descendants may take a share (orphans are reparented to us: we are the
-    // tree's subreaper), so no other process of the user can claim the budget.
-    let coordinator = Coordinator::start(
-        &tree.socket(),
-        args.local_mem / farmem_runtime::PAGE_SIZE as u64,
-        Admission::Descendants {
-            root: std::process::id(),
-        },
-    )
-    .with_context(|| {
-        format!(
-            "starting the budget coordinator on {}",
-            tree.socket().display()
-        )
-    })?;
-    if let Some(p) = &args.stats {
-        let _ = std::fs::remove_file(p);
-    }
-
-    let orig_preload = std::env::var("LD_PRELOAD").ok();
-    let preload = match orig_preload.as_deref() {
-        None | Some("") => lib.display().to_string(),
-        Some(orig) => format!("{}:{orig}", lib.display()),
-    };
-    let settings = RunSettings {
-        version: RUN_SETTINGS_VERSION,
-        local_mem_bytes: args.local_mem,
-        donors,
-        // Absolute: a process of the tree that changed directory (a pyenv shim does) reads it
-        // when its runtime starts.
-        token_file: args
-            .token_file
-            .as_deref()
-            .map(std::path::absolute)
-            .transpose()
-            .context("resolving --token-file")?,
-        evict: args.evict.clone(),
-        prefetch: args.prefetch.clone(),
-        prefetch_install: args.prefetch_install.clone(),
-        seal: args.seal,
-        tier,
-        replicas: args.replicas.map(usize::from),
-        backup_file: backup_file.clone(),
-        heal_rate_bytes: args.heal_rate,
-        over_budget: match args.over_budget.as_str() {
-            "allow" => farmem_contract::OverBudget::Allow,
-            _ => farmem_contract::OverBudget::Fail {
-                wait: Duration::from_secs(args.over_budget_wait),
-            },
-        },
-        stats_file: None,
-        tree_dir: Some(tree.path().to_path_buf()),
-        record_trace: args.record_trace.clone(),
-        mmap_threshold_bytes: args.mmap_threshold,
-        heap_reserve_bytes: args.heap_reserve,
-        allocator_only: args.allocator_only,
-        farmem_bin: std::env::current_exe().ok(),
-        orig_ld_preload: orig_preload,
-    };
-    let mut command = Command::new(&program);
-    command
-        .arg0(cmd)
-        .args(cmd_args)
-        .env("LD_PRELOAD", preload)
-        .env(RUN_SETTINGS_VAR, settings.encode()?);
-
-    // Like a shell, let ^C and ^\ reach the program (same process group) and not end us
-    // before we can report; SIGTERM/SIGHUP sent to us are passed on to the program.
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGQUIT] {
-        signal_hook::flag::register(sig, interrupted.clone())
-            .context("installing the SIGINT/SIGQUIT handlers")?;
-    }
-    // The program's orphans (a background job whose shell exited, a daemon's double fork)
-    // become our children rather than init's, so the wait for the tree sees them.
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        tracing::debug!("PR_SET_CHILD_SUBREAPER: {e}");
-    }
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("starting {}", program.display()))?;
-    let pid = child.id();
-    let mut forward = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .context("installing the SIGTERM/SIGHUP handlers")?;
-    let forward_handle = forward.handle();
-    let stop_waiting = interrupted.clone();
-    let forwarder = std::thread::spawn(move || {
-        for sig in forward.forever() {
-            stop_waiting.store(true, Ordering::Relaxed);
-            if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
-            }
-        }
-    });
-    // The tree's account, in the --stats file every second.
-    let writing = Arc::new(AtomicBool::new(true));
-    let writer = args.stats.clone().map(|path| {
-        let writing = writing.clone();
-        let (tree, coordinator) = (&tree, &coordinator);
-        let local_mem = args.local_mem;
-        move || {
-            while writing.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(250));
-                if let Some(acc) =
-                    run_tree::account(&tree.processes(pid), Some(coordinator), None, local_mem)
-                {
-                    let _ = run_tree::write(&path, &acc);
-                }
-            }
-        }
-    });
-    // The tree's memory from outside, and the processes farmem does not reach.
-    let sampler = TreeRss::start(pid).context("starting the tree's memory sampler")?;
-    let status = std::thread::scope(|s| {
-        let w = writer.map(|w| s.spawn(w));
-        let status = child.wait();
-        // Only a signal from now on stops the wait for the rest of the tree.
-        interrupted.store(false, Ordering::Relaxed);
-        wait_for_the_tree(&coordinator, &interrupted, args.quiet);
-        writing.store(false, Ordering::Relaxed);
-        if let Some(w) = w {
-            let _ = w.join();
-        }
-        status
-    })
-    .context("waiting for the program")?;
-    forward_handle.close();
-    let _ = forwarder.join();
-    let sampled = sampler.stop();
-    let account = run_tree::account(
-        &tree.processes(pid),
-        Some(&coordinator),
-        Some(&sampled),
-        args.local_mem,
-    );
-    if let (Some(p), Some(acc)) = (&args.stats, &account) {
-        if let Err(e) = run_tree::write(p, acc) {
-            eprintln!("farmem: warning: writing {}: {e}", p.display());
-        }
-    }
-    drop(coordinator);
-    drop(local_donor);
-    drop(private_node);
-    // The runtime lives until the process ends and never drops its backup file: it holds the
-    // program's pages, so it goes with the program (also when the program crashed).
-    if let Some(p) = &backup_file {
-        if let Err(e) = std::fs::remove_file(p) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                eprintln!(
-                    "farmem: warning: removing the backup file {}: {e}",
-                    p.display()
-                );
-            }
-        }
-    }
-
-    let mut code: u8 = match (status.code(), status.signal()) {
-        (Some(c), _) => c as u8,
-        (None, Some(s)) => 128u8.saturating_add(s as u8),
-        _ => 1,
-    };
-    let degraded = account
-        .as_ref()
-        .and_then(|v| v.summary.as_ref())
-        .and_then(|s| s.degraded());
-    if let Some(why) = &degraded {
-        if args.fail_if_degraded && code == 0 {
+fn remove_backup_file(p: &Path) {
+    if let Err(e) = std::fs::remove_file(p) {
+        if e.kind() != std::io::ErrorKind::NotFound {
             eprintln!(
-                "farmem: the run ended degraded ({why}): exit status {DEGRADED_STATUS} \
-                 (--fail-if-degraded)"
+                "farmem: warning: removing the backup file {}: {e}",
+                p.display()
             );
-            code = DEGRADED_STATUS;
-        } else if !args.quiet {
-            eprintln!("farmem: warning: the run ended degraded: {why}");
         }
     }
-    if !args.quiet {
-        match &account {
-            Some(v) => {
-                eprintln!("{}", summary_line(v));
-                if let Some(w) = unmanaged_warning(v, args.local_mem) {
-                    eprintln!("{w}");
-                }
-                if let Some(w) = unpaged_warning(v) {
-                    eprintln!("{w}");
-                }
-                if let Some(w) = over_budget_warning(v) {
-                    eprintln!("{w}");
-                }
-            }
-            // the library already said why it stopped the program
-            None if code as i32 == PRELOAD_FAILED_STATUS => {}
-            None => eprintln!(
-                "farmem: no statistics: the program ended before farmem's library wrote any (it \
-                 exited with status {code})"
-            ),
-        }
-    }
-    Ok(ExitCode::from(code))
-}
-
-/// After the program exits: the processes of its tree that outlive it (a daemon, a background
-/// job) are paged through this process (the budget's coordinator, the private node or the
-/// embedded donor): waits until they are gone too, like a service manager's scope. They used to
-/// lose all three at once (a background job failed to start its runtime; `redis-server
-/// --daemonize yes` ran unbounded). A SIGINT, SIGTERM or SIGHUP ends the wait: they go on
-/// with the memory they have, without a coordinator or new host-tier memory.
-fn wait_for_the_tree(coordinator: &Coordinator, stop: &AtomicBool, quiet: bool) {
-    let started = Instant::now();
-    let mut said = false;
-    loop {
-        // Processes still connected to the coordinator (a process that just exited may not have
-        // been seen leaving yet: it has no /proc entry), and our children but the servers we
-        // started (orphans of the tree are ours: we are their subreaper; a forked child may
-        // not have joined the coordinator yet).
-        let mut live: Vec<u32> = coordinator
-            .snapshot()
-            .processes
-            .iter()
-            .filter(|p| p.running && Path::new(&format!("/proc/{}", p.pid)).exists())
-            .map(|p| p.pid)
-            .collect();
-        for c in adopted_children() {
-            if !live.contains(&c) {
-                live.push(c);
-            }
-        }
-        if live.is_empty() {
-            return;
-        }
-        if stop.load(Ordering::Relaxed) {
-            if !quiet {
-                eprintln!(
-                    "farmem: stopped waiting for {} process(es) of the program's tree (pids {}): \
-                     they go on with the memory they have, without a budget coordinator or new \
-                     host-tier memory",
-                    live.len(),
-                    pids_list(&live)
-                );
-            }
-            return;
-        }
-        // Not for a process that is only slow to be seen leaving.
-        if !said && !quiet && started.elapsed() >= Duration::from_millis(500) {
-            eprintln!(
-                "farmem: the program exited; {} process(es) it started still run under farmem \
-                 (pids {}): waiting for them to end (Ctrl-C stops waiting)",
-                live.len(),
-                pids_list(&live)
-            );
-            said = true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// This process's living children other than the servers it started (which run with
-/// `--exit-with-parent`); exited ones are reaped.
-fn adopted_children() -> Vec<u32> {
-    let me = std::process::id();
-    let mut out = Vec::new();
-    let tasks = std::fs::read_dir(format!("/proc/{me}/task"))
-        .into_iter()
-        .flatten();
-    for t in tasks.flatten() {
-        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|c| c.parse::<u32>().ok())
-        {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if cmdline
-                .split(|b| *b == 0)
-                .any(|a| a == b"--exit-with-parent")
-            {
-                continue;
-            }
-            let reaped = matches!(
-                nix::sys::wait::waitpid(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    Some(nix::sys::wait::WaitPidFlag::WNOHANG)
-                ),
-                Ok(s) if s != nix::sys::wait::WaitStatus::StillAlive
-            );
-            if !reaped {
-                out.push(pid);
-            }
-        }
-    }
-    out
-}
-
-fn pids_list(pids: &[u32]) -> String {
-    let mut s: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
-    if pids.len() > 8 {
-        s.push("…".into());
-    }
-    s.join(", ")
 }
 
 #[cfg(test)]

@@ -115,51 +115,11 @@ fn names(given: &[String], all: &[&str], kind: &str) -> anyhow::Result<Vec<Strin
 
 /// Runs `farmem sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
-    if !(args.hit_us >= 0.0
-        && args.miss_us >= 0.0
-        && args.hit_us.is_finite()
-        && args.miss_us.is_finite())
-    {
-        bail!("--hit-us and --miss-us must be finite and ≥ 0");
-    }
-    if args.trace.is_some() {
-        for (given, flag) in [
-            (args.wss.is_some(), "--wss"),
-            (args.length.is_some(), "--length"),
-            (args.seed.is_some(), "--seed"),
-            (args.save_trace.is_some(), "--save-trace"),
-        ] {
-            if given {
-                bail!("{flag} applies to a generated trace (--gen), not to --trace");
-            }
-        }
-    }
+    check_args(&args)?;
     let seed = args.seed.unwrap_or(1);
     let prefetchers = names(&args.prefetch, prefetch::NAMES, "prefetcher")?;
     let evicts = names(&args.evict, evict::NAMES, "eviction policy")?;
-
-    let (records, source) = match (&args.trace, &args.gen) {
-        (Some(path), _) => {
-            let recs = trace::read_trace(path)
-                .with_context(|| format!("cannot use {} as a trace", path.display()))?;
-            (recs, format!("trace {}", path.display()))
-        }
-        (None, Some(spec)) => {
-            let gen = GenSpec::parse(spec)?;
-            let wss = parse_pages(args.wss.as_deref().unwrap_or("16384")).context("--wss")?;
-            let length = args.length.unwrap_or(200_000);
-            if length == 0 {
-                bail!("--length must be at least 1 access");
-            }
-            let recs = generate(&gen, wss, length, seed)?;
-            if let Some(path) = &args.save_trace {
-                trace::write_trace(path, &recs)
-                    .with_context(|| format!("cannot save the trace to {}", path.display()))?;
-            }
-            (recs, format!("--gen {spec} over {wss} pages, seed {seed}"))
-        }
-        (None, None) => bail!("give a trace with --trace FILE or generate one with --gen SPEC"),
-    };
+    let (records, source) = records(&args, seed)?;
     if records.is_empty() {
         bail!("the trace has no accesses: nothing to simulate");
     }
@@ -195,4 +155,55 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         print!("{}", report::table(&rows));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The latencies, and no generator flag with `--trace`.
+fn check_args(args: &SimArgs) -> anyhow::Result<()> {
+    if !(args.hit_us >= 0.0
+        && args.miss_us >= 0.0
+        && args.hit_us.is_finite()
+        && args.miss_us.is_finite())
+    {
+        bail!("--hit-us and --miss-us must be finite and ≥ 0");
+    }
+    if args.trace.is_some() {
+        for (given, flag) in [
+            (args.wss.is_some(), "--wss"),
+            (args.length.is_some(), "--length"),
+            (args.seed.is_some(), "--seed"),
+            (args.save_trace.is_some(), "--save-trace"),
+        ] {
+            if given {
+                bail!("{flag} applies to a generated trace (--gen), not to --trace");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The accesses to simulate, read (`--trace`) or generated (`--gen`, saved with
+/// `--save-trace`), and where they come from in words.
+fn records(args: &SimArgs, seed: u64) -> anyhow::Result<(Vec<trace::Record>, String)> {
+    Ok(match (&args.trace, &args.gen) {
+        (Some(path), _) => {
+            let recs = trace::read_trace(path)
+                .with_context(|| format!("cannot use {} as a trace", path.display()))?;
+            (recs, format!("trace {}", path.display()))
+        }
+        (None, Some(spec)) => {
+            let gen = GenSpec::parse(spec)?;
+            let wss = parse_pages(args.wss.as_deref().unwrap_or("16384")).context("--wss")?;
+            let length = args.length.unwrap_or(200_000);
+            if length == 0 {
+                bail!("--length must be at least 1 access");
+            }
+            let recs = generate(&gen, wss, length, seed)?;
+            if let Some(path) = &args.save_trace {
+                trace::write_trace(path, &recs)
+                    .with_context(|| format!("cannot save the trace to {}", path.display()))?;
+            }
+            (recs, format!("--gen {spec} over {wss} pages, seed {seed}"))
+        }
+        (None, None) => bail!("give a trace with --trace FILE or generate one with --gen SPEC"),
+    })
 }

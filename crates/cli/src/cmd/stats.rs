@@ -540,36 +540,23 @@ fn node_stats(path: &std::path::Path, args: &StatsArgs) -> anyhow::Result<ExitCo
 
 /// The readable table of a node's figures.
 pub fn render_node(path: &str, s: &NodeStats) -> String {
-    let keep_free = match (s.keep_free_bytes, s.mem_available_bytes) {
-        (None, _) => "off".to_string(),
-        (Some(k), avail) => format!(
-            "{} (host has {} available{})",
-            human_bytes(k),
-            avail.map_or_else(|| "?".to_string(), human_bytes),
-            if s.under_pressure {
-                "; under pressure: no new slabs"
-            } else {
-                ""
-            }
-        ),
-    };
-    let r = &s.refusals;
-    let refusals: Vec<String> = [
-        ("full", r.full),
-        ("pressure", r.pressure),
-        ("not yours", r.not_yours),
-        ("bad request", r.bad_request),
-        ("denied", r.denied),
-        ("too many clients", r.too_many_clients),
-        ("version", r.version),
-        ("internal", r.internal),
-        ("share used", r.share_used),
-    ]
-    .iter()
-    .filter(|(_, n)| *n > 0)
-    .map(|(what, n)| format!("{what} {n}"))
-    .collect();
-    let rows = [
+    let mut out = format!(
+        "node {path} (pid {}, up {:.0} s)\n",
+        s.node_pid,
+        s.uptime_ms as f64 / 1000.0
+    );
+    for (name, value) in node_rows(s) {
+        out.push_str(&format!("  {name:<12} {value}\n"));
+    }
+    for c in &s.clients {
+        out.push_str(&client_line(c));
+    }
+    out
+}
+
+/// The node's rows, one table: what each row says is clearest side by side.
+fn node_rows(s: &NodeStats) -> [(&'static str, String); 9] {
+    [
         ("capacity", human_bytes(s.capacity_bytes)),
         (
             "used",
@@ -585,7 +572,7 @@ pub fn render_node(path: &str, s: &NodeStats) -> String {
             "free",
             human_bytes(s.capacity_bytes.saturating_sub(s.used_bytes)),
         ),
-        ("keep-free", keep_free),
+        ("keep-free", keep_free(s)),
         (
             "holds",
             format!("{} live, naming {} slabs", s.holds, s.held_slabs),
@@ -604,40 +591,59 @@ pub fn render_node(path: &str, s: &NodeStats) -> String {
                 s.reclaim_requests_total, s.reclaimed_slabs_total
             ),
         ),
-        (
-            "refusals",
-            if refusals.is_empty() {
-                "none".to_string()
-            } else {
-                refusals.join(", ")
-            },
-        ),
+        ("refusals", refusals(s)),
         ("clients", s.clients.len().to_string()),
-    ];
-    let mut out = format!(
-        "node {path} (pid {}, up {:.0} s)\n",
-        s.node_pid,
-        s.uptime_ms as f64 / 1000.0
-    );
-    for (name, value) in rows {
-        out.push_str(&format!("  {name:<12} {value}\n"));
+    ]
+}
+
+/// The keep-free watermark and the host's memory against it.
+fn keep_free(s: &NodeStats) -> String {
+    match (s.keep_free_bytes, s.mem_available_bytes) {
+        (None, _) => "off".to_string(),
+        (Some(k), avail) => format!(
+            "{} (host has {} available{})",
+            human_bytes(k),
+            avail.map_or_else(|| "?".to_string(), human_bytes),
+            if s.under_pressure {
+                "; under pressure: no new slabs"
+            } else {
+                ""
+            }
+        ),
     }
-    for c in &s.clients {
-        let asked = if c.reclaim_outstanding > 0 {
-            format!(", asked to give back {}", c.reclaim_outstanding)
-        } else {
-            String::new()
-        };
-        out.push_str(&format!(
-            "    pid {:<8} uid {:<6} gid {:<6} {} slabs ({}){asked}\n",
-            c.pid,
-            c.uid,
-            c.gid,
-            c.slabs,
-            human_bytes(c.bytes)
-        ));
+}
+
+/// The refusals that happened, by reason, or "none".
+fn refusals(s: &NodeStats) -> String {
+    let refusals: Vec<String> = s
+        .refusals
+        .by_reason()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(why, n)| format!("{} {n}", why.replace('_', " ")))
+        .collect();
+    if refusals.is_empty() {
+        "none".to_string()
+    } else {
+        refusals.join(", ")
     }
-    out
+}
+
+/// One client's line under the table.
+fn client_line(c: &farmem_node::ClientStats) -> String {
+    let asked = if c.reclaim_outstanding > 0 {
+        format!(", asked to give back {}", c.reclaim_outstanding)
+    } else {
+        String::new()
+    };
+    format!(
+        "    pid {:<8} uid {:<6} gid {:<6} {} slabs ({}){asked}\n",
+        c.pid,
+        c.uid,
+        c.gid,
+        c.slabs,
+        human_bytes(c.bytes)
+    )
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ impl DonorFigures {
     }
 }
 
+/// The name of the check's main line.
+const CHECK_NAME: &str = "far capacity";
+
 /// Slab sizes this many times apart get a note: the smallest sets every far slab's size.
 const SLAB_SPREAD_NOTED: u64 = 16;
 
@@ -32,62 +35,81 @@ pub(super) fn check(
     replicas: Option<u8>,
     far_mem: Option<u64>,
 ) -> Vec<Check> {
-    let name = "far capacity";
-    let mut out = Vec::new();
     let copies = usize::from(replicas.unwrap_or(if asked >= 2 { 2 } else { 1 }));
+    if let Some(failed) = too_few(donors, asked, copies) {
+        return vec![failed];
+    }
+    let mut out: Vec<Check> = donors.iter().filter_map(full).collect();
+    out.extend(slab_spread(donors));
+    out.push(room(donors, asked, copies, far_mem));
+    out
+}
+
+/// Fewer donors than copies asked for, or none answering.
+fn too_few(donors: &[DonorFigures], asked: usize, copies: usize) -> Option<Check> {
     if copies > asked {
-        out.push(Check::new(
-            name,
+        return Some(Check::new(
+            CHECK_NAME,
             Status::Failed,
             format!(
                 "--replicas {copies} needs {copies} donors, {asked} given: name more with --donor, \
                  or lower --replicas (farmem run refuses this too)"
             ),
         ));
-        return out;
     }
-    if donors.is_empty() {
-        out.push(Check::new(
-            name,
+    donors.is_empty().then(|| {
+        Check::new(
+            CHECK_NAME,
             Status::Failed,
             format!("none of the {asked} donor(s) answered (see above)"),
-        ));
-        return out;
-    }
-    for d in donors {
-        if d.free_bytes() < d.slab_bytes {
-            out.push(Check::new(
-                format!("donor {} room", d.addr),
-                Status::Note,
-                format!(
-                    "full: {} of {} used, no room for a slab of {}; it takes no new pages \
-                     (raise its --capacity, or add donors)",
-                    human_bytes(d.used_bytes),
-                    human_bytes(d.capacity_bytes),
-                    human_bytes(d.slab_bytes)
-                ),
-            ));
-        }
-    }
-    let smallest = donors.iter().map(|d| d.slab_bytes).min().unwrap_or(0);
-    let largest = donors.iter().map(|d| d.slab_bytes).max().unwrap_or(0);
-    if smallest > 0 && largest / smallest >= SLAB_SPREAD_NOTED {
-        let small = donors
-            .iter()
-            .find(|d| d.slab_bytes == smallest)
-            .map_or("", |d| d.addr.as_str());
-        out.push(Check::new(
-            "donor slab sizes",
+        )
+    })
+}
+
+/// A note for a donor with no room for a slab.
+fn full(d: &DonorFigures) -> Option<Check> {
+    (d.free_bytes() < d.slab_bytes).then(|| {
+        Check::new(
+            format!("donor {} room", d.addr),
             Status::Note,
             format!(
-                "{small}'s slabs of {} set every far slab to that size ({}x more slabs to track \
-                 than {}): give the donors one --slab-size",
-                human_bytes(smallest),
-                largest / smallest,
-                human_bytes(largest)
+                "full: {} of {} used, no room for a slab of {}; it takes no new pages \
+                 (raise its --capacity, or add donors)",
+                human_bytes(d.used_bytes),
+                human_bytes(d.capacity_bytes),
+                human_bytes(d.slab_bytes)
             ),
-        ));
+        )
+    })
+}
+
+/// A note when the donors' slab sizes are [`SLAB_SPREAD_NOTED`] times apart or more.
+fn slab_spread(donors: &[DonorFigures]) -> Option<Check> {
+    let smallest = donors.iter().map(|d| d.slab_bytes).min().unwrap_or(0);
+    let largest = donors.iter().map(|d| d.slab_bytes).max().unwrap_or(0);
+    if smallest == 0 || largest / smallest < SLAB_SPREAD_NOTED {
+        return None;
     }
+    let small = donors
+        .iter()
+        .find(|d| d.slab_bytes == smallest)
+        .map_or("", |d| d.addr.as_str());
+    Some(Check::new(
+        "donor slab sizes",
+        Status::Note,
+        format!(
+            "{small}'s slabs of {} set every far slab to that size ({}x more slabs to track \
+             than {}): give the donors one --slab-size",
+            human_bytes(smallest),
+            largest / smallest,
+            human_bytes(largest)
+        ),
+    ))
+}
+
+/// The room for far memory the donors have with `copies` copies, against `--far-mem`.
+fn room(donors: &[DonorFigures], asked: usize, copies: usize, far_mem: Option<u64>) -> Check {
+    let smallest = donors.iter().map(|d| d.slab_bytes).min().unwrap_or(0);
     // Each far page has `copies` copies on distinct donors: with free room f_i on each, the
     // most pages is bounded by total/copies and by what the others can pair with the largest.
     let mut free: Vec<u64> = donors.iter().map(DonorFigures::free_bytes).collect();
@@ -120,8 +142,7 @@ pub(super) fn check(
         }
         None => Status::Ok,
     };
-    out.push(Check::new(name, status, detail));
-    out
+    Check::new(CHECK_NAME, status, detail)
 }
 
 /// Bytes of far memory `free` (each donor's free bytes) holds with `copies` copies of each

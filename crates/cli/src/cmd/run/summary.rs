@@ -1,12 +1,72 @@
-//! The summary line `farmem run` prints when the program ends, and its warnings.
+//! What `farmem run` says when the program ends: its exit status, the summary line and its
+//! warnings.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 
 use farmem_runtime::StatsFile;
 
+use super::RunArgs;
 use crate::cmd::units::human_bytes;
 
 /// `farmem run`'s exit status when the program succeeded but the run ended degraded and
 /// `--fail-if-degraded` was given (EX_TEMPFAIL).
 pub const DEGRADED_STATUS: u8 = 75;
+
+/// Exit status of a program whose start-up failed inside the preload library (it printed why).
+const PRELOAD_FAILED_STATUS: i32 = 125;
+
+/// Prints what the run ended with (unless `--quiet`) and returns `farmem run`'s exit status: the
+/// program's (128 + n for a signal n), or [`DEGRADED_STATUS`].
+pub(super) fn report(args: &RunArgs, status: &ExitStatus, account: Option<&StatsFile>) -> u8 {
+    let mut code: u8 = match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.saturating_add(s as u8),
+        _ => 1,
+    };
+    let degraded = account
+        .and_then(|v| v.summary.as_ref())
+        .and_then(|s| s.degraded());
+    if let Some(why) = &degraded {
+        if args.fail_if_degraded && code == 0 {
+            eprintln!(
+                "farmem: the run ended degraded ({why}): exit status {DEGRADED_STATUS} \
+                 (--fail-if-degraded)"
+            );
+            code = DEGRADED_STATUS;
+        } else if !args.quiet {
+            eprintln!("farmem: warning: the run ended degraded: {why}");
+        }
+    }
+    if !args.quiet {
+        print_summary(account, code, args.local_mem);
+    }
+    code
+}
+
+/// The summary line and its warnings, or why there are none.
+fn print_summary(account: Option<&StatsFile>, code: u8, local_mem: u64) {
+    match account {
+        Some(v) => {
+            eprintln!("{}", summary_line(v));
+            if let Some(w) = unmanaged_warning(v, local_mem) {
+                eprintln!("{w}");
+            }
+            if let Some(w) = unpaged_warning(v) {
+                eprintln!("{w}");
+            }
+            if let Some(w) = over_budget_warning(v) {
+                eprintln!("{w}");
+            }
+        }
+        // the library already said why it stopped the program
+        None if code as i32 == PRELOAD_FAILED_STATUS => {}
+        None => eprintln!(
+            "farmem: no statistics: the program ended before farmem's library wrote any (it \
+             exited with status {code})"
+        ),
+    }
+}
 
 /// The summary printed at exit, from the `summary` of the stats file (zeros and "n/a" when the
 /// file has none: no runtime was started).
