@@ -23,7 +23,7 @@
 //!   holds it shared, so no chunk copy can overwrite a newer page. Copies are paced to
 //!   `heal_rate_bytes` a second, so the program keeps its bandwidth.
 //! - Every 250 ms the donors are asked which slabs they want back, and those are moved
-//!   ([`crate::migrate`]).
+//!   ([`crate::threads::migrate`]).
 //! - Memory slabs (the host tier) with a copy on a dead donor lose that copy and have every
 //!   page written through again to a new one ([`crate::tier`]).
 
@@ -42,7 +42,7 @@ use crate::slabcopy::{copy_slab, Source};
 const DEAD_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// How long the probe's fresh TCP connection may take.
 const CONNECT_PROBE: Duration = Duration::from_secs(1);
-/// How often donors are asked which slabs they want back ([`crate::migrate`]).
+/// How often donors are asked which slabs they want back ([`crate::threads::migrate`]).
 const RECLAIM_POLL_EVERY: Duration = Duration::from_millis(250);
 /// After re-replication found no donor to copy to, how long before it looks again.
 const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
@@ -99,7 +99,7 @@ pub(crate) fn heal_loop(sh: Arc<Shared>) {
             if !far.dropped.lock().is_empty() {
                 free_stale_copies(&sh);
             }
-            crate::migrate::poll(&sh);
+            crate::threads::migrate::poll(&sh);
             next_reclaim_poll = Instant::now() + RECLAIM_POLL_EVERY;
         }
         more = false;

@@ -7,7 +7,7 @@
 //!
 //! Where a slab named goes, in order of preference:
 //! 1. to a live donor that holds no copy of it, copied like a re-replication
-//!    ([`crate::heal::copy_slab`], from the asking donor's own copy, which is still complete);
+//!    ([`crate::slabcopy::copy_slab`], from the asking donor's own copy, which is still complete);
 //! 2. nowhere, when another live donor already holds a complete copy: the asking donor's copy
 //!    is simply dropped (the slab runs with one copy fewer until a donor has room);
 //! 3. into this process's memory (a local memory slab, [`crate::memslabs`]) when the asking
