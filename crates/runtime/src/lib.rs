@@ -125,6 +125,7 @@ pub use seal::SealError;
 pub use stats::{clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, ProcStat, ThreadsCpu};
 
 use shared::Shared;
+use threads::{heal::heal_loop, prefetch::prefetch_loop, send::send_loop, tier::tier_loop};
 
 /// The page size the runtime manages: the wire's page (farmem-proto), which the memory and
 /// userfaultfd crates (below the wire, so with constants of their own) must agree with.
@@ -202,27 +203,12 @@ impl Runtime {
             sh.clone(),
             shared_cpu,
         )?);
-        threads.push(spawn(
-            "farmem-send",
-            crate::threads::send::send_loop,
-            sh.clone(),
-            None,
-        )?);
+        threads.push(spawn("farmem-send", send_loop, sh.clone(), None)?);
         if sh.far.tier.is_some() {
-            threads.push(spawn(
-                "farmem-tier",
-                crate::threads::tier::tier_loop,
-                sh.clone(),
-                None,
-            )?);
+            threads.push(spawn("farmem-tier", tier_loop, sh.clone(), None)?);
         }
         if !sh.far.donors.is_empty() {
-            threads.push(spawn(
-                "farmem-heal",
-                crate::threads::heal::heal_loop,
-                sh.clone(),
-                None,
-            )?);
+            threads.push(spawn("farmem-heal", heal_loop, sh.clone(), None)?);
         }
         if sh.far.backup.is_some() {
             threads.push(spawn(
@@ -237,12 +223,7 @@ impl Runtime {
             )?);
         }
         if sh.pf.enabled() {
-            threads.push(spawn(
-                "farmem-prefetch",
-                crate::threads::prefetch::prefetch_loop,
-                sh.clone(),
-                None,
-            )?);
+            threads.push(spawn("farmem-prefetch", prefetch_loop, sh.clone(), None)?);
         }
         // Every thread past its start before any region can exist: a thread library reads
         // program data while it starts a thread (glibc: the locale), and a forked child
