@@ -12,5 +12,6 @@ pub(crate) mod heal;
 pub(crate) mod heal_plan;
 pub(crate) mod migrate;
 pub(crate) mod prefetch;
+pub(crate) mod prefetch_plan;
 pub(crate) mod send;
 pub(crate) mod tier;
