@@ -6,6 +6,7 @@
 //! Each thread's decisions are kept apart from how it touches the runtime, so they can be
 //! unit-tested on plain data or fakes; the loops themselves take [`crate::shared::Shared`].
 
+pub(crate) mod backoff;
 pub(crate) mod cow;
 pub(crate) mod events;
 pub(crate) mod heal;
