@@ -37,103 +37,100 @@ use crate::health::Cause;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
 use crate::slabcopy::copy_slab;
-use crate::threads::heal_plan::{plan_slab, DonorState, Episode, Healed, Rounds, SlabPlan};
+use crate::threads::heal_plan::{plan_slab, DonorState, Healed, Rounds, SlabPlan};
+use crate::threads::heal_rounds::{run, HealWorld};
 
 /// How long the probe's fresh TCP connection may take.
 const CONNECT_PROBE: Duration = Duration::from_secs(1);
 
 /// The heal thread. Runs until shutdown when donors are used.
 pub(crate) fn heal_loop(sh: Arc<Shared>) {
-    let mut rounds = Rounds::new(Instant::now());
-    let mut episode = Episode::new(sh.far.donors.len());
-    let mut no_room_log = FailureLog::default();
-    while !sh.shutdown.load(Ordering::Relaxed) {
-        wait_for_work(&sh, &rounds);
-        let dead_round = rounds.dead_round(Instant::now());
-        look_at_donors(&sh, dead_round, &mut episode);
-        if rounds.reclaim_due(Instant::now()) {
-            reclaim_round(&sh);
-            rounds.reclaimed(Instant::now());
+    run(&sh);
+}
+
+/// The heal loop's interface, on the runtime.
+impl HealWorld for Arc<Shared> {
+    fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn donors(&self) -> usize {
+        self.far.donors.len()
+    }
+
+    /// Sleeps until the next reclaim poll or dead-donor probe is due, unless woken (a donor
+    /// suspected or declared dead, a probe done, shutdown) or more slabs wait to be copied: it
+    /// used to wake every 100 ms.
+    fn wait_for_work(&self, rounds: &Rounds) {
+        let far = &self.far;
+        let mut woken = far.heal_mu.lock();
+        if !*woken && !rounds.more && !self.shutdown.load(Ordering::Relaxed) {
+            let wait = rounds.due().saturating_duration_since(Instant::now());
+            far.heal_cv
+                .wait_for(&mut woken, wait.max(Duration::from_millis(1)));
         }
-        if !rounds.may_heal(Instant::now()) {
-            continue;
-        }
-        let healed = heal_one(&sh);
-        rounds.healed(&healed, Instant::now());
-        match healed {
-            Healed::One => episode.copied(Instant::now()),
-            Healed::NoRoom { why: Some(why) } => warn_no_room(&sh, &mut no_room_log, why),
-            Healed::NoRoom { why: None } => {}
-            Healed::Nothing => {
-                if let Some(took) = episode.done(Instant::now()) {
-                    let took = took.as_secs_f64();
-                    tracing::info!(
-                        "re-replication done: every slab that can be healed has its copies \
-                         ({took:.1} s after the failure was declared)"
-                    );
-                    sh.stats.lock().s.last_heal_s = Some(took);
-                }
+        *woken = false;
+    }
+
+    fn look_at_donors(&self, dead_round: bool) -> Vec<Option<Instant>> {
+        let mut deaths = Vec::with_capacity(self.far.donors.len());
+        for (d, donor) in self.far.donors.iter().enumerate() {
+            let h = &donor.health;
+            if h.is_suspect() || (dead_round && h.is_dead()) {
+                spawn_probe(self, d);
             }
+            deaths.push(h.death().map(|(_, at)| at));
         }
+        deaths
     }
-}
 
-/// Sleeps until the next reclaim poll or dead-donor probe is due, unless woken (a donor
-/// suspected or declared dead, a probe done, shutdown) or more slabs wait to be copied: it
-/// used to wake every 100 ms.
-fn wait_for_work(sh: &Shared, rounds: &Rounds) {
-    let far = &sh.far;
-    let mut woken = far.heal_mu.lock();
-    if !*woken && !rounds.more && !sh.shutdown.load(Ordering::Relaxed) {
-        let wait = rounds.due().saturating_duration_since(Instant::now());
-        far.heal_cv
-            .wait_for(&mut woken, wait.max(Duration::from_millis(1)));
-    }
-    *woken = false;
-}
-
-/// Probes suspected donors (and dead ones in a dead round), and notes each donor death for
-/// the healing episode.
-fn look_at_donors(sh: &Arc<Shared>, dead_round: bool, episode: &mut Episode) {
-    for (d, donor) in sh.far.donors.iter().enumerate() {
-        let h = &donor.health;
-        if h.is_suspect() || (dead_round && h.is_dead()) {
-            spawn_probe(sh, d);
+    /// Far pages frozen for forked children that read them on donors are reused once those
+    /// children are gone; so are copies dropped meanwhile from donors that came back; and
+    /// slabs donors want back are moved.
+    fn reclaim_round(&self) {
+        crate::fork::thaw_if_no_child(self);
+        if !self.far.dropped.lock().is_empty() {
+            free_stale_copies(self);
         }
-        // Healing is timed from the death being declared (each death once).
-        episode.saw(d, h.death().map(|(_, at)| at));
+        crate::threads::migrate::poll(self);
     }
-}
 
-/// The periodic round: far pages frozen for forked children that read them on donors are
-/// reused once those children are gone; so are copies dropped meanwhile from donors that came
-/// back; and slabs donors want back are moved.
-fn reclaim_round(sh: &Shared) {
-    crate::fork::thaw_if_no_child(sh);
-    if !sh.far.dropped.lock().is_empty() {
-        free_stale_copies(sh);
+    fn heal_one(&self) -> Healed {
+        heal_one(self)
     }
-    crate::threads::migrate::poll(sh);
-}
 
-/// Says (at most once a second per reason) that re-replication waits for a donor with room.
-fn warn_no_room(sh: &Shared, log: &mut FailureLog, why: String) {
-    let Some(n) = log.should_log(&why) else {
-        return;
-    };
-    let far = &sh.far;
-    let (short, _) = far.slab_health();
-    let again = if n > 0 {
-        format!(" (tried {n} times more since said)")
-    } else {
-        String::new()
-    };
-    tracing::warn!(
-        "re-replication waits: {short} far slabs are short of copies and no live donor takes \
-         a new one ({} of {} donors live): {why}; retrying every second{again}",
-        far.live_donors(),
-        far.donors.len()
-    );
+    /// Says (at most once a second per reason) that re-replication waits for a donor.
+    fn no_room(&self, log: &mut FailureLog, why: String) {
+        let Some(n) = log.should_log(&why) else {
+            return;
+        };
+        let far = &self.far;
+        let (short, _) = far.slab_health();
+        let again = if n > 0 {
+            format!(" (tried {n} times more since said)")
+        } else {
+            String::new()
+        };
+        tracing::warn!(
+            "re-replication waits: {short} far slabs are short of copies and no live donor \
+             takes a new one ({} of {} donors live): {why}; retrying every second{again}",
+            far.live_donors(),
+            far.donors.len()
+        );
+    }
+
+    fn healed_all(&self, took: Duration) {
+        let took = took.as_secs_f64();
+        tracing::info!(
+            "re-replication done: every slab that can be healed has its copies ({took:.1} s \
+             after the failure was declared)"
+        );
+        self.stats.lock().s.last_heal_s = Some(took);
+    }
 }
 
 /// Probes donor `d` on a thread of its own (one at a time per donor): a probe of a stalled

@@ -11,6 +11,7 @@ pub(crate) mod cow;
 pub(crate) mod events;
 pub(crate) mod heal;
 pub(crate) mod heal_plan;
+pub(crate) mod heal_rounds;
 pub(crate) mod migrate;
 pub(crate) mod prefetch;
 pub(crate) mod prefetch_plan;
