@@ -1,4 +1,4 @@
-//! The record of pages being dropped by the copy-and-drop path ([`crate::cow`]) and of the
+//! The record of pages being dropped by the copy-and-drop path ([`crate::threads::cow`]) and of the
 //! REMOVE events those drops raise on the runtime's own userfaultfd, so the fault thread tells
 //! them from the program's own releases. Part of the state, under the state lock.
 

@@ -108,7 +108,7 @@ pub(crate) struct Far {
     /// When new far slabs last went to the backup file alone ([`Far::alloc_on_donor`]).
     backup_only_log: Mutex<crate::failure_log::FailureLog>,
     /// Held shared while pages are written to a slab's replicas, exclusively while
-    /// re-replication copies a chunk or changes a replica list ([`crate::heal`]), so a copy
+    /// re-replication copies a chunk or changes a replica list ([`crate::threads::heal`]), so a copy
     /// never overwrites a newer write.
     pub(crate) copy_gate: RwLock<()>,
     /// Replicas dropped from placement: freed on their donor if it comes back, never read
@@ -632,7 +632,7 @@ impl Far {
     }
 
     /// Donor `d` failed a request: the heal thread probes it soon and declares it dead if it
-    /// does not answer ([`crate::heal`]).
+    /// does not answer ([`crate::threads::heal`]).
     pub(crate) fn suspect(&self, d: usize) {
         if d >= self.donors.len() {
             // A connection to a forked child's parent's client: the heal thread probes only

@@ -3,7 +3,7 @@
 //!
 //! Pages in the host tier are held by the node ([`crate::tier`]: the node's holds), which also
 //! keeps their slabs from being punched. A donor needs no such promise (this runtime never
-//! frees a donor slab a child reads, [`crate::migrate`]), but the parent still must know when
+//! frees a donor slab a child reads, [`crate::threads::migrate`]), but the parent still must know when
 //! it may rewrite and reuse the far pages it lent: the same one-page memfd as the node's hold,
 //! made here. The parent maps it `MAP_SHARED` read-write right before `fork()` (not
 //! `MADV_DONTFORK`: the child inherits the mapping) and unmaps it after; the child keeps it

@@ -4,7 +4,7 @@
 //! # Design
 //!
 //! - Any thread that sees a connection failure *suspects* the donor; only the heal thread
-//!   declares it dead, after a probe ([`crate::heal`]), so one broken connection (a timeout
+//!   declares it dead, after a probe ([`crate::threads::heal`]), so one broken connection (a timeout
 //!   inside a frame, a reset the next request survives) never drops a healthy donor's copies.
 //! - Reads never wait for the verdict: a read that fails, or is slow past the failover delay,
 //!   goes to the next replica at once ([`crate::failover`]).

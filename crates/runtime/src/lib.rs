@@ -15,8 +15,8 @@
 //!   with the release events in [`events`]) answering faults (zero page, write-back pool hit
 //!   moved back with UFFDIO_MOVE, or donor fetch); the evictor ([`evict`]) keeping resident
 //!   pages below the budget by moving victims into the write-back pool ([`slots`]); the sender
-//!   ([`send`]) writing pool pages to donors in batches; the prefetch thread
-//!   ([`prefetch_thread`]). Dirty tracking with synchronous userfaultfd write-protect: clean
+//!   ([`threads::send`]) writing pool pages to donors in batches; the prefetch thread
+//!   ([`threads::prefetch`]). Dirty tracking with synchronous userfaultfd write-protect: clean
 //!   pages are dropped at eviction without resending; all-zero pages are never sent. Every
 //!   runtime thread blocks every signal ([`signals`]): the program's handlers run on its own
 //!   threads only. The fault thread and the evictor share one CPU ([`cpu`]).
@@ -42,7 +42,7 @@
 //!   ([`Runtime::prepare_fork`] with `lend`), pages in the host tier or on donors, which the
 //!   child borrows ([`Runtime::borrow`], [`RuntimeConfig::lent_donors`]); the parent resumes
 //!   after fork. Pages shared with a child cannot be MOVEd (EBUSY): either side drops its own
-//!   mapping of one to evict it ([`cow`]).
+//!   mapping of one to evict it ([`threads::cow`]).
 //! - Donor failure: a page that cannot be fetched after `fetch_attempts` tries (each bounded by
 //!   `request_timeout`) is poisoned; the faulting thread gets SIGBUS, the error is logged and
 //!   counted. Write-back failures (donor full, donor gone) are retried while the pages stay in
@@ -61,14 +61,12 @@
 mod backup;
 mod budget;
 mod config;
-mod cow;
 mod cpu;
 mod dontfork;
 mod doorbell;
 mod drops;
 mod embedded;
 mod error;
-mod events;
 mod evict;
 mod failover;
 mod failure_log;
@@ -78,30 +76,26 @@ mod farpages;
 mod fault;
 mod fork;
 mod forkhold;
-mod heal;
 mod health;
 mod lentdonors;
 mod memslabs;
-mod migrate;
 mod mm;
 mod pack;
 mod pages;
 mod prefetch;
-mod prefetch_thread;
 mod readtimes;
 mod replicas;
 mod runs;
 mod seal;
 pub mod secure;
-mod send;
 mod shared;
 pub mod signals;
 mod slabcopy;
 mod slots;
 mod stats;
 mod sync;
+mod threads;
 mod tier;
-mod tier_thread;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -131,6 +125,7 @@ pub use seal::SealError;
 pub use stats::{clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, ProcStat, ThreadsCpu};
 
 use shared::Shared;
+use threads::{heal::heal_loop, prefetch::prefetch_loop, send::send_loop, tier::tier_loop};
 
 /// The page size the runtime manages: the wire's page (farmem-proto), which the memory and
 /// userfaultfd crates (below the wire, so with constants of their own) must agree with.
@@ -208,17 +203,12 @@ impl Runtime {
             sh.clone(),
             shared_cpu,
         )?);
-        threads.push(spawn("farmem-send", send::send_loop, sh.clone(), None)?);
+        threads.push(spawn("farmem-send", send_loop, sh.clone(), None)?);
         if sh.far.tier.is_some() {
-            threads.push(spawn(
-                "farmem-tier",
-                tier_thread::tier_loop,
-                sh.clone(),
-                None,
-            )?);
+            threads.push(spawn("farmem-tier", tier_loop, sh.clone(), None)?);
         }
         if !sh.far.donors.is_empty() {
-            threads.push(spawn("farmem-heal", heal::heal_loop, sh.clone(), None)?);
+            threads.push(spawn("farmem-heal", heal_loop, sh.clone(), None)?);
         }
         if sh.far.backup.is_some() {
             threads.push(spawn(
@@ -233,12 +223,7 @@ impl Runtime {
             )?);
         }
         if sh.pf.enabled() {
-            threads.push(spawn(
-                "farmem-prefetch",
-                prefetch_thread::prefetch_loop,
-                sh.clone(),
-                None,
-            )?);
+            threads.push(spawn("farmem-prefetch", prefetch_loop, sh.clone(), None)?);
         }
         // Every thread past its start before any region can exist: a thread library reads
         // program data while it starts a thread (glibc: the locale), and a forked child

@@ -196,7 +196,7 @@ pub(crate) fn is_present(addr: usize) -> bool {
 }
 
 /// Unmaps the region pages `addr..addr + len` from this process (`MADV_DONTNEED`), leaving
-/// them to the process they are shared with ([`crate::cow`]). Raises a REMOVE event on the
+/// them to the process they are shared with ([`crate::threads::cow`]). Raises a REMOVE event on the
 /// region userfaultfd and returns once the fault thread has read it.
 pub(crate) fn drop_region_pages(addr: usize, len: usize) -> std::io::Result<()> {
     // SAFETY: the range is region pages whose contents are in pool slots and which are

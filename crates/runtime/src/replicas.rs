@@ -2,7 +2,7 @@
 //! inline so a slab's home stays a small `Copy` value that is looked up on every fault.
 //!
 //! The first replica in the list is the one reads go to while its donor is alive; the order
-//! otherwise carries no meaning. A replica being filled by re-replication ([`crate::heal`]) is
+//! otherwise carries no meaning. A replica being filled by re-replication ([`crate::threads::heal`]) is
 //! written by the sender like the others but not read until its copy is complete.
 
 use farmem_transport::PageAddr;

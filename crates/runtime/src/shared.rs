@@ -70,7 +70,7 @@ pub(crate) struct State {
     pub(crate) staging: VecDeque<Staged>,
     /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
     pub(crate) dontfork: crate::dontfork::DontFork,
-    /// Victims being dropped as shared with a forked process ([`crate::cow`]).
+    /// Victims being dropped as shared with a forked process ([`crate::threads::cow`]).
     pub(crate) drops: crate::drops::Drops,
     /// Whether pages installed ahead from the host tier go in writable ([`crate::fault`]).
     pub(crate) ahead_writes: farmem_policy::ahead_writes::AheadWrites,
@@ -123,7 +123,7 @@ pub(crate) struct Shared {
     pub(crate) fetch_attempts: u32,
     /// Limit for each donor request (a read waits this long on its last copy).
     pub(crate) request_timeout: Duration,
-    /// Most bytes a second re-replication copies ([`crate::heal`]).
+    /// Most bytes a second re-replication copies ([`crate::threads::heal`]).
     pub(crate) heal_rate_bytes: u64,
     pub(crate) thread_hook: Option<Arc<dyn Fn() + Send + Sync>>,
     pub(crate) zero: Box<[u8]>,
@@ -144,7 +144,7 @@ pub(crate) struct Shared {
     /// pages in ranges made read-only, or shared and not droppable): faults must not wait for
     /// it (the budget is exceeded meanwhile).
     pub(crate) evictor_blocked: AtomicBool,
-    /// The evictor is dropping pages shared with a forked process ([`crate::cow`]): each
+    /// The evictor is dropping pages shared with a forked process ([`crate::threads::cow`]): each
     /// drop waits for the fault thread to read an event, so that thread must not wait for it.
     pub(crate) dropping: AtomicBool,
     /// Prefetching and the access trace ([`crate::prefetch`]).

@@ -1,6 +1,6 @@
 //! Copying one far slab to a new donor, chunk by chunk and paced to `heal_rate_bytes` a
-//! second: re-replication ([`crate::heal`]) and migration off a donor that wants its memory back
-//! ([`crate::migrate`]) share it.
+//! second: re-replication ([`crate::threads::heal`]) and migration off a donor that wants its memory back
+//! ([`crate::threads::migrate`]) share it.
 //!
 //! The new copy is added to the slab first, marked filling: the sender writes it like the
 //! others, reads skip it. Each chunk is copied with the copy gate held exclusively and every

@@ -14,7 +14,7 @@
 //!   serves as many connections as it may or does not answer in time is done without, as
 //!   `Auto` does without a host's node (`farmem run` checked it before the program started;
 //!   it may have filled since, or before a child of the program starts). `Off`: none.
-//! - Placement ([`crate::tier_thread`]): a far slab goes to the host tier while the node lends slabs,
+//! - Placement ([`crate::threads::tier`]): a far slab goes to the host tier while the node lends slabs,
 //!   then to the donors. A refusal from a full node is remembered for a second, so a full tier
 //!   costs one request per second, not one per slab.
 //! - Fallback: with no donors, a *host's* node that has no room for this program (full, this

@@ -22,7 +22,7 @@
 //!
 //! - Pages shared copy-on-write with a forked process (EBUSY) and pages of ranges the program
 //!   made read-only or inaccessible (EINVAL) cannot be MOVEd; they are copied and dropped from
-//!   this process instead ([`crate::cow`]), after the round's commit. While nothing can be
+//!   this process instead ([`crate::threads::cow`]), after the round's commit. While nothing can be
 //!   moved or dropped (mlocked memory), resident memory exceeds the budget.
 
 use std::sync::atomic::Ordering;
@@ -63,7 +63,7 @@ pub(super) const MAX_HOLE_PAGES: usize = 2;
 /// so a long run of such pages at the head does not hold faults back.
 pub(super) const KEPT_PER_ROUND: u64 = 256;
 
-/// Why MOVE refused a victim that is then dropped instead ([`crate::cow`]).
+/// Why MOVE refused a victim that is then dropped instead ([`crate::threads::cow`]).
 #[derive(Clone, Copy)]
 pub(super) enum Unmovable {
     /// Shared copy-on-write with a forked process (EBUSY).
@@ -102,7 +102,7 @@ pub(super) struct Evictor {
     outcomes: Vec<Outcome>,
     draining: bool,
     /// Victims MOVE refused (shared with a forked process, or in a range that is not
-    /// writable), still `Evicting`, to drop after the commit ([`crate::cow`]).
+    /// writable), still `Evicting`, to drop after the commit ([`crate::threads::cow`]).
     unmovable: Vec<(Victim, Unmovable)>,
     stall_backoff: Duration,
     stalled_rounds: u32,

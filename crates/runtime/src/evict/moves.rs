@@ -1,5 +1,5 @@
 //! Moving victims out of their regions (UFFDIO_MOVE, one ioctl per run of neighbours) and
-//! dropping those MOVE refuses ([`crate::cow`]).
+//! dropping those MOVE refuses ([`crate::threads::cow`]).
 
 use crate::pages::PageState;
 use crate::runs::runs;
@@ -81,7 +81,7 @@ pub(super) fn moved_anyway(sh: &Shared, v: &Victim) -> bool {
         && region[0] & 1 == 0
 }
 
-/// Drops the victims MOVE refused ([`crate::cow`]) and commits them: each is committed where it is now (an mremap may have moved it) if it left this
+/// Drops the victims MOVE refused ([`crate::threads::cow`]) and commits them: each is committed where it is now (an mremap may have moved it) if it left this
 /// process; one still mapped there stays resident, one released meanwhile is forgotten.
 /// Each drop waits for the fault thread to read its REMOVE event, so faults wait in that
 /// thread's queue meanwhile (`dropping`). Returns how many pages were dropped.
@@ -89,7 +89,7 @@ pub(super) fn drop_unmovable(sh: &Shared, ev: &mut Evictor) -> usize {
     sh.dropping.store(true, Ordering::Release);
     sh.commit_cv.notify_all();
     let pages: Vec<(usize, u32)> = ev.unmovable.iter().map(|(v, _)| (v.addr, v.slot)).collect();
-    let done = crate::cow::copy_and_drop(sh, &pages);
+    let done = crate::threads::cow::copy_and_drop(sh, &pages);
     sh.dropping.store(false, Ordering::Release);
     let mut dropped = 0;
     let (mut shared, mut not_writable) = (0u64, 0u64);

@@ -3,7 +3,7 @@
 //! # Design
 //!
 //! It reads messages in batches and handles them in order: release events (REMOVE, UNMAP,
-//! REMAP: [`crate::events`]) update the page table at once (never calling madvise itself: the
+//! REMAP: [`crate::threads::events`]) update the page table at once (never calling madvise itself: the
 //! program thread that raised the event is blocked until it is read); a fault is answered by
 //! the cheapest source: a zero page for never-written pages, a MOVE back from the write-back
 //! pool, or a read from the donor issued by this thread, which waits for it directly (the only
@@ -180,9 +180,9 @@ fn handle_event(sh: &Shared, ev: Event, q: &mut Queues) {
             serve(sh, msg, q);
         }
         Event::Remove { start, end } | Event::Unmap { start, end } => {
-            crate::events::release(sh, start, end, matches!(ev, Event::Unmap { .. }));
+            crate::threads::events::release(sh, start, end, matches!(ev, Event::Unmap { .. }));
         }
-        Event::Remap { from, to, len } => crate::events::remap(sh, from, to, len),
+        Event::Remap { from, to, len } => crate::threads::events::remap(sh, from, to, len),
         Event::Fork { .. } => {
             // EVENT_FORK is never enabled; dropping the fd would be the answer.
         }
@@ -242,7 +242,7 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         return;
     };
     // Waits for an eviction in progress to commit, unless the page is being dropped
-    // ([`crate::cow`]): a write to it (write-protected for its copy), or an access after the
+    // ([`crate::threads::cow`]): a write to it (write-protected for its copy), or an access after the
     // program released it meanwhile. The drop waits for this thread, so the fault waits in the
     // queue until the drop is committed; installing a page now would have it dropped too.
     // Checked on every wake-up: a victim MOVE refuses becomes a drop while this thread waits

@@ -30,8 +30,8 @@
 //!   pages with the parent's key and the seals they had at the fork ([`crate::seal`]). The
 //!   donor keeps the parent's slabs while any connection of that client is open, so a child
 //!   outlives a parent that exits or is killed. The parent moves no slab a child reads
-//!   ([`crate::migrate`] waits for the thaw) and frees no copy it dropped meanwhile
-//!   ([`crate::heal`]: the child may still read it).
+//!   ([`crate::threads::migrate`] waits for the thaw) and frees no copy it dropped meanwhile
+//!   ([`crate::threads::heal`]: the child may still read it).
 //! - The child's borrowed donor slabs ([`Home::Borrowed`]) are read through those connections
 //!   only: never written, healed or moved. A grandchild borrows them in turn, from the same
 //!   lender ([`crate::lentdonors`]).
@@ -48,7 +48,7 @@
 //!   resident).
 //! - Pages shared with the child cannot be MOVEd (EBUSY) until the parent writes them; either
 //!   side's evictor copies such a page out and drops it from its own process
-//!   ([`crate::cow`]), so the page stays in memory only while the other side still maps it.
+//!   ([`crate::threads::cow`]), so the page stays in memory only while the other side still maps it.
 //!   The parent's resident pages without an equal far copy stay shared with the child, which
 //!   counts them too: the tree's runtimes count such a page twice, so they hold *less* than
 //!   the budget, never more.

@@ -469,7 +469,7 @@ impl Pages {
     /// forgotten and the page resent later; a fetch in flight is dropped). Returns the moved
     /// entries by new address (for the pool slots' owners), or `Err` with what the pages held
     /// if `to` partly overlaps another region (the pages are then forgotten). The only
-    /// `Evicting` pages may be ones being dropped ([`crate::cow`], which follows them): the
+    /// `Evicting` pages may be ones being dropped ([`crate::threads::cow`], which follows them): the
     /// caller settles the other evictions first.
     #[allow(clippy::type_complexity)]
     pub(crate) fn remap(

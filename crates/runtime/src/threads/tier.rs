@@ -14,6 +14,7 @@ use crate::far::Home;
 use crate::memslabs::MemKind;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::{Failure, Shared};
+use crate::threads::backoff::Backoff;
 use crate::tier::Tier;
 use farmem_proto::PAGE_SIZE;
 
@@ -61,21 +62,13 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
         return;
     };
     let mut next_round = Instant::now();
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut busy = false;
     let mut node_gone = false;
     while !sh.shutdown.load(Ordering::Relaxed) {
-        // Busy writing through: 10 ms rounds. Idle with donors to write through to, or with
-        // far pages frozen for a forked child (thawed when its hold is gone): 100 ms, so a
-        // page reaches a donor, and frozen pages are reused, soon. Otherwise only the node's
-        // reclaims wake it (or shutdown: crate::doorbell).
-        let wait = if busy {
-            Duration::from_millis(10)
-        } else if !sh.far.donors.is_empty() || sh.state.lock().far_pages.any_frozen() {
-            Duration::from_millis(100)
-        } else {
-            IDLE_WAIT
-        };
+        let wait = round_wait(busy, !sh.far.donors.is_empty(), || {
+            sh.state.lock().far_pages.any_frozen()
+        });
         let reclaims = if node_gone {
             crossbeam_channel::never()
         } else {
@@ -98,7 +91,7 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
         match write_through(&sh) {
             Ok(n) => {
                 busy = n > 0;
-                backoff = Duration::from_millis(100);
+                backoff.reset();
             }
             Err(e) => {
                 busy = false;
@@ -109,10 +102,24 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
                          retrying): {e}"
                     ),
                 );
-                next_round = Instant::now() + backoff;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                next_round = Instant::now() + backoff.next();
             }
         }
+    }
+}
+
+/// How long the tier thread waits for a reclaim or a kick before its next round. Busy writing
+/// through: 10 ms rounds. Idle with donors to write through to, or with far pages frozen for a
+/// forked child (thawed when its hold is gone; asked only without donors): 100 ms, so a page
+/// reaches a donor, and frozen pages are reused, soon. Otherwise only the node's reclaims wake
+/// it (or shutdown: crate::doorbell).
+fn round_wait(busy: bool, donors: bool, frozen: impl FnOnce() -> bool) -> Duration {
+    if busy {
+        Duration::from_millis(10)
+    } else if donors || frozen() {
+        Duration::from_millis(100)
+    } else {
+        IDLE_WAIT
     }
 }
 
@@ -291,4 +298,23 @@ fn write_through_slab(sh: &Shared, m: u32, max: usize) -> Result<usize, RuntimeE
     s.s.tier_pages_written_through += n as u64;
     s.s.bytes_sent += (n * PAGE_SIZE) as u64;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_are_short_while_busy_and_idle_waits_only_without_work_to_come() {
+        let ms = Duration::from_millis;
+        assert_eq!(round_wait(true, false, || false), ms(10));
+        assert_eq!(
+            round_wait(false, true, || panic!(
+                "frozen pages are asked only without donors"
+            )),
+            ms(100)
+        );
+        assert_eq!(round_wait(false, false, || true), ms(100));
+        assert_eq!(round_wait(false, false, || false), IDLE_WAIT);
+    }
 }

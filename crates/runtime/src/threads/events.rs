@@ -9,7 +9,7 @@ use crate::shared::Shared;
 pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
     let mut st = sh.state.lock();
     // Pages the evictor dropped as shared with a forked process are not the program's
-    // ([`crate::cow`]).
+    // ([`crate::threads::cow`]).
     let runs = if unmapped {
         vec![(start, end)]
     } else {

@@ -23,7 +23,7 @@
 //!   holds it shared, so no chunk copy can overwrite a newer page. Copies are paced to
 //!   `heal_rate_bytes` a second, so the program keeps its bandwidth.
 //! - Every 250 ms the donors are asked which slabs they want back, and those are moved
-//!   ([`crate::migrate`]).
+//!   ([`crate::threads::migrate`]).
 //! - Memory slabs (the host tier) with a copy on a dead donor lose that copy and have every
 //!   page written through again to a new one ([`crate::tier`]).
 
@@ -36,112 +36,100 @@ use crate::failure_log::FailureLog;
 use crate::health::Cause;
 use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
-use crate::slabcopy::{copy_slab, Source};
+use crate::slabcopy::copy_slab;
+use crate::threads::heal_plan::{plan_slab, DonorState, Healed, Rounds, SlabPlan};
+use crate::threads::heal_rounds::{run, HealWorld};
 
-/// How often dead donors are probed to see whether they came back.
-const DEAD_PROBE_EVERY: Duration = Duration::from_secs(2);
 /// How long the probe's fresh TCP connection may take.
 const CONNECT_PROBE: Duration = Duration::from_secs(1);
-/// How often donors are asked which slabs they want back ([`crate::migrate`]).
-const RECLAIM_POLL_EVERY: Duration = Duration::from_millis(250);
-/// After re-replication found no donor to copy to, how long before it looks again.
-const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
 
 /// The heal thread. Runs until shutdown when donors are used.
 pub(crate) fn heal_loop(sh: Arc<Shared>) {
-    let far = &sh.far;
-    let mut next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
-    // Since when slabs have been re-replicated without a pause (the last donor death).
-    let mut episode: Option<Instant> = None;
-    let mut blocked_until = Instant::now();
-    let mut more = false;
-    let mut next_reclaim_poll = Instant::now();
-    // The death each donor had when last looked at: a new one starts a healing episode.
-    let mut deaths_seen: Vec<Option<Instant>> = vec![None; far.donors.len()];
-    let mut no_room_log = FailureLog::default();
-    while !sh.shutdown.load(Ordering::Relaxed) {
-        {
-            // Until the next reclaim poll or dead-donor probe is due, unless woken (a donor
-            // suspected or declared dead, a probe done, shutdown): it used to wake every
-            // 100 ms.
-            let due = next_reclaim_poll.min(next_dead_probe);
-            let mut woken = far.heal_mu.lock();
-            if !*woken && !more && !sh.shutdown.load(Ordering::Relaxed) {
-                let wait = due.saturating_duration_since(Instant::now());
-                far.heal_cv
-                    .wait_for(&mut woken, wait.max(Duration::from_millis(1)));
-            }
-            *woken = false;
+    run(&sh);
+}
+
+/// The heal loop's interface, on the runtime.
+impl HealWorld for Arc<Shared> {
+    fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn donors(&self) -> usize {
+        self.far.donors.len()
+    }
+
+    /// Sleeps until the next reclaim poll or dead-donor probe is due, unless woken (a donor
+    /// suspected or declared dead, a probe done, shutdown) or more slabs wait to be copied: it
+    /// used to wake every 100 ms.
+    fn wait_for_work(&self, rounds: &Rounds) {
+        let far = &self.far;
+        let mut woken = far.heal_mu.lock();
+        if !*woken && !rounds.more && !self.shutdown.load(Ordering::Relaxed) {
+            let wait = rounds.due().saturating_duration_since(Instant::now());
+            far.heal_cv
+                .wait_for(&mut woken, wait.max(Duration::from_millis(1)));
         }
-        let dead_round = Instant::now() >= next_dead_probe;
-        if dead_round {
-            next_dead_probe = Instant::now() + DEAD_PROBE_EVERY;
-        }
-        for (d, seen) in deaths_seen.iter_mut().enumerate() {
-            let h = &far.donors[d].health;
+        *woken = false;
+    }
+
+    fn look_at_donors(&self, dead_round: bool) -> Vec<Option<Instant>> {
+        let mut deaths = Vec::with_capacity(self.far.donors.len());
+        for (d, donor) in self.far.donors.iter().enumerate() {
+            let h = &donor.health;
             if h.is_suspect() || (dead_round && h.is_dead()) {
-                spawn_probe(&sh, d);
+                spawn_probe(self, d);
             }
-            // Healing is timed from the death being declared (each death once).
-            let death = h.death().map(|(_, at)| at);
-            if death.is_some() && death != *seen {
-                *seen = death;
-                if let Some(at) = death {
-                    episode.get_or_insert(at);
-                }
-            }
+            deaths.push(h.death().map(|(_, at)| at));
         }
-        if Instant::now() >= next_reclaim_poll {
-            // Far pages frozen for forked children that read them on donors: reused once
-            // those children are gone; so are copies dropped meanwhile from donors that came
-            // back.
-            crate::fork::thaw_if_no_child(&sh);
-            if !far.dropped.lock().is_empty() {
-                free_stale_copies(&sh);
-            }
-            crate::migrate::poll(&sh);
-            next_reclaim_poll = Instant::now() + RECLAIM_POLL_EVERY;
+        deaths
+    }
+
+    /// Far pages frozen for forked children that read them on donors are reused once those
+    /// children are gone; so are copies dropped meanwhile from donors that came back; and
+    /// slabs donors want back are moved.
+    fn reclaim_round(&self) {
+        crate::fork::thaw_if_no_child(self);
+        if !self.far.dropped.lock().is_empty() {
+            free_stale_copies(self);
         }
-        more = false;
-        if Instant::now() < blocked_until {
-            continue;
-        }
-        match heal_one(&sh) {
-            Healed::One => {
-                episode.get_or_insert_with(Instant::now);
-                more = true;
-            }
-            Healed::NoRoom { why } => {
-                blocked_until = Instant::now() + NO_ROOM_RETRY;
-                if let Some(why) = why {
-                    if let Some(n) = no_room_log.should_log(&why) {
-                        let (short, _) = far.slab_health();
-                        let again = if n > 0 {
-                            format!(" (tried {n} times more since said)")
-                        } else {
-                            String::new()
-                        };
-                        tracing::warn!(
-                            "re-replication waits: {short} far slabs are short of copies and \
-                             no live donor takes a new one ({} of {} donors live): {why}; \
-                             retrying every second{again}",
-                            far.live_donors(),
-                            far.donors.len()
-                        );
-                    }
-                }
-            }
-            Healed::Nothing => {
-                if let Some(t0) = episode.take() {
-                    let took = t0.elapsed().as_secs_f64();
-                    tracing::info!(
-                        "re-replication done: every slab that can be healed has its copies \
-                         ({took:.1} s after the failure was declared)"
-                    );
-                    sh.stats.lock().s.last_heal_s = Some(took);
-                }
-            }
-        }
+        crate::threads::migrate::poll(self);
+    }
+
+    fn heal_one(&self) -> Healed {
+        heal_one(self)
+    }
+
+    /// Says (at most once a second per reason) that re-replication waits for a donor.
+    fn no_room(&self, log: &mut FailureLog, why: String) {
+        let Some(n) = log.should_log(&why) else {
+            return;
+        };
+        let far = &self.far;
+        let (short, _) = far.slab_health();
+        let again = if n > 0 {
+            format!(" (tried {n} times more since said)")
+        } else {
+            String::new()
+        };
+        tracing::warn!(
+            "re-replication waits: {short} far slabs are short of copies and no live donor \
+             takes a new one ({} of {} donors live): {why}; retrying every second{again}",
+            far.live_donors(),
+            far.donors.len()
+        );
+    }
+
+    fn healed_all(&self, took: Duration) {
+        let took = took.as_secs_f64();
+        tracing::info!(
+            "re-replication done: every slab that can be healed has its copies ({took:.1} s \
+             after the failure was declared)"
+        );
+        self.stats.lock().s.last_heal_s = Some(took);
     }
 }
 
@@ -313,59 +301,50 @@ fn has_live_copy(sh: &Shared, r: &Replicas, besides: Option<usize>) -> bool {
         .any(|x| Some(x.donor) != besides && sh.far.donors[x.donor].health.is_live())
 }
 
-/// What one step of re-replication did.
-enum Healed {
-    /// Copied one slab.
-    One,
-    /// Slabs need copies but no live donor can take one now (why, when a try failed).
-    NoRoom { why: Option<String> },
-    /// Nothing (more) to do.
-    Nothing,
+/// A donor's health, for [`plan_slab`].
+fn donor_state(sh: &Shared, d: usize) -> DonorState {
+    let h = &sh.far.donors[d].health;
+    if h.is_suspect() {
+        DonorState::Suspect
+    } else if h.is_dead() {
+        DonorState::Dead
+    } else {
+        DonorState::Live
+    }
 }
 
-/// Finds one slab with fewer complete live copies than wanted and copies it to a new donor.
+/// Finds one slab with fewer complete live copies than wanted and copies it to a new donor
+/// ([`plan_slab`] decides).
 fn heal_one(sh: &Shared) -> Healed {
     let far = &sh.far;
     let mut no_room = false;
     let mut why = None;
     for (idx, r) in far.donor_slabs() {
-        if r.as_slice()
-            .iter()
-            .any(|x| far.donors[x.donor].health.is_suspect())
-        {
-            continue; // wait for the verdict
-        }
-        let live: Vec<_> = r
-            .readable()
-            .filter(|x| far.donors[x.donor].health.is_live())
-            .collect();
-        if live.len() >= far.replicas {
-            // Enough copies: forget those on dead donors.
-            for x in r.as_slice() {
-                if far.donors[x.donor].health.is_dead() {
-                    far.drop_replica(idx, x.donor);
+        let plan = plan_slab(
+            &r,
+            |d| donor_state(sh, d),
+            far.replicas,
+            far.live_donors(),
+            far.backup.is_some(),
+        );
+        match plan {
+            SlabPlan::Wait | SlabPlan::Lost => {}
+            SlabPlan::Enough { forget } => {
+                for d in forget {
+                    far.drop_replica(idx, d);
                 }
             }
-            continue;
-        }
-        let source = match live.first() {
-            Some(x) => Source::Donor(*x),
-            None if far.backup.is_some() => Source::Backup,
-            None => continue, // no copy left to heal from: lost unless its donor returns
-        };
-        if far.live_donors() <= live.len() {
-            no_room = true;
-            continue;
-        }
-        match copy_slab(sh, idx, r, source) {
-            Ok(()) => return Healed::One,
-            Err(e) => {
-                // Every other slab short of copies would meet the same refusal: one try a
-                // round, not one per slab.
-                why = Some(e.to_string());
-                no_room = true;
-                break;
-            }
+            SlabPlan::NoRoom => no_room = true,
+            SlabPlan::Copy(source) => match copy_slab(sh, idx, r, source) {
+                Ok(()) => return Healed::One,
+                Err(e) => {
+                    // Every other slab short of copies would meet the same refusal: one try
+                    // a round, not one per slab.
+                    why = Some(e.to_string());
+                    no_room = true;
+                    break;
+                }
+            },
         }
     }
     if no_room {

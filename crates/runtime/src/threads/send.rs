@@ -12,6 +12,7 @@
 //!
 //! [`Pages::mark_sent`]: crate::pages::Pages::mark_sent
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::far::Home;
 use crate::pages::PageState;
 use crate::replicas::Replicas;
 use crate::shared::{Failure, Shared, Staged, State};
+use crate::threads::backoff::Backoff;
 use farmem_proto::PAGE_SIZE;
 
 /// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
@@ -41,7 +43,7 @@ fn staged_live(st: &State, s: &Staged) -> bool {
 
 /// The sender. Runs until shutdown.
 pub(crate) fn send_loop(sh: Arc<Shared>) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
     // A failure that lasts (a node gone, donors full) is retried every second at most:
     // logging each retry filled the program's stderr with one error line a second.
     let mut failing = FailureLog::default();
@@ -54,54 +56,77 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
             }
             continue;
         }
-        // Take up to 256 still-wanted pages, oldest first.
-        let mut batch: Vec<Staged> = Vec::new();
-        while batch.len() < farmem_transport::MAX_BATCH_PAGES {
-            let Some(s) = st.staging.pop_front() else {
-                break;
-            };
-            if staged_live(&st, &s) {
-                batch.push(s);
-            }
-        }
+        // Taken out while it is read: whether a page is still wanted looks at the rest of
+        // the state.
+        let mut staging = std::mem::take(&mut st.staging);
+        let mut batch = take_batch(&mut staging, farmem_transport::MAX_BATCH_PAGES, |s| {
+            staged_live(&st, s)
+        });
+        st.staging = staging;
         drop(st);
         if batch.is_empty() {
             continue;
         }
         if let Err(e) = write_batch(&sh, &mut batch) {
-            let msg = format!(
-                "write-back of {} evicted pages failed (kept in the write-back pool, \
-                 retrying): {e}",
-                batch.len()
-            );
-            match failing.should_log(&e.to_string()) {
-                Some(0) => sh.report(Failure::Send, msg),
-                Some(n) => sh.report(
-                    Failure::Send,
-                    format!("{msg} (and {n} times more since said)"),
-                ),
-                None => sh.count_error(Failure::Send, msg),
-            }
-            sh.failing_since
-                .lock()
-                .get_or_insert_with(std::time::Instant::now);
-            sh.send_failing.store(true, Ordering::Relaxed);
-            sh.commit_cv.notify_all();
-            let mut st = sh.state.lock();
-            for s in batch.into_iter().rev() {
-                st.staging.push_front(s);
-            }
-            drop(st);
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            send_failed(&sh, &mut failing, batch, &e);
+            std::thread::sleep(backoff.next());
             continue;
         }
-        backoff = Duration::from_millis(10);
+        backoff.reset();
         failing = FailureLog::default();
         sh.send_failing.store(false, Ordering::Relaxed);
         *sh.failing_since.lock() = None;
         acknowledge(&sh, &batch);
     }
+}
+
+/// Takes up to `max` still-wanted (`live`) pages off the front of `staging`, oldest first;
+/// those no longer wanted are dropped from it on the way.
+fn take_batch<T>(
+    staging: &mut VecDeque<T>,
+    max: usize,
+    mut live: impl FnMut(&T) -> bool,
+) -> Vec<T> {
+    let mut batch = Vec::new();
+    while batch.len() < max {
+        let Some(s) = staging.pop_front() else {
+            break;
+        };
+        if live(&s) {
+            batch.push(s);
+        }
+    }
+    batch
+}
+
+/// Puts a batch that could not be sent back at the front of `staging`, in its order.
+fn requeue<T>(staging: &mut VecDeque<T>, batch: Vec<T>) {
+    for s in batch.into_iter().rev() {
+        staging.push_front(s);
+    }
+}
+
+/// Writing `batch` back failed with `e`: says so (a lasting failure once a second at most),
+/// marks write-back failing (commits waiting for the pool see it) and stages the batch again.
+fn send_failed(sh: &Shared, failing: &mut FailureLog, batch: Vec<Staged>, e: &RuntimeError) {
+    let msg = format!(
+        "write-back of {} evicted pages failed (kept in the write-back pool, retrying): {e}",
+        batch.len()
+    );
+    match failing.should_log(&e.to_string()) {
+        Some(0) => sh.report(Failure::Send, msg),
+        Some(n) => sh.report(
+            Failure::Send,
+            format!("{msg} (and {n} times more since said)"),
+        ),
+        None => sh.count_error(Failure::Send, msg),
+    }
+    sh.failing_since
+        .lock()
+        .get_or_insert_with(std::time::Instant::now);
+    sh.send_failing.store(true, Ordering::Relaxed);
+    sh.commit_cv.notify_all();
+    requeue(&mut sh.state.lock().staging, batch);
 }
 
 /// Writes a batch where its pages live, placing slabs on first write: pages whose slab is in
@@ -203,4 +228,28 @@ fn acknowledge_one(st: &mut State, s: &Staged) {
         }
     }
     st.pages.mark_sent(s.addr, None, s.gen);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_takes_at_most_the_limit_of_wanted_pages_oldest_first() {
+        // Odd pages are no longer wanted: dropped on the way, not sent.
+        let mut staging: VecDeque<u32> = (0..10).collect();
+        let batch = take_batch(&mut staging, 3, |p| p % 2 == 0);
+        assert_eq!(batch, vec![0, 2, 4]);
+        assert_eq!(staging, VecDeque::from(vec![5, 6, 7, 8, 9]));
+        let batch = take_batch(&mut staging, 3, |p| p % 2 == 0);
+        assert_eq!(batch, vec![6, 8]);
+        assert!(staging.is_empty());
+    }
+
+    #[test]
+    fn a_failed_batch_goes_back_before_pages_staged_since() {
+        let mut staging: VecDeque<u32> = VecDeque::from(vec![7, 8]);
+        requeue(&mut staging, vec![1, 2, 3]);
+        assert_eq!(staging, VecDeque::from(vec![1, 2, 3, 7, 8]));
+    }
 }

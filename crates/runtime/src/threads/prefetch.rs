@@ -20,13 +20,14 @@ use std::time::Instant;
 
 use crate::sync::MutexGuard;
 use farmem_policy::Origin;
-use farmem_transport::{Completion, PageAddr};
+use farmem_transport::{Completion, Pending, TransportError};
 use farmem_uffd::UffdError;
 
 use crate::pages::PageState;
 use crate::prefetch::{page_of, Req, MAX_WINDOWS};
 use crate::shared::{Shared, State};
 use crate::stats::FaultKind;
+use crate::threads::prefetch_plan::{batches, drop_consumed};
 use farmem_contract::PrefetchInstall;
 use farmem_proto::PAGE_SIZE;
 
@@ -78,110 +79,102 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
     let pf = &sh.pf;
     let mut reqs: Vec<Req> = Vec::new();
     while !sh.shutdown.load(Ordering::Relaxed) {
-        {
-            let mut q = pf.queue.lock();
-            // Woken by each queued fetch, and at shutdown (crate::doorbell).
-            if q.is_empty() && !sh.shutdown.load(Ordering::Relaxed) {
-                pf.queue_cv.wait_for(&mut q, crate::doorbell::IDLE_WAIT);
-            }
-            reqs.extend(q.drain(..));
-        }
-        // Pages a demand fault already brought in (counted as waited hits) are not fetched:
-        // a prefetch thread that fell behind catches up instead of fetching stale pages.
-        {
-            let mut i = pf.inner.lock();
-            let before = reqs.len();
-            reqs.retain(|r| {
-                let consumed = i.in_flight.get(&r.addr).is_some_and(|f| f.consumed);
-                if consumed {
-                    i.in_flight.remove(&r.addr);
-                }
-                !consumed
-            });
-            i.dropped += (before - reqs.len()) as u64;
-        }
+        take_queued(&sh, &mut reqs);
+        drop_consumed(&mut pf.inner.lock(), &mut reqs);
         if reqs.is_empty() {
             continue;
         }
-        // Group by donor; pages whose slab is unknown cannot be remote: drop them.
-        let mut groups: Vec<Vec<(PageAddr, Req)>> =
-            (0..pf.clients.len()).map(|_| Vec::new()).collect();
-        let mut lost = Vec::new();
-        for r in reqs.drain(..) {
-            match sh.far.read_sources(r.far).first() {
-                Some(&(d, a)) if d < groups.len() && sh.far.donor(d).health.is_live() => {
-                    groups[d].push((a, r))
-                }
-                // No live copy: the demand path reads it (failing over, or from the backup).
-                _ => lost.push(r),
-            }
-        }
-        let mut batches = Vec::new();
-        for (d, g) in groups.into_iter().enumerate() {
-            let mut g = g.into_iter().peekable();
-            while g.peek().is_some() {
-                let chunk: Vec<(PageAddr, Req)> =
-                    g.by_ref().take(farmem_transport::MAX_BATCH_PAGES).collect();
-                let addrs: Vec<PageAddr> = chunk.iter().map(|(a, _)| *a).collect();
-                let reqs: Vec<Req> = chunk.into_iter().map(|(_, r)| r).collect();
-                let p = pf.clients[d].submit_read(&addrs);
-                batches.push((d, reqs, p, Instant::now()));
-            }
-        }
+        let (batches, lost) = batches(
+            reqs.drain(..),
+            pf.clients.len(),
+            |far| sh.far.read_sources(far).first().copied(),
+            |d| sh.far.donor(d).health.is_live(),
+            farmem_transport::MAX_BATCH_PAGES,
+        );
+        let submitted: Vec<_> = batches
+            .into_iter()
+            .map(|b| {
+                let p = pf.clients[b.donor].submit_read(&b.addrs);
+                (b.donor, b.reqs, p, Instant::now())
+            })
+            .collect();
         if !lost.is_empty() {
             arrive(&sh, lost, None);
         }
-        // With another copy to read from, a batch is waited for only as long as batches
-        // usually take (the failover delay of batch times): pages faulted on while a stalled
-        // donor holds their prefetch then go to the demand path, which fails over, instead of
-        // waiting out the request timeout.
-        let other_copy = sh.far.replicas > 1 || sh.far.backup.is_some();
-        for (d, reqs, p, sent) in batches {
-            let failed = |e: farmem_transport::TransportError| {
-                sh.far.on_error(d, &e);
-                e.to_string()
-            };
-            let result = match p {
-                Err(e) => Err(failed(e)),
-                Ok(p) if !other_copy => p.wait().map_err(failed),
-                Ok(mut p) => {
-                    let delay = sh.far.batch_times.failover_delay(sh.request_timeout);
-                    match p.wait_until(sent + delay) {
-                        Some(r) => r.map_err(failed),
-                        // Slow, not failed: nothing to suspect. Counted as a batch that took
-                        // the delay, so a donor slow for good soon gets four times longer.
-                        None => {
-                            sh.far.batch_times.record(delay);
-                            tracing::debug!(
-                                "donor {} did not answer a prefetch batch within {} ms; its \
-                                 pages go to the demand path",
-                                sh.far.donor(d).read.addr(),
-                                delay.as_millis()
-                            );
-                            arrive(&sh, reqs, None);
-                            continue;
-                        }
-                    }
+        for (d, reqs, p, sent) in submitted {
+            finish_batch(&sh, d, reqs, p, sent);
+        }
+    }
+}
+
+/// Takes every queued request into `reqs`, waiting for one if there is none.
+fn take_queued(sh: &Shared, reqs: &mut Vec<Req>) {
+    let pf = &sh.pf;
+    let mut q = pf.queue.lock();
+    // Woken by each queued fetch, and at shutdown (crate::doorbell).
+    if q.is_empty() && !sh.shutdown.load(Ordering::Relaxed) {
+        pf.queue_cv.wait_for(&mut q, crate::doorbell::IDLE_WAIT);
+    }
+    reqs.extend(q.drain(..));
+}
+
+/// Waits for the batch `p` submitted to donor `d` at `sent` and makes its pages arrive.
+///
+/// With another copy to read from, a batch is waited for only as long as batches usually
+/// take (the failover delay of batch times): pages faulted on while a stalled donor holds
+/// their prefetch then go to the demand path, which fails over, instead of waiting out the
+/// request timeout.
+fn finish_batch(
+    sh: &Shared,
+    d: usize,
+    reqs: Vec<Req>,
+    p: Result<Pending, TransportError>,
+    sent: Instant,
+) {
+    let other_copy = sh.far.replicas > 1 || sh.far.backup.is_some();
+    let failed = |e: TransportError| {
+        sh.far.on_error(d, &e);
+        e.to_string()
+    };
+    let result = match p {
+        Err(e) => Err(failed(e)),
+        Ok(p) if !other_copy => p.wait().map_err(failed),
+        Ok(mut p) => {
+            let delay = sh.far.batch_times.failover_delay(sh.request_timeout);
+            match p.wait_until(sent + delay) {
+                Some(r) => r.map_err(failed),
+                // Slow, not failed: nothing to suspect. Counted as a batch that took the
+                // delay, so a donor slow for good soon gets four times longer.
+                None => {
+                    sh.far.batch_times.record(delay);
+                    tracing::debug!(
+                        "donor {} did not answer a prefetch batch within {} ms; its pages go \
+                         to the demand path",
+                        sh.far.donor(d).read.addr(),
+                        delay.as_millis()
+                    );
+                    arrive(sh, reqs, None);
+                    return;
                 }
-            };
-            if result.is_ok() {
-                sh.far.batch_times.record(sent.elapsed());
             }
-            match result {
-                Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
-                    sh.pf.inner.lock().batches += 1;
-                    sh.stats.lock().s.bytes_received += data.len() as u64;
-                    arrive_opened(&sh, reqs, &mut data);
-                }
-                other => {
-                    let why = match other {
-                        Err(e) => e,
-                        Ok(_) => "the donor answered with the wrong amount of data".into(),
-                    };
-                    tracing::warn!("prefetching {} pages failed: {why}", reqs.len());
-                    arrive(&sh, reqs, None);
-                }
-            }
+        }
+    };
+    if result.is_ok() {
+        sh.far.batch_times.record(sent.elapsed());
+    }
+    match result {
+        Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
+            sh.pf.inner.lock().batches += 1;
+            sh.stats.lock().s.bytes_received += data.len() as u64;
+            arrive_opened(sh, reqs, &mut data);
+        }
+        other => {
+            let why = match other {
+                Err(e) => e,
+                Ok(_) => "the donor answered with the wrong amount of data".into(),
+            };
+            tracing::warn!("prefetching {} pages failed: {why}", reqs.len());
+            arrive(sh, reqs, None);
         }
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! Where a slab named goes, in order of preference:
 //! 1. to a live donor that holds no copy of it, copied like a re-replication
-//!    ([`crate::heal::copy_slab`], from the asking donor's own copy, which is still complete);
+//!    ([`crate::slabcopy::copy_slab`], from the asking donor's own copy, which is still complete);
 //! 2. nowhere, when another live donor already holds a complete copy: the asking donor's copy
 //!    is simply dropped (the slab runs with one copy fewer until a donor has room);
 //! 3. into this process's memory (a local memory slab, [`crate::memslabs`]) when the asking
@@ -131,18 +131,46 @@ fn lent(sh: &Shared, idx: u64) -> bool {
         .any_frozen_in_slab(idx, sh.far.slab_pages)
 }
 
+/// How a far slab moves off the donor asking for it back.
+#[derive(Debug, PartialEq, Eq)]
+struct MovePlan {
+    /// A live donor without a copy may take one: copy the slab there first.
+    copy: bool,
+    /// What happens when no copy was made.
+    otherwise: Otherwise,
+}
+
+/// What happens to a slab that could not be copied to another donor.
+#[derive(Debug, PartialEq, Eq)]
+enum Otherwise {
+    /// Another live donor holds a complete copy: the asking donor's copy is just dropped.
+    DropCopy,
+    /// The asking donor holds the only copy: the slab moves into this process's memory.
+    ToLocalMemory,
+}
+
+/// Decides how a far slab with copies `r` moves off donor `d`, of `donors` donors (`live`
+/// says which are): see the module doc.
+fn plan_move(r: &Replicas, d: usize, donors: usize, live: impl Fn(usize) -> bool) -> MovePlan {
+    let copy = (0..donors).any(|x| !r.has(x) && live(x));
+    let other_copy = r.readable().any(|x| x.donor != d && live(x.donor));
+    let otherwise = if other_copy {
+        Otherwise::DropCopy
+    } else {
+        Otherwise::ToLocalMemory
+    };
+    MovePlan { copy, otherwise }
+}
+
 /// Moves far slab `idx` (copies `r`) off the donor of its copy `x`: see the module doc.
 /// `Ok(false)`: a fork lent the slab meanwhile, and that copy stays.
 fn move_slab(sh: &Shared, idx: u64, r: Replicas, x: Replica) -> Result<bool, RuntimeError> {
     let far = &sh.far;
     let d = x.donor;
-    let spare = (0..far.donors.len()).any(|x| !r.has(x) && far.donors[x].health.is_live());
-    let other_copy = r
-        .readable()
-        .any(|x| x.donor != d && far.donors[x.donor].health.is_live());
-    if spare && copy_slab(sh, idx, r, Source::Donor(x)).is_ok() {
+    let plan = plan_move(&r, d, far.donors.len(), |x| far.donors[x].health.is_live());
+    if plan.copy && copy_slab(sh, idx, r, Source::Donor(x)).is_ok() {
         // Copied: the asking donor's copy is one too many now.
-    } else if !other_copy {
+    } else if plan.otherwise == Otherwise::ToLocalMemory {
         return to_local_memory(sh, idx, x);
     }
     let _gate = far.copy_gate.write();
@@ -230,4 +258,58 @@ fn to_local_memory(sh: &Shared, idx: u64, x: Replica) -> Result<bool, RuntimeErr
         far.donors[d].write.addr()
     );
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::Piece;
+
+    fn copies(list: &[(usize, bool)]) -> Replicas {
+        let mut r = Replicas::empty();
+        for (i, &(d, filling)) in list.iter().enumerate() {
+            r.push(Replica::new(
+                d,
+                Piece {
+                    slab: i as u32,
+                    base: 0,
+                },
+                filling,
+            ));
+        }
+        r
+    }
+
+    #[test]
+    fn a_slab_goes_to_a_live_donor_without_a_copy_else_its_copy_is_dropped() {
+        // Copies on 0 (asking) and 1; donor 2 live and without one.
+        let r = copies(&[(0, false), (1, false)]);
+        let plan = plan_move(&r, 0, 3, |_| true);
+        assert_eq!(
+            plan,
+            MovePlan {
+                copy: true,
+                otherwise: Otherwise::DropCopy
+            }
+        );
+        // Donor 2 dead: no copy is made, and the other copy lets this one go.
+        let plan = plan_move(&r, 0, 3, |x| x != 2);
+        assert!(!plan.copy);
+        assert_eq!(plan.otherwise, Otherwise::DropCopy);
+    }
+
+    #[test]
+    fn a_sole_copy_goes_to_local_memory_when_it_cannot_be_copied() {
+        // Donor 1's copy is still filling, and donor 2's is on a dead donor: neither counts.
+        let r = copies(&[(0, false), (1, true), (2, false)]);
+        let plan = plan_move(&r, 0, 3, |x| x != 2);
+        assert_eq!(
+            plan,
+            MovePlan {
+                copy: false,
+                otherwise: Otherwise::ToLocalMemory
+            }
+        );
+        assert!(plan_move(&r, 0, 4, |x| x != 2).copy, "donor 3 may take one");
+    }
 }
