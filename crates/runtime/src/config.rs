@@ -1,6 +1,8 @@
 //! How a [`crate::Runtime`] runs: [`RuntimeConfig`]. The split of one local memory limit into
 //! the region budget and the write-back pool is farmem-contract's `LocalMemory`.
 
+use crate::error::RuntimeError;
+use farmem_contract::local::MIN_BUDGET_BYTES;
 use farmem_contract::OverBudget;
 use farmem_contract::SealMode;
 use farmem_contract::TierMode;
@@ -75,6 +77,35 @@ pub struct RuntimeConfig {
     /// What happens when write-back fails for good (far memory ran out) with resident pages at
     /// the budget ([`OverBudget`]).
     pub over_budget: OverBudget,
+}
+
+impl RuntimeConfig {
+    /// The one place the runtime checks its configuration ([`crate::Runtime::start`] calls
+    /// it first): the budget's minimum, the prefetcher's name, `fetch_attempts`.
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        if self.budget_bytes < MIN_BUDGET_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "budget {} bytes is below the minimum of {MIN_BUDGET_BYTES} bytes (64 KiB)",
+                self.budget_bytes
+            )));
+        }
+        check_prefetch(&self.prefetch).map_err(RuntimeError::Config)?;
+        if self.fetch_attempts == 0 {
+            return Err(RuntimeError::Config(
+                "fetch_attempts must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` names a prefetcher (farmem-policy's, or `none`): the one check of the name,
+/// used by [`RuntimeConfig::validate`] and by `farmem run` before it starts anything. The
+/// error is the policy crate's message.
+pub fn check_prefetch(name: &str) -> Result<(), String> {
+    farmem_policy::prefetch::by_name(name)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 impl Default for RuntimeConfig {
