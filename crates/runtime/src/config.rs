@@ -62,7 +62,7 @@ pub struct RuntimeConfig {
     /// configured, else 1.
     pub replicas: Option<usize>,
     /// Also write every page sent to this local file, and read from it when every replica
-    /// of a page is gone ([`crate::backup`]); created new, removed at the end.
+    /// of a page is gone (the far side's backup file, `far/backup.rs`); created new, removed at the end.
     pub backup_file: Option<PathBuf>,
     /// Most bytes a second re-replication copies between donors (default 256 MiB/s), so a
     /// donor's loss does not take the program's bandwidth.

@@ -32,11 +32,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::copies::slabcopy::{copy_slab, Source};
 use crate::failure_log::FailureLog;
-use crate::health::Cause;
-use crate::replicas::{Replica, Replicas};
+use crate::far::health::Cause;
 use crate::shared::Shared;
-use crate::slabcopy::{copy_slab, Source};
+use crate::slabs::replicas::{Replica, Replicas};
 
 /// How often dead donors are probed to see whether they came back.
 const DEAD_PROBE_EVERY: Duration = Duration::from_secs(2);

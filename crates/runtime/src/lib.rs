@@ -20,7 +20,7 @@
 //!   pages are dropped at eviction without resending; all-zero pages are never sent. Every
 //!   runtime thread blocks every signal ([`signals`]): the program's handlers run on its own
 //!   threads only. The fault thread and the evictor share one CPU ([`cpu`]).
-//! - Far side ([`far`], [`farpages`]): far page numbers, slabs placed on donors when first
+//! - Far side ([`far`], [`slabs`], [`copies`]): far page numbers, slabs placed on donors when first
 //!   written (power of two choices among several donors), the embedded donor child when none
 //!   is configured.
 //! - Unsafe code: only in [`mm`] (the crate denies `unsafe_code` elsewhere); mappings are
@@ -58,9 +58,9 @@
 
 #![deny(unsafe_code)]
 
-mod backup;
 mod budget;
 mod config;
+mod copies;
 mod cow;
 mod cpu;
 mod dontfork;
@@ -70,38 +70,29 @@ mod embedded;
 mod error;
 mod events;
 mod evict;
-mod failover;
 mod failure_log;
 mod far;
-mod far_connect;
-mod farpages;
 mod fault;
 mod fork;
 mod forkhold;
 mod heal;
-mod health;
 mod lentdonors;
-mod memslabs;
 mod migrate;
 mod mm;
-mod pack;
 mod pages;
 mod prefetch;
 mod prefetch_thread;
 mod readtimes;
-mod replicas;
 mod runs;
 mod runtime;
-mod seal;
 pub mod secure;
 mod send;
 mod shared;
 pub mod signals;
-mod slabcopy;
+mod slabs;
 mod slots;
 mod stats;
 mod sync;
-mod tier;
 mod tier_thread;
 
 pub use budget::Usage;
@@ -111,6 +102,7 @@ pub use farmem_contract::local::{LocalMemory, MIN_BUDGET_BYTES, MIN_LOCAL_BYTES}
 // the runtime's users name one crate.
 pub use embedded::PrivateNode;
 pub use error::RuntimeError;
+pub use error::SealError;
 pub use error::{CopyFailure, ReadFailed};
 pub use farmem_contract::{
     modes, run_settings, DonorUse, FaultLatency, LatencySummary, OverBudget, PrefetchInstall,
@@ -120,7 +112,6 @@ pub use farmem_contract::{
 };
 pub use fork::{ForkPlan, Lent};
 pub use lentdonors::LentDonors;
-pub use seal::SealError;
 pub use stats::{clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, ProcStat, ThreadsCpu};
 
 pub use runtime::{Region, Runtime};

@@ -25,12 +25,12 @@
 use farmem_mm::{Advice, Mapping};
 use farmem_transport::PageAddr;
 
+use crate::copies::slabcopy::{copy_slab, Source};
 use crate::error::RuntimeError;
 use crate::far::Home;
-use crate::memslabs::MemKind;
-use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
-use crate::slabcopy::{copy_slab, Source};
+use crate::slabs::memslabs::MemKind;
+use crate::slabs::replicas::{Replica, Replicas};
 use farmem_proto::PAGE_SIZE;
 
 /// Asks every live donor which of this runtime's slabs it wants back and moves them.

@@ -1,5 +1,5 @@
 //! The slowest recent demand read, and the failover delay derived from it
-//! ([`crate::failover`]): four times the slowest recent read (a maximum that decays by 1/64 a
+//! ([`crate::copies::failover`]): four times the slowest recent read (a maximum that decays by 1/64 a
 //! read), at least 20 ms (a scheduling hiccup on a loaded 2-core machine is not a failure) and
 //! at most half the request timeout.
 

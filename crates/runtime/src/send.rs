@@ -20,8 +20,8 @@ use crate::error::RuntimeError;
 use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
-use crate::replicas::Replicas;
 use crate::shared::{Failure, Shared, Staged, State};
+use crate::slabs::replicas::Replicas;
 use farmem_proto::PAGE_SIZE;
 
 /// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it

@@ -20,10 +20,10 @@ use crate::config::RuntimeConfig;
 use crate::doorbell::Doorbell;
 use crate::error::RuntimeError;
 use crate::far::Far;
-use crate::farpages::FarPages;
-use crate::memslabs::MemSlabs;
 use crate::pages::{Pages, Released};
 use crate::prefetch::Prefetch;
+use crate::slabs::farpages::FarPages;
+use crate::slabs::memslabs::MemSlabs;
 use crate::slots::{PoolMemory, Slots};
 use crate::stats::{FaultKind, StatsCell};
 use farmem_contract::OverBudget;
@@ -416,7 +416,7 @@ impl Shared {
                     .far
                     .tier
                     .as_ref()
-                    .is_some_and(crate::tier::Tier::is_gone))
+                    .is_some_and(crate::far::tier::Tier::is_gone))
     }
 
     /// Far memory ran out and stayed out for `wait` with the program at its budget: ends the

@@ -41,7 +41,7 @@ use farmem_policy::first_touch::{FirstTouch, FirstTouchConfig};
 use farmem_policy::Origin;
 use farmem_uffd::{Event, UffdError};
 
-use crate::failover::ReplicaRead;
+use crate::copies::failover::ReplicaRead;
 use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
 use crate::prefetch::addr_of;

@@ -3,8 +3,8 @@
 use crate::error::RuntimeError;
 use crate::far::Home;
 use crate::lentdonors::LentDonors;
-use crate::memslabs::MemKind;
 use crate::shared::Shared;
+use crate::slabs::memslabs::MemKind;
 use farmem_proto::PAGE_SIZE;
 
 /// What a fork lends the child (see the module doc): the tier slabs it inherits and the region

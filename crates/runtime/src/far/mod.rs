@@ -22,12 +22,12 @@
 //!   connections attached as the parent's client ([`Far::borrowed`], [`Home::Borrowed`],
 //!   [`crate::lentdonors`]), numbered after its own donors: the read paths take any donor
 //!   index ([`Far::donor`]); placement, healing and migration see only [`Far::donors`].
-//! - Sealing ([`crate::seal`]): with [`SealMode::Auto`] pages are sealed when any donor's
+//! - Sealing ([`crate::slabs::seal`]): with [`SealMode::Auto`] pages are sealed when any donor's
 //!   address is not one of this host's (loopback, or an address a socket can bind here): a
 //!   donor on this host holds this machine's memory, which the program could be read from
 //!   anyway, and sealing costs about 1 µs a page each way.
 //!
-//! - A far slab's copy on a donor is a *piece* of a donor slab ([`crate::pack`]): the far slab
+//! - A far slab's copy on a donor is a *piece* of a donor slab ([`crate::slabs::pack`]): the far slab
 //!   size is the smallest of every home's (the host tier's 4 MiB beside donors' 64 MiB), and
 //!   a donor slab holds as many far slabs as fit, filled before another is taken.
 //!
@@ -36,21 +36,27 @@
 //! Far slabs are never returned to donors while the runtime lives (freed far pages are reused
 //! instead); donors reclaim them when the connection closes (after their orphan grace period).
 
+pub(crate) mod backup;
+mod connect;
+pub(crate) mod health;
+pub(crate) mod tier;
+
 use crate::sync::{Condvar, Mutex, RwLock};
 use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
 use rand::Rng;
 
-use crate::backup::Backup;
 use crate::embedded::EmbeddedDonor;
 use crate::error::RuntimeError;
-use crate::health::Health;
+use crate::error::SealError;
 use crate::lentdonors::LentDonors;
-use crate::pack::{Pack, Piece};
 use crate::readtimes::ReadTimes;
-use crate::replicas::{Replica, Replicas};
-use crate::seal::{SealError, Sealer};
-use crate::tier::Tier;
+use crate::slabs::pack::{Pack, Piece};
+use crate::slabs::replicas::{Replica, Replicas};
+use crate::slabs::seal::Sealer;
+use backup::Backup;
 use farmem_proto::PAGE_SIZE;
+use health::Health;
+use tier::Tier;
 
 /// One donor and what this runtime placed on it.
 pub(crate) struct Donor {
@@ -59,9 +65,9 @@ pub(crate) struct Donor {
     pub(crate) capacity_bytes: u64,
     /// Far slab copies placed on it (pieces of its slabs).
     pub(crate) slabs_placed: Mutex<u64>,
-    /// Its slabs and the far slabs packed into them ([`crate::pack`]).
+    /// Its slabs and the far slabs packed into them ([`crate::slabs::pack`]).
     pub(crate) pack: Mutex<Pack>,
-    /// Alive, suspected or dead ([`crate::health`]).
+    /// Alive, suspected or dead ([`crate::far::health`]).
     pub(crate) health: Health,
 }
 
@@ -70,7 +76,7 @@ pub(crate) struct Donor {
 pub(crate) enum Home {
     /// On donors, one copy each ([`Replicas`]).
     Donors(Replicas),
-    /// In memory slab `m` ([`crate::memslabs`]: the host tier, or local memory).
+    /// In memory slab `m` ([`crate::slabs::memslabs`]: the host tier, or local memory).
     Memory(u32),
     /// A slab a forked child's parent lent it on donors ([`crate::fork`]): read through
     /// [`Far::borrowed`] connections (donor indexes past [`Far::donors`]), never written,
@@ -98,7 +104,7 @@ pub(crate) struct Far {
     pub(crate) replicas: usize,
     /// Far slab index → where the slab lives.
     placement: Mutex<Vec<Option<Home>>>,
-    /// The host tier, when one is used ([`crate::tier`]).
+    /// The host tier, when one is used ([`crate::far::tier`]).
     pub(crate) tier: Option<Tier>,
     /// Seals pages before they leave and opens them when they come back; `None`: pages
     /// travel and rest in the clear.
@@ -117,7 +123,7 @@ pub(crate) struct Far {
     /// Wakes the heal thread: a donor is suspected, or a slab lost a replica.
     pub(crate) heal_cv: Condvar,
     pub(crate) heal_mu: Mutex<bool>,
-    /// How fast donors answer demand reads (the failover delay, [`crate::failover`]).
+    /// How fast donors answer demand reads (the failover delay, [`crate::copies::failover`]).
     pub(crate) read_times: ReadTimes,
     /// How fast donors answer prefetch batches (how long one is waited for when its pages
     /// have another copy).
