@@ -2,6 +2,7 @@
 //! the region budget and the write-back pool is farmem-contract's `LocalMemory`.
 
 use crate::error::RuntimeError;
+use crate::lentdonors::LentDonors;
 use farmem_contract::local::MIN_BUDGET_BYTES;
 use farmem_contract::OverBudget;
 use farmem_contract::SealMode;
@@ -73,7 +74,7 @@ pub struct RuntimeConfig {
     pub far_floor: u64,
     /// A forked child's runtime whose parent left pages on donors ([`crate::Lent::donors`]):
     /// it reads them as the parent's client. `None` elsewhere.
-    pub lent_donors: Option<crate::LentDonors>,
+    pub lent_donors: Option<LentDonors>,
     /// What happens when write-back fails for good (far memory ran out) with resident pages at
     /// the budget ([`OverBudget`]).
     pub over_budget: OverBudget,

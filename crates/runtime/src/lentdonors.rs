@@ -20,8 +20,8 @@
 
 use farmem_transport::{ClientConfig, DonorClient, ReconnectKey};
 
-use crate::embedded::FAULT_PATH_SPIN;
 use crate::error::SealError;
+use crate::readtimes::FAULT_PATH_SPIN;
 use crate::slabs::replicas::{Replica, Replicas};
 use crate::slabs::seal::LentSeals;
 use farmem_proto::PAGE_SIZE;

@@ -26,6 +26,7 @@ use crate::slabs::farpages::FarPages;
 use crate::slabs::memslabs::MemSlabs;
 use crate::slots::{PoolMemory, Slots};
 use crate::stats::{FaultKind, StatsCell};
+use farmem_contract::local::LocalMemory;
 use farmem_contract::OverBudget;
 use farmem_proto::PAGE_SIZE;
 
@@ -180,7 +181,7 @@ fn open_uffds(cfg: &RuntimeConfig) -> Result<(Uffd, Uffd, PoolMemory), RuntimeEr
         })?;
     let pool_bytes = cfg
         .pool_bytes
-        .unwrap_or_else(|| crate::LocalMemory::default_pool_bytes(cfg.budget_bytes));
+        .unwrap_or_else(|| LocalMemory::default_pool_bytes(cfg.budget_bytes));
     let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
     let pool_len = pool_slots as usize * PAGE_SIZE;
     let pool = Mapping::anonymous(pool_len).map_err(|source| RuntimeError::Mmap {

@@ -8,12 +8,13 @@ use std::time::Duration;
 use farmem_transport::{ClientConfig, DonorClient};
 
 use crate::config::RuntimeConfig;
-use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
+use crate::embedded::EmbeddedDonor;
 use crate::error::RuntimeError;
 use crate::far::backup::Backup;
 use crate::far::health::Health;
 use crate::far::tier::Tier;
 use crate::far::{Donor, Far, Home, Parts};
+use crate::readtimes::FAULT_PATH_SPIN;
 use crate::slabs::pack::Pack;
 use crate::slabs::replicas::{Replicas, MAX_REPLICAS};
 use crate::slabs::seal::Sealer;

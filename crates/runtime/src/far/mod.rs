@@ -55,6 +55,7 @@ use crate::slabs::pack::{Pack, Piece};
 use crate::slabs::replicas::{Replica, Replicas};
 use crate::slabs::seal::Sealer;
 use backup::Backup;
+use farmem_contract::DonorUse;
 use farmem_proto::PAGE_SIZE;
 use health::Health;
 use tier::Tier;
@@ -393,14 +394,14 @@ impl Far {
     }
 
     /// What this runtime holds on each of its donors now.
-    pub(crate) fn donor_uses(&self) -> Vec<crate::DonorUse> {
+    pub(crate) fn donor_uses(&self) -> Vec<DonorUse> {
         let far_slab = self.slab_pages * PAGE_SIZE as u64;
         self.donors
             .iter()
             .map(|d| {
                 let (held, pieces) = d.pack.lock().usage();
                 let info = d.read.info();
-                crate::DonorUse {
+                DonorUse {
                     addr: d.read.addr().to_string(),
                     health: if d.health.is_dead() {
                         "dead"
