@@ -161,3 +161,40 @@ impl std::fmt::Debug for RuntimeConfig {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The message of `validate`'s error, or None when the config is accepted.
+    fn refusal(cfg: RuntimeConfig) -> Option<String> {
+        cfg.validate().err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn validate_accepts_the_default_and_refuses_each_bad_field() {
+        assert_eq!(refusal(RuntimeConfig::default()), None);
+        let small = refusal(RuntimeConfig {
+            budget_bytes: MIN_BUDGET_BYTES - 1,
+            ..RuntimeConfig::default()
+        });
+        assert!(small.is_some_and(|m| m.contains("below the minimum")));
+        let unknown = refusal(RuntimeConfig {
+            prefetch: "no-such-prefetcher".into(),
+            ..RuntimeConfig::default()
+        });
+        assert!(unknown.is_some_and(|m| m.contains("no-such-prefetcher")));
+        let attempts = refusal(RuntimeConfig {
+            fetch_attempts: 0,
+            ..RuntimeConfig::default()
+        });
+        assert!(attempts.is_some_and(|m| m.contains("fetch_attempts")));
+    }
+
+    #[test]
+    fn check_prefetch_knows_the_policy_crates_names_and_none() {
+        assert_eq!(check_prefetch("leap"), Ok(()));
+        assert_eq!(check_prefetch("none"), Ok(()));
+        assert!(check_prefetch("no-such-prefetcher").is_err());
+    }
+}
