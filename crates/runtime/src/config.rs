@@ -1,6 +1,9 @@
 //! How a [`crate::Runtime`] runs: [`RuntimeConfig`]. The split of one local memory limit into
 //! the region budget and the write-back pool is farmem-contract's `LocalMemory`.
 
+use crate::error::RuntimeError;
+use crate::lentdonors::LentDonors;
+use farmem_contract::local::MIN_BUDGET_BYTES;
 use farmem_contract::OverBudget;
 use farmem_contract::SealMode;
 use farmem_contract::TierMode;
@@ -60,7 +63,7 @@ pub struct RuntimeConfig {
     /// configured, else 1.
     pub replicas: Option<usize>,
     /// Also write every page sent to this local file, and read from it when every replica
-    /// of a page is gone ([`crate::backup`]); created new, removed at the end.
+    /// of a page is gone (the far side's backup file, `far/backup.rs`); created new, removed at the end.
     pub backup_file: Option<PathBuf>,
     /// Most bytes a second re-replication copies between donors (default 256 MiB/s), so a
     /// donor's loss does not take the program's bandwidth.
@@ -71,10 +74,39 @@ pub struct RuntimeConfig {
     pub far_floor: u64,
     /// A forked child's runtime whose parent left pages on donors ([`crate::Lent::donors`]):
     /// it reads them as the parent's client. `None` elsewhere.
-    pub lent_donors: Option<crate::LentDonors>,
+    pub lent_donors: Option<LentDonors>,
     /// What happens when write-back fails for good (far memory ran out) with resident pages at
     /// the budget ([`OverBudget`]).
     pub over_budget: OverBudget,
+}
+
+impl RuntimeConfig {
+    /// The one place the runtime checks its configuration ([`crate::Runtime::start`] calls
+    /// it first): the budget's minimum, the prefetcher's name, `fetch_attempts`.
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        if self.budget_bytes < MIN_BUDGET_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "budget {} bytes is below the minimum of {MIN_BUDGET_BYTES} bytes (64 KiB)",
+                self.budget_bytes
+            )));
+        }
+        check_prefetch(&self.prefetch).map_err(RuntimeError::Config)?;
+        if self.fetch_attempts == 0 {
+            return Err(RuntimeError::Config(
+                "fetch_attempts must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` names a prefetcher (farmem-policy's, or `none`): the one check of the name,
+/// used by [`RuntimeConfig::validate`] and by `farmem run` before it starts anything. The
+/// error is the policy crate's message.
+pub fn check_prefetch(name: &str) -> Result<(), String> {
+    farmem_policy::prefetch::by_name(name)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 impl Default for RuntimeConfig {
@@ -127,5 +159,42 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("heal_rate_bytes", &self.heal_rate_bytes)
             .field("over_budget", &self.over_budget)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The message of `validate`'s error, or None when the config is accepted.
+    fn refusal(cfg: RuntimeConfig) -> Option<String> {
+        cfg.validate().err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn validate_accepts_the_default_and_refuses_each_bad_field() {
+        assert_eq!(refusal(RuntimeConfig::default()), None);
+        let small = refusal(RuntimeConfig {
+            budget_bytes: MIN_BUDGET_BYTES - 1,
+            ..RuntimeConfig::default()
+        });
+        assert!(small.is_some_and(|m| m.contains("below the minimum")));
+        let unknown = refusal(RuntimeConfig {
+            prefetch: "no-such-prefetcher".into(),
+            ..RuntimeConfig::default()
+        });
+        assert!(unknown.is_some_and(|m| m.contains("no-such-prefetcher")));
+        let attempts = refusal(RuntimeConfig {
+            fetch_attempts: 0,
+            ..RuntimeConfig::default()
+        });
+        assert!(attempts.is_some_and(|m| m.contains("fetch_attempts")));
+    }
+
+    #[test]
+    fn check_prefetch_knows_the_policy_crates_names_and_none() {
+        assert_eq!(check_prefetch("leap"), Ok(()));
+        assert_eq!(check_prefetch("none"), Ok(()));
+        assert!(check_prefetch("no-such-prefetcher").is_err());
     }
 }

@@ -13,17 +13,11 @@
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
 
 use farmem_host::{ChildDonorCommand, ChildDonorError};
 
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
-
-/// How long a demand read polls for its answer before sleeping (`ClientConfig::spin`): on
-/// a one-pass random scan (256 MiB at 128 MiB local) the average access fell from 80-90 µs to
-/// 52-56 µs (with the donor polling too).
-pub(crate) const FAULT_PATH_SPIN: Duration = Duration::from_micros(50);
 
 /// The `farmem` binary that starts the children: `RuntimeConfig::farmem_bin`, else
 /// `$FARMEM_BIN`, else `farmem` on PATH. In secure execution only an absolute

@@ -1,10 +1,9 @@
 //! [`RuntimeError`]: every way the runtime fails, each naming the failing step and what to do;
-//! and [`ReadFailed`], why no copy of a far page could be read ([`crate::failover`]).
+//! [`ReadFailed`], why no copy of a far page could be read ([`crate::copies::failover`]); and
+//! [`SealError`], why a page could not be sealed or opened (`slabs/seal.rs`).
 
 use farmem_transport::TransportError;
 use farmem_uffd::UffdError;
-
-use crate::seal::SealError;
 
 /// Errors of the runtime: each names the failing step and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -189,3 +188,26 @@ pub enum CopyFailure {
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct ReadFailed(pub Vec<CopyFailure>);
+
+/// Why a page could not be sealed or opened.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    /// The kernel's random source failed when the key was drawn.
+    #[error("drawing the sealing key from the kernel's random source failed: {0}")]
+    Key(getrandom::Error),
+    /// The donor's copy does not verify: altered, another page's, or an older version.
+    #[error(
+        "far page {far}: the donor's copy failed its integrity check (altered, swapped with \
+         another page, or an older version); it was not installed"
+    )]
+    Tampered {
+        /// The far page number.
+        far: u64,
+    },
+    /// No seal was ever made for this far page (it was never sent).
+    #[error("far page {far}: no sealed copy was ever sent, so none can be opened")]
+    NeverSealed {
+        /// The far page number.
+        far: u64,
+    },
+}

@@ -1,7 +1,7 @@
 //! A fork's lifetime signal for pages lent on donors: how the parent learns that every child
 //! that may read them has exited or exec'd.
 //!
-//! Pages in the host tier are held by the node ([`crate::tier`]: the node's holds), which also
+//! Pages in the host tier are held by the node (the far side's tier, `far/tier.rs`: the node's holds), which also
 //! keeps their slabs from being punched. A donor needs no such promise (this runtime never
 //! frees a donor slab a child reads, [`crate::threads::migrate`]), but the parent still must know when
 //! it may rewrite and reuse the far pages it lent: the same one-page memfd as the node's hold,

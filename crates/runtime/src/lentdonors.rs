@@ -20,9 +20,10 @@
 
 use farmem_transport::{ClientConfig, DonorClient, ReconnectKey};
 
-use crate::embedded::FAULT_PATH_SPIN;
-use crate::replicas::{Replica, Replicas};
-use crate::seal::{LentSeals, SealError};
+use crate::error::SealError;
+use crate::readtimes::FAULT_PATH_SPIN;
+use crate::slabs::replicas::{Replica, Replicas};
+use crate::slabs::seal::LentSeals;
 use farmem_proto::PAGE_SIZE;
 
 /// What a forked child needs to read the pages left for it on donors (see the module doc).

@@ -126,7 +126,7 @@ pub(crate) fn move_from_pool(
 }
 
 /// Runs `f` on the bytes of page `page` of `m`: a pool slot, or a page of a memory slab
-/// ([`crate::memslabs`]). The page must not move or be discarded during the call: the caller
+/// ([`crate::slabs::memslabs`]). The page must not move or be discarded during the call: the caller
 /// holds the state lock and the page is owned by it, or it is the evictor reading a victim's
 /// slot before its commit. (A memory slab from the host tier is shared with the node process,
 /// which could write it meanwhile; the bytes are only ever copied, never interpreted.)

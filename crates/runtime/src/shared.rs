@@ -20,12 +20,13 @@ use crate::config::RuntimeConfig;
 use crate::doorbell::Doorbell;
 use crate::error::RuntimeError;
 use crate::far::Far;
-use crate::farpages::FarPages;
-use crate::memslabs::MemSlabs;
 use crate::pages::{Pages, Released};
 use crate::prefetch::Prefetch;
+use crate::slabs::farpages::FarPages;
+use crate::slabs::memslabs::MemSlabs;
 use crate::slots::{PoolMemory, Slots};
 use crate::stats::{FaultKind, StatsCell};
+use farmem_contract::local::LocalMemory;
 use farmem_contract::OverBudget;
 use farmem_proto::PAGE_SIZE;
 
@@ -180,7 +181,7 @@ fn open_uffds(cfg: &RuntimeConfig) -> Result<(Uffd, Uffd, PoolMemory), RuntimeEr
         })?;
     let pool_bytes = cfg
         .pool_bytes
-        .unwrap_or_else(|| crate::LocalMemory::default_pool_bytes(cfg.budget_bytes));
+        .unwrap_or_else(|| LocalMemory::default_pool_bytes(cfg.budget_bytes));
     let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
     let pool_len = pool_slots as usize * PAGE_SIZE;
     let pool = Mapping::anonymous(pool_len).map_err(|source| RuntimeError::Mmap {
@@ -416,7 +417,7 @@ impl Shared {
                     .far
                     .tier
                     .as_ref()
-                    .is_some_and(crate::tier::Tier::is_gone))
+                    .is_some_and(crate::far::tier::Tier::is_gone))
     }
 
     /// Far memory ran out and stayed out for `wait` with the program at its budget: ends the

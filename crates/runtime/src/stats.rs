@@ -254,7 +254,9 @@ impl StatsCell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{PreloadCounters, StatsFile, StatsSummary, UnmanagedMapping, UnmanagedReport};
+    use farmem_contract::{
+        PreloadCounters, StatsFile, StatsSummary, UnmanagedMapping, UnmanagedReport,
+    };
 
     #[test]
     fn percentiles_by_kind() {

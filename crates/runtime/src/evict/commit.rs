@@ -6,7 +6,7 @@ use crate::pages::PageState;
 use crate::shared::{Shared, Staged, State};
 use farmem_uffd::UffdError;
 
-use super::{Committed, Evictor, Unmovable};
+use super::{Committed, Evictor, Unmovable, Victim};
 
 /// Commits a round's outcomes under the state lock.
 pub(super) fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
@@ -39,33 +39,8 @@ pub(super) fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                 };
                 ev.unmovable.push((v, why));
             }
-            Err(err) => {
-                // Not moved (gone: ENOENT; a slot already full: EEXIST): stays resident. A slot that
-                // turned out to hold a page (EEXIST) is discarded before it is used again.
-                if matches!(err, UffdError::Exists { .. }) {
-                    tracing::warn!(
-                        "pool slot {} held a page when it was given to the evictor; it is \
-                         discarded",
-                        v.slot
-                    );
-                    st.slots.release_stale(v.slot);
-                } else {
-                    st.slots.release_empty(v.slot);
-                }
-                c.refused += 1;
-                st.pages.refuse_eviction(v.addr, v.was_clean);
-                tracing::debug!("evicting {:#x} failed: {err}", v.addr);
-            }
-            Ok(()) if v.was_clean => {
-                st.pages.commit_clean(v.addr, v.slot);
-                let far = st.pages.get(v.addr).map_or(crate::pages::NO_FAR, |e| e.far);
-                if in_memory(sh, far) {
-                    leave_pool(&mut st, v.addr, v.slot);
-                } else {
-                    st.slots.cache(v.slot);
-                }
-                c.clean += 1;
-            }
+            Err(err) => commit_refused(&mut st, &v, &err, &mut c),
+            Ok(()) if v.was_clean => commit_clean(sh, &mut st, &v, &mut c),
             Ok(()) if zero => {
                 if let Some(far) = st.pages.commit_zero(v.addr) {
                     st.far_pages.free(far);
@@ -73,70 +48,125 @@ pub(super) fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                 st.slots.release_stale(v.slot);
                 c.zero += 1;
             }
-            Ok(()) => {
-                let far = match st.pages.get(v.addr).map(|e| e.far) {
-                    Some(f) if f != crate::pages::NO_FAR => {
-                        if st.far_pages.is_frozen(f) && !unchanged_in_memory(sh, &st, f, v.slot) {
-                            // A forked child reads this far page ([`crate::fork`]): the new
-                            // contents go to a new one, the old is reused once it is thawed.
-                            st.far_pages.free(f);
-                            st.far_pages.alloc()
-                        } else {
-                            f
-                        }
-                    }
-                    _ => st.far_pages.alloc(),
-                };
-                st.stage_gen = st.stage_gen.wrapping_add(1);
-                let gen = st.stage_gen;
-                st.pages.commit_dirty(v.addr, v.slot, gen, far);
-                // Its slab is in memory (the host tier): one copy there and it is written
-                // back, no message. Else it is staged for the sender.
-                if let Some((Home::Memory(m), page)) = sh.far.home(far) {
-                    let s = &mut *st;
-                    // A page read from its slab is installed writable (no write-protect fault
-                    // on its first write, see `fault::serve_from_memory`): one that comes back
-                    // unchanged is not written again, so its slab copy stays clean for the
-                    // write-through.
-                    let (same, written) =
-                        crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
-                            if s.mem.read(m, page, |old| old == src) == Some(true) {
-                                (true, true)
-                            } else {
-                                (false, s.mem.write(m, page, src))
-                            }
-                        });
-                    s.write_heat.evicted(crate::pages::pid_of(v.addr), !same);
-                    if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
-                        leave_pool(s, v.addr, v.slot);
-                        if same {
-                            c.clean += 1;
-                        } else {
-                            c.to_memory += 1;
-                        }
-                        continue;
-                    }
-                }
-                if !matches!(sh.far.home(far), Some((Home::Memory(_), _))) {
-                    // Bound for a donor: whether it changed is not known here.
-                    st.write_heat.evicted(crate::pages::pid_of(v.addr), true);
-                }
-                let data = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
-                    src.to_vec().into_boxed_slice()
-                });
-                st.staging.push_back(Staged {
-                    addr: v.addr,
-                    slot: v.slot,
-                    gen,
-                    far,
-                    data,
-                    sealed: false,
-                });
-                c.staged += 1;
-            }
+            Ok(()) => commit_dirty(sh, &mut st, &v, &mut c),
         }
     }
     c
+}
+
+/// Not moved (gone: ENOENT; a slot already full: EEXIST): stays resident. A slot that turned
+/// out to hold a page (EEXIST) is discarded before it is used again.
+fn commit_refused(st: &mut State, v: &Victim, err: &UffdError, c: &mut Committed) {
+    if matches!(err, UffdError::Exists { .. }) {
+        tracing::warn!(
+            "pool slot {} held a page when it was given to the evictor; it is \
+             discarded",
+            v.slot
+        );
+        st.slots.release_stale(v.slot);
+    } else {
+        st.slots.release_empty(v.slot);
+    }
+    c.refused += 1;
+    st.pages.refuse_eviction(v.addr, v.was_clean);
+    tracing::debug!("evicting {:#x} failed: {err}", v.addr);
+}
+
+/// A clean page moved to the pool: its far copy is up to date, so it stays cached in the pool
+/// (or leaves it at once when that copy is in a memory slab).
+fn commit_clean(sh: &Shared, st: &mut State, v: &Victim, c: &mut Committed) {
+    st.pages.commit_clean(v.addr, v.slot);
+    let far = st.pages.get(v.addr).map_or(crate::pages::NO_FAR, |e| e.far);
+    if in_memory(sh, far) {
+        leave_pool(st, v.addr, v.slot);
+    } else {
+        st.slots.cache(v.slot);
+    }
+    c.clean += 1;
+}
+
+/// A dirty page moved to the pool: it gets a far page, and is written to its memory slab at
+/// once or staged for the sender.
+fn commit_dirty(sh: &Shared, st: &mut State, v: &Victim, c: &mut Committed) {
+    let far = far_for_dirty(sh, st, v);
+    st.stage_gen = st.stage_gen.wrapping_add(1);
+    let gen = st.stage_gen;
+    st.pages.commit_dirty(v.addr, v.slot, gen, far);
+    // Its slab is in memory (the host tier): one copy there and it is written back, no
+    // message. Else it is staged for the sender.
+    if let Some((Home::Memory(m), page)) = sh.far.home(far) {
+        if write_to_memory(sh, st, v, gen, m, page, c) {
+            return;
+        }
+    }
+    if !matches!(sh.far.home(far), Some((Home::Memory(_), _))) {
+        // Bound for a donor: whether it changed is not known here.
+        st.write_heat.evicted(crate::pages::pid_of(v.addr), true);
+    }
+    let data = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
+        src.to_vec().into_boxed_slice()
+    });
+    st.staging.push_back(Staged {
+        addr: v.addr,
+        slot: v.slot,
+        gen,
+        far,
+        data,
+        sealed: false,
+    });
+    c.staged += 1;
+}
+
+/// The far page a dirty victim goes to: its own, a new one when a forked child reads its own
+/// (frozen) and the contents changed, or a new one when it has none.
+fn far_for_dirty(sh: &Shared, st: &mut State, v: &Victim) -> u64 {
+    match st.pages.get(v.addr).map(|e| e.far) {
+        Some(f) if f != crate::pages::NO_FAR => {
+            if st.far_pages.is_frozen(f) && !unchanged_in_memory(sh, st, f, v.slot) {
+                // A forked child reads this far page ([`crate::fork`]): the new contents go
+                // to a new one, the old is reused once it is thawed.
+                st.far_pages.free(f);
+                st.far_pages.alloc()
+            } else {
+                f
+            }
+        }
+        _ => st.far_pages.alloc(),
+    }
+}
+
+/// Writes a dirty victim into its memory slab `m` at `page`; true when it is written back
+/// and left the pool (nothing to stage).
+fn write_to_memory(
+    sh: &Shared,
+    s: &mut State,
+    v: &Victim,
+    gen: u32,
+    m: u32,
+    page: u32,
+    c: &mut Committed,
+) -> bool {
+    // A page read from its slab is installed writable (no write-protect fault on its first
+    // write, see `fault::serve_from_memory`): one that comes back unchanged is not written
+    // again, so its slab copy stays clean for the write-through.
+    let (same, written) = crate::mm::with_page_bytes(sh.pool.mapping(), v.slot, |src| {
+        if s.mem.read(m, page, |old| old == src) == Some(true) {
+            (true, true)
+        } else {
+            (false, s.mem.write(m, page, src))
+        }
+    });
+    s.write_heat.evicted(crate::pages::pid_of(v.addr), !same);
+    if written && s.pages.mark_sent(v.addr, Some(v.slot), gen) {
+        leave_pool(s, v.addr, v.slot);
+        if same {
+            c.clean += 1;
+        } else {
+            c.to_memory += 1;
+        }
+        return true;
+    }
+    false
 }
 
 /// After a commit: wakes whoever waits for what it did, and counts it.

@@ -199,31 +199,19 @@ fn pick_victims(sh: &Shared, st: &mut State, ev: &mut Evictor, want: usize) -> b
             continue; // stale: the policy will not return it again
         };
         if e.state == PageState::ResidentDirty && !prefetched {
-            if e.armed {
-                if armed.contains(&addr) {
-                    // Armed in this round: the queue went round (fewer pages resident than a
-                    // round puts back). It had no chance yet; the next round, at once, takes
-                    // it (not a wait for a pool slot: there may be no victim only for this).
-                    st.pages.requeue(addr);
+            match hold_dirty(sh, st, armed, keeping, p, e.armed) {
+                Dirty::Evict => {}
+                Dirty::Sampled => {
+                    sampled += 1;
+                    continue;
+                }
+                Dirty::Kept => {
+                    kept += 1;
+                    continue;
+                }
+                Dirty::WentRound => {
                     more = true;
                     break;
-                }
-                st.write_heat.sample_unwritten(p);
-            } else if keeping.may_keep(st.pages.resident()) {
-                match st.write_heat.on_dirty(p, sh.budget.limit()) {
-                    Verdict::Sample if st.pages.arm(addr) => {
-                        armed.push(addr);
-                        sampled += 1;
-                        keeping.since_victim += 1;
-                        continue;
-                    }
-                    Verdict::Keep => {
-                        st.pages.requeue(addr);
-                        kept += 1;
-                        keeping.since_victim += 1;
-                        continue;
-                    }
-                    _ => {}
                 }
             }
         }
@@ -252,6 +240,64 @@ fn pick_victims(sh: &Shared, st: &mut State, ev: &mut Evictor, want: usize) -> b
         s.s.write_heat_samples += sampled;
         s.s.write_heat_kept += kept;
     }
+    pair_slots(sh, st, victims);
+    more
+}
+
+/// What [`pick_victims`] does with a dirty page the policy picked.
+enum Dirty {
+    /// Evict it.
+    Evict,
+    /// Armed as a write-heat sample (write-protected by the caller): not evicted now.
+    Sampled,
+    /// Kept: its chunk is being written; back to the tail.
+    Kept,
+    /// Armed in this round already: the queue went round; the round ends.
+    WentRound,
+}
+
+/// Whether the dirty page `p` (armed as a sample: `armed_sample`) is evicted or held back
+/// ([`farmem_policy::write_heat`]); a page held back is requeued or armed here.
+fn hold_dirty(
+    sh: &Shared,
+    st: &mut State,
+    armed: &mut Vec<usize>,
+    keeping: &mut Keeping,
+    p: u64,
+    armed_sample: bool,
+) -> Dirty {
+    let addr = p as usize * PAGE_SIZE;
+    if armed_sample {
+        if armed.contains(&addr) {
+            // Armed in this round: the queue went round (fewer pages resident than a round
+            // puts back). It had no chance yet; the next round, at once, takes it (not a wait
+            // for a pool slot: there may be no victim only for this).
+            st.pages.requeue(addr);
+            return Dirty::WentRound;
+        }
+        st.write_heat.sample_unwritten(p);
+    } else if keeping.may_keep(st.pages.resident()) {
+        match st.write_heat.on_dirty(p, sh.budget.limit()) {
+            Verdict::Sample if st.pages.arm(addr) => {
+                armed.push(addr);
+                keeping.since_victim += 1;
+                return Dirty::Sampled;
+            }
+            Verdict::Keep => {
+                st.pages.requeue(addr);
+                keeping.since_victim += 1;
+                return Dirty::Kept;
+            }
+            _ => {}
+        }
+    }
+    Dirty::Evict
+}
+
+/// Sorts the victims by address (closing small holes between them, [`close_holes`]) and
+/// pairs them with their slots in ascending order, so runs of neighbouring pages go to
+/// neighbouring slots.
+fn pair_slots(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>) {
     victims.sort_unstable_by_key(|v| v.addr);
     let closed = close_holes(sh, st, victims);
     if closed > 0 {
@@ -264,7 +310,6 @@ fn pick_victims(sh: &Shared, st: &mut State, ev: &mut Evictor, want: usize) -> b
         v.slot = slot;
         st.slots.set_owner(slot, v.addr);
     }
-    more
 }
 
 /// The addresses in holes of at most [`MAX_HOLE_PAGES`] pages between neighbouring victims

@@ -4,7 +4,7 @@
 use farmem_policy::Origin;
 use farmem_uffd::UffdError;
 
-use crate::failover::ReplicaRead;
+use crate::copies::failover::ReplicaRead;
 use crate::pages::PageState;
 use crate::shared::{Failure, Shared};
 use crate::stats::FaultKind;

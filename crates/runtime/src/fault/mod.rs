@@ -41,19 +41,20 @@ use farmem_policy::first_touch::{FirstTouch, FirstTouchConfig};
 use farmem_policy::Origin;
 use farmem_uffd::{Event, UffdError};
 
-use crate::failover::ReplicaRead;
+use crate::copies::failover::ReplicaRead;
 use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
-use crate::prefetch::addr_of;
 use crate::shared::{Failure, Shared, State};
 use crate::stats::FaultKind;
 use farmem_proto::PAGE_SIZE;
 
 mod ahead;
 mod fetch;
+mod zero;
 
 use ahead::install_ahead;
 use fetch::{complete_fetch, fail_fetch, install_fetched};
+use zero::serve_zero;
 
 /// A fault waiting to be served (again).
 pub(super) struct FaultMsg {
@@ -227,39 +228,15 @@ fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
 
 /// Serves one fault message from local state, or starts its remote read.
 fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
-    let mut st = sh.state.lock();
-    let Some(mut e) = st.pages.get(msg.addr) else {
-        // Not a region we know (being dropped, or a race with munmap): zero it so the thread
-        // does not wait forever.
+    let st = sh.state.lock();
+    let Some(e) = st.pages.get(msg.addr) else {
         drop(st);
-        match sh.uffd.zeropage(msg.addr, PAGE_SIZE, false) {
-            Ok(()) => {}
-            Err(UffdError::Again { .. }) => q.retry.push_back(msg),
-            Err(_) => {
-                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
-            }
-        }
+        return serve_unknown(sh, msg, q);
+    };
+    let Some((mut st, e)) = wait_for_commit(sh, st, e, &msg) else {
+        q.retry.push_back(msg);
         return;
     };
-    // Waits for an eviction in progress to commit, unless the page is being dropped
-    // ([`crate::threads::cow`]): a write to it (write-protected for its copy), or an access after the
-    // program released it meanwhile. The drop waits for this thread, so the fault waits in the
-    // queue until the drop is committed; installing a page now would have it dropped too.
-    // Checked on every wake-up: a victim MOVE refuses becomes a drop while this thread waits
-    // for it (the fork test hung once in about 15 runs, this thread waiting for the page
-    // and the evictor for this thread to read the drop's REMOVE event).
-    loop {
-        if st.drops.contains(msg.addr) {
-            drop(st);
-            q.retry.push_back(msg);
-            return;
-        }
-        if e.state != PageState::Evicting {
-            break;
-        }
-        sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
-        e = st.pages.get(msg.addr).unwrap_or_default();
-    }
     if msg.wp {
         return serve_write_protect(sh, st, e, msg, q);
     }
@@ -278,47 +255,93 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         PageState::ResidentClean
         | PageState::ResidentDirty
         | PageState::ResidentSending
-        | PageState::Fetching => {
-            // Served already (another thread's fault on the same page), or being fetched:
-            // the install wakes every waiter.
-            if e.state != PageState::Fetching {
-                // Installs happen under the state lock, so a resident page whose region page
-                // is absent is not a race: the state is wrong, and waking the thread would
-                // only make it fault again, forever (seen once: 75 million wakes of one
-                // page). Fail the access loudly instead.
-                let mut present = [0u8; 1];
-                let absent =
-                    farmem_mm::mincore(msg.addr, &mut present).is_ok() && present[0] & 1 == 0;
-                drop(st);
-                if absent {
-                    sh.report(
-                        Failure::Fetch,
-                        format!(
-                            "internal error: page {:#x} is taken for resident ({:?}) but is \
-                             not mapped; its contents are lost: the faulting thread (process \
-                             {}, thread {}) gets SIGBUS (please report this)",
-                            msg.addr,
-                            e.state,
-                            std::process::id(),
-                            msg.thread
-                        ),
-                    );
-                    sh.stats.lock().s.state_lost_pages += 1;
-                    if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
-                        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
-                    }
-                    return;
-                }
-                let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
-            }
-            sh.stats.lock().s.faults_already_served += 1;
-        }
+        | PageState::Fetching => serve_served(sh, st, e, &msg),
         PageState::PoolSent | PageState::PoolUnsent => serve_from_pool(sh, st, e, msg, q),
         PageState::Remote => match sh.far.home(e.far) {
             Some((Home::Memory(m), page)) => serve_from_memory(sh, st, e, m, page, msg, q),
             _ => serve_remote(sh, st, msg, q),
         },
         PageState::Evicting => unreachable!("waited above"),
+    }
+}
+
+/// Not a region we know (being dropped, or a race with munmap): zero it so the thread does
+/// not wait forever.
+fn serve_unknown(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
+    match sh.uffd.zeropage(msg.addr, PAGE_SIZE, false) {
+        Ok(()) => {}
+        Err(UffdError::Again { .. }) => q.retry.push_back(msg),
+        Err(_) => {
+            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// Waits for an eviction in progress to commit, unless the page is being dropped
+/// ([`crate::threads::cow`]): a write to it (write-protected for its copy), or an access after the
+/// program released it meanwhile. The drop waits for this thread, so the fault waits in the
+/// queue (None: the caller queues it again) until the drop is committed; installing a page
+/// now would have it dropped too. Checked on every wake-up: a victim MOVE refuses becomes a
+/// drop while this thread waits for it (the fork test hung once in about 15 runs, this
+/// thread waiting for the page and the evictor for this thread to read the drop's REMOVE
+/// event).
+fn wait_for_commit<'a>(
+    sh: &Shared,
+    mut st: MutexGuard<'a, State>,
+    mut e: Entry,
+    msg: &FaultMsg,
+) -> Option<(MutexGuard<'a, State>, Entry)> {
+    loop {
+        if st.drops.contains(msg.addr) {
+            return None;
+        }
+        if e.state != PageState::Evicting {
+            return Some((st, e));
+        }
+        sh.commit_cv.wait_for(&mut st, Duration::from_millis(1));
+        e = st.pages.get(msg.addr).unwrap_or_default();
+    }
+}
+
+/// A page resident or being fetched: served already (another thread's fault on the same
+/// page), or the install wakes every waiter.
+fn serve_served(sh: &Shared, st: MutexGuard<'_, State>, e: Entry, msg: &FaultMsg) {
+    if e.state == PageState::Fetching {
+        sh.stats.lock().s.faults_already_served += 1;
+        return;
+    }
+    // Installs happen under the state lock, so a resident page whose region page is absent
+    // is not a race: the state is wrong, and waking the thread would only make it fault
+    // again, forever (seen once: 75 million wakes of one page). Fail the access loudly
+    // instead.
+    let mut present = [0u8; 1];
+    let absent = farmem_mm::mincore(msg.addr, &mut present).is_ok() && present[0] & 1 == 0;
+    drop(st);
+    if absent {
+        return state_lost(sh, e, msg);
+    }
+    let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+    sh.stats.lock().s.faults_already_served += 1;
+}
+
+/// A page taken for resident is not mapped: its contents are lost; the faulting thread gets
+/// SIGBUS.
+fn state_lost(sh: &Shared, e: Entry, msg: &FaultMsg) {
+    sh.report(
+        Failure::Fetch,
+        format!(
+            "internal error: page {:#x} is taken for resident ({:?}) but is \
+             not mapped; its contents are lost: the faulting thread (process \
+             {}, thread {}) gets SIGBUS (please report this)",
+            msg.addr,
+            e.state,
+            std::process::id(),
+            msg.thread
+        ),
+    );
+    sh.stats.lock().s.state_lost_pages += 1;
+    if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
+        let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
     }
 }
 
@@ -361,80 +384,6 @@ fn serve_write_protect(
             );
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
         }
-    }
-}
-
-/// A never-written page: a zero page (read) or a zeroed copy (write).
-fn serve_zero(sh: &Shared, mut st: MutexGuard<'_, State>, msg: FaultMsg, q: &mut Queues) {
-    let r = if msg.write {
-        sh.uffd.copy(msg.addr, &sh.zero, false, false)
-    } else {
-        sh.uffd.zeropage(msg.addr, PAGE_SIZE, false)
-    };
-    match r {
-        Ok(()) | Err(UffdError::Exists { .. }) => {
-            st.pages.install_zero(msg.addr);
-            if msg.write {
-                zero_ahead(sh, &mut st, &msg, q);
-            }
-            sh.kick_evictor(&st);
-            drop(st);
-            sh.count_fault(FaultKind::Zero, msg.t0);
-        }
-        Err(UffdError::Again { .. }) => q.retry.push_back(msg),
-        Err(err) => {
-            drop(st);
-            tracing::debug!("zero fault at {:#x}: {err}", msg.addr);
-            let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
-        }
-    }
-}
-
-/// First-touch readahead ([`FirstTouch`]): after a write fault on a never-written page, maps
-/// the never-written pages after it as zeroed, writable pages in one UFFDIO_COPY when the
-/// thread is filling fresh memory in order, so its next writes take no fault. Only up to the
-/// first page that is not `Empty` and below the evictor's high watermark; the pages count as
-/// written (`ResidentDirty`: the program may write them without a fault), and one evicted
-/// untouched is found all zero and dropped.
-fn zero_ahead(sh: &Shared, st: &mut State, msg: &FaultMsg, q: &mut Queues) {
-    if st.paused {
-        return; // eviction is paused (fork): take no more room than asked for
-    }
-    let page = (msg.addr / PAGE_SIZE) as u64;
-    let ahead = q.first_touch.on_first_touch(page, msg.thread);
-    let ahead_len = (ahead.end - ahead.start) as usize;
-    let room = sh.budget.high_water().saturating_sub(st.pages.resident());
-    let mut n = 0usize;
-    for p in ahead.take(room as usize) {
-        let Some(a) = addr_of(p) else {
-            break;
-        };
-        if st.pages.get(a).map(|e| e.state) != Some(PageState::Empty) || st.drops.contains(a) {
-            break;
-        }
-        n += 1;
-    }
-    if n < ahead_len {
-        q.first_touch.mapped_until(msg.thread, page + 1 + n as u64);
-    }
-    if n == 0 {
-        return;
-    }
-    let start = msg.addr + PAGE_SIZE;
-    let done = match sh.uffd.copy(start, &q.zeros[..n * PAGE_SIZE], false, false) {
-        Ok(()) => n,
-        Err(UffdError::Again { done_bytes, .. }) => done_bytes / PAGE_SIZE,
-        Err(_) => 0,
-    };
-    for i in 0..done {
-        st.pages.install_zero(start + i * PAGE_SIZE);
-    }
-    if done < n {
-        q.first_touch
-            .mapped_until(msg.thread, page + 1 + done as u64);
-    }
-    if done > 0 {
-        sh.stats.lock().s.zero_installed_ahead += done as u64;
     }
 }
 

@@ -181,7 +181,7 @@ pub(super) fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
 
 /// Reads a remote page's data from its donors (failing over between copies).
 pub(super) fn read_remote(sh: &Shared, e: Entry) -> Result<Vec<u8>, RuntimeError> {
-    crate::failover::ReplicaRead::start(sh, e.far)
+    crate::copies::failover::ReplicaRead::start(sh, e.far)
         .finish(sh)
         .map(|(data, _)| data)
         .map_err(|source| RuntimeError::FetchBeforeFork { far: e.far, source })

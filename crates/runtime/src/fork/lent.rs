@@ -3,8 +3,8 @@
 use crate::error::RuntimeError;
 use crate::far::Home;
 use crate::lentdonors::LentDonors;
-use crate::memslabs::MemKind;
-use crate::shared::Shared;
+use crate::shared::{Shared, State};
+use crate::slabs::memslabs::MemKind;
 use farmem_proto::PAGE_SIZE;
 
 /// What a fork lends the child (see the module doc): the tier slabs it inherits and the region
@@ -138,24 +138,36 @@ impl Lent {
 
 /// In a forked child's runtime: borrows what the parent lent (see [`crate::Runtime::borrow`]).
 pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
-    let bad = |what: String| {
-        Err(RuntimeError::Config(format!(
-            "borrowing lent pages: {what}"
-        )))
-    };
     if lent.slab_pages != sh.far.slab_pages {
-        return bad(format!(
+        return Err(refused(format!(
             "the parent's slabs are {} pages, this runtime's {}",
             lent.slab_pages, sh.far.slab_pages
-        ));
+        )));
     }
     let mut st = sh.state.lock();
+    check_lent(sh, &st, lent)?;
+    take_slabs(sh, &mut st, lent)?;
+    let n = mark_remote(&mut st, lent);
+    drop(st);
+    sh.stats.lock().s.pages_borrowed += n as u64;
+    Ok(n)
+}
+
+/// Why lent pages cannot be borrowed.
+fn refused(what: String) -> RuntimeError {
+    RuntimeError::Config(format!("borrowing lent pages: {what}"))
+}
+
+/// Whether what the parent lent fits this runtime: its far pages start above the lent ones,
+/// every lent page is in a lent slab or on the lender's donors, and every lent slab is an
+/// inherited mapping (neither a region nor memory of this runtime).
+fn check_lent(sh: &Shared, st: &State, lent: &Lent) -> Result<(), RuntimeError> {
     if st.far_pages.floor() < lent.floor {
-        return bad(format!(
+        return Err(refused(format!(
             "this runtime's far pages start at {}, below the lent ones' end {}",
             st.far_pages.floor(),
             lent.floor
-        ));
+        )));
     }
     let on_donors = |far: u64| {
         lent.donors.as_ref().is_some_and(|d| d.has(far))
@@ -166,7 +178,9 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
         .iter()
         .find(|(_, f)| lent.source(*f).is_none() && !on_donors(*f))
     {
-        return bad(format!("page {a:#x} is at far page {far}, in no lent slab"));
+        return Err(refused(format!(
+            "page {a:#x} is at far page {far}, in no lent slab"
+        )));
     }
     for s in &lent.slabs {
         // An inherited slab is mapped here, and is neither a region nor memory of this runtime.
@@ -182,12 +196,17 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
                 .into_iter()
                 .any(|(a, l)| a < s.addr + s.len && s.addr < a + l)
         {
-            return bad(format!(
+            return Err(refused(format!(
                 "slab {} at {:#x} (+{} bytes) is not an inherited slab mapping",
                 s.far_slab, s.addr, s.len
-            ));
+            )));
         }
     }
+    Ok(())
+}
+
+/// Takes each lent slab as a borrowed memory slab, the home of its far slab.
+fn take_slabs(sh: &Shared, st: &mut State, lent: &Lent) -> Result<(), RuntimeError> {
     for s in &lent.slabs {
         let mapping =
             crate::mm::adopt_inherited(s.addr, s.len).map_err(|source| RuntimeError::Mmap {
@@ -198,6 +217,11 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
         let m = st.mem.insert(mapping, MemKind::Borrowed, s.far_slab);
         sh.far.set_home(s.far_slab, Some(Home::Memory(m)));
     }
+    Ok(())
+}
+
+/// Marks every lent page not present here as remote at its far page; returns how many.
+fn mark_remote(st: &mut State, lent: &Lent) -> usize {
     // A page present here was faulted in by another of the parent's threads in the instant
     // before the fork: the child has it already.
     let ranges = st.pages.ranges();
@@ -224,7 +248,5 @@ pub(crate) fn borrow(sh: &Shared, lent: &Lent) -> Result<usize, RuntimeError> {
             n += 1;
         }
     }
-    drop(st);
-    sh.stats.lock().s.pages_borrowed += n as u64;
-    Ok(n)
+    n
 }

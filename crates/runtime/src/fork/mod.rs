@@ -13,7 +13,7 @@
 //! - Remote pages whose far page is in a held slab stay there; so do resident pages with a
 //!   copy there, which the child drops before registering if they still equal it
 //!   ([`Lent::discard_unchanged`]): it would otherwise count, and copy out to evict, pages it
-//!   shares with the parent. Those far pages are *frozen* in the parent ([`crate::farpages`]):
+//!   shares with the parent. Those far pages are *frozen* in the parent ([`crate::slabs::farpages`]):
 //!   never rewritten, never reused, until every hold is dead (the tier thread checks).
 //! - The child's runtime starts its own far pages above the lent ones ([`Lent::floor`]),
 //!   adopts the inherited mappings as read-only *borrowed* slabs and marks the lent pages
@@ -27,7 +27,7 @@
 //!   that). The parent takes a [`ForkHold`] of its own (the same memfd lifetime signal, made
 //!   here) and freezes their far pages; the child's runtime connects to those donors *as the
 //!   parent's client* (its id and reconnect key, [`LentDonors`]), read only, and opens the
-//!   pages with the parent's key and the seals they had at the fork ([`crate::seal`]). The
+//!   pages with the parent's key and the seals they had at the fork ([`crate::slabs::seal`]). The
 //!   donor keeps the parent's slabs while any connection of that client is open, so a child
 //!   outlives a parent that exits or is killed. The parent moves no slab a child reads
 //!   ([`crate::threads::migrate`] waits for the thaw) and frees no copy it dropped meanwhile
@@ -68,10 +68,10 @@ use farmem_mm::Advice;
 use crate::far::Home;
 use crate::forkhold::ForkHold;
 use crate::lentdonors::{Lender, LentDonors};
-use crate::memslabs::MemKind;
 use crate::pages::{Entry, PageState, NO_FAR};
-use crate::replicas::Replicas;
 use crate::shared::{Failure, Shared, State};
+use crate::slabs::memslabs::MemKind;
+use crate::slabs::replicas::Replicas;
 
 mod back;
 mod lent;

@@ -37,7 +37,7 @@
 //!
 //! Entries are the page table's ([`table`]); a transition also keeps the entry's pool slot,
 //! staging generation and far page number. Pool slots and far pages themselves are owned by
-//! [`crate::slots`] and [`crate::farpages`]: transitions that free one return it to the caller.
+//! [`crate::slots`] and [`crate::slabs::farpages`]: transitions that free one return it to the caller.
 //!
 //! # Limitations
 //!

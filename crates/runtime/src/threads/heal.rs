@@ -6,7 +6,7 @@
 //!
 //! - Probing ([`probe`]): a suspected donor is asked for its stats on the write-back
 //!   connection (which reconnects and re-attaches to this client if needed). An answer revives
-//!   it. A failure is classified ([`crate::health::Cause`]) by a fresh TCP connection: refused
+//!   it. A failure is classified ([`crate::far::health::Cause`]) by a fresh TCP connection: refused
 //!   or reset is a crash, accepted is a stall, neither is a partition; a donor that answers but
 //!   no longer knows this client restarted with an empty store. Detection therefore takes: a
 //!   crash, a round trip (its connections are reset at once); a stall or partition, the
@@ -32,11 +32,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::copies::slabcopy::copy_slab;
 use crate::failure_log::FailureLog;
-use crate::health::Cause;
-use crate::replicas::{Replica, Replicas};
+use crate::far::health::Cause;
 use crate::shared::Shared;
-use crate::slabcopy::copy_slab;
+use crate::slabs::replicas::{Replica, Replicas};
 use crate::threads::heal_plan::{plan_slab, DonorState, Healed, Rounds, SlabPlan};
 use crate::threads::heal_rounds::{run, HealWorld};
 

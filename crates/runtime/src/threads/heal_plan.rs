@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::replicas::Replicas;
-use crate::slabcopy::Source;
+use crate::copies::slabcopy::Source;
+use crate::slabs::replicas::Replicas;
 
 /// How often dead donors are probed to see whether they came back.
 pub(crate) const DEAD_PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -191,8 +191,8 @@ impl Episode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pack::Piece;
-    use crate::replicas::Replica;
+    use crate::slabs::pack::Piece;
+    use crate::slabs::replicas::Replica;
 
     fn copies(list: &[(usize, bool)]) -> Replicas {
         let mut r = Replicas::empty();

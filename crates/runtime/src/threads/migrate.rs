@@ -7,10 +7,10 @@
 //!
 //! Where a slab named goes, in order of preference:
 //! 1. to a live donor that holds no copy of it, copied like a re-replication
-//!    ([`crate::slabcopy::copy_slab`], from the asking donor's own copy, which is still complete);
+//!    ([`crate::copies::slabcopy::copy_slab`], from the asking donor's own copy, which is still complete);
 //! 2. nowhere, when another live donor already holds a complete copy: the asking donor's copy
 //!    is simply dropped (the slab runs with one copy fewer until a donor has room);
-//! 3. into this process's memory (a local memory slab, [`crate::memslabs`]) when the asking
+//! 3. into this process's memory (a local memory slab, [`crate::slabs::memslabs`]) when the asking
 //!    donor holds the only copy: pages are read in batches (and opened, when sealed) into
 //!    private memory, and the slab's home switches to it with the copy gate held and the state
 //!    lock taken, so no write-back and no fault sees half a move. That memory is beyond the
@@ -25,12 +25,12 @@
 use farmem_mm::{Advice, Mapping};
 use farmem_transport::PageAddr;
 
+use crate::copies::slabcopy::{copy_slab, Source};
 use crate::error::RuntimeError;
 use crate::far::Home;
-use crate::memslabs::MemKind;
-use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
-use crate::slabcopy::{copy_slab, Source};
+use crate::slabs::memslabs::MemKind;
+use crate::slabs::replicas::{Replica, Replicas};
 use farmem_proto::PAGE_SIZE;
 
 /// Asks every live donor which of this runtime's slabs it wants back and moves them.
@@ -263,7 +263,7 @@ fn to_local_memory(sh: &Shared, idx: u64, x: Replica) -> Result<bool, RuntimeErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pack::Piece;
+    use crate::slabs::pack::Piece;
 
     fn copies(list: &[(usize, bool)]) -> Replicas {
         let mut r = Replicas::empty();

@@ -21,8 +21,8 @@ use crate::error::RuntimeError;
 use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
-use crate::replicas::Replicas;
 use crate::shared::{Failure, Shared, Staged, State};
+use crate::slabs::replicas::Replicas;
 use crate::threads::backoff::Backoff;
 use farmem_proto::PAGE_SIZE;
 

@@ -10,12 +10,12 @@ use farmem_mm::{Advice, Mapping};
 
 use crate::doorbell::IDLE_WAIT;
 use crate::error::RuntimeError;
+use crate::far::tier::Tier;
 use crate::far::Home;
-use crate::memslabs::MemKind;
-use crate::replicas::{Replica, Replicas};
 use crate::shared::{Failure, Shared};
+use crate::slabs::memslabs::MemKind;
+use crate::slabs::replicas::{Replica, Replicas};
 use crate::threads::backoff::Backoff;
-use crate::tier::Tier;
 use farmem_proto::PAGE_SIZE;
 
 impl Shared {

@@ -90,10 +90,9 @@ pub fn check_userfaultfd() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// The runtime's own check of the name (the one place it is validated).
 pub fn check_prefetch(name: &str) -> anyhow::Result<()> {
-    farmem_policy::prefetch::by_name(name)
-        .map(|_| ())
-        .map_err(|e| anyhow::anyhow!("--prefetch {name}: {e}"))
+    farmem_runtime::check_prefetch(name).map_err(|e| anyhow::anyhow!("--prefetch {name}: {e}"))
 }
 
 pub fn check_evict(name: &str) -> anyhow::Result<()> {

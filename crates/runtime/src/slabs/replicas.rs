@@ -7,7 +7,7 @@
 
 use farmem_transport::PageAddr;
 
-use crate::pack::Piece;
+use crate::slabs::pack::Piece;
 
 /// Most replicas of one slab (`--replicas` is at most this).
 pub const MAX_REPLICAS: usize = 4;
@@ -15,11 +15,11 @@ pub const MAX_REPLICAS: usize = 4;
 /// One donor copy of a far slab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Replica {
-    /// Index of the donor in [`crate::far::Far::donors`].
+    /// Index of the donor in the far side's donors (`Far::donors`, `far/mod.rs`).
     pub(crate) donor: usize,
     /// The donor's slab id.
     pub(crate) slab: u32,
-    /// The far slab's first page in that donor slab ([`crate::pack`]: a donor slab holds
+    /// The far slab's first page in that donor slab ([`crate::slabs::pack`]: a donor slab holds
     /// several far slabs).
     pub(crate) base: u32,
     /// Being filled by re-replication: written, not yet read from.

@@ -7,7 +7,7 @@
 //!   declares it dead, after a probe ([`crate::threads::heal`]), so one broken connection (a timeout
 //!   inside a frame, a reset the next request survives) never drops a healthy donor's copies.
 //! - Reads never wait for the verdict: a read that fails, or is slow past the failover delay,
-//!   goes to the next replica at once ([`crate::failover`]).
+//!   goes to the next replica at once ([`crate::copies::failover`]).
 //! - The kinds ([`Cause`]) are told apart by how the probe fails: the connection is refused or
 //!   reset (crash: the process is gone, its host answers); a new TCP connection is accepted
 //!   but requests get no answer (stall: the process is stopped or wedged, the kernel still

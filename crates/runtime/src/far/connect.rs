@@ -7,17 +7,18 @@ use std::time::Duration;
 
 use farmem_transport::{ClientConfig, DonorClient};
 
-use crate::backup::Backup;
 use crate::config::RuntimeConfig;
-use crate::embedded::{EmbeddedDonor, FAULT_PATH_SPIN};
+use crate::embedded::EmbeddedDonor;
 use crate::error::RuntimeError;
+use crate::far::backup::Backup;
+use crate::far::health::Health;
+use crate::far::tier::Tier;
 use crate::far::{Donor, Far, Home, Parts};
-use crate::health::Health;
-use crate::pack::Pack;
-use crate::replicas::{Replicas, MAX_REPLICAS};
-use crate::seal::Sealer;
+use crate::readtimes::FAULT_PATH_SPIN;
+use crate::slabs::pack::Pack;
+use crate::slabs::replicas::{Replicas, MAX_REPLICAS};
+use crate::slabs::seal::Sealer;
 use crate::sync::Mutex;
-use crate::tier::Tier;
 use farmem_contract::SealMode;
 use farmem_proto::PAGE_SIZE;
 

@@ -1,7 +1,7 @@
 //! Memory slabs: far slabs held in memory instead of on a donor. A *tier* slab is a
 //! `farmem node`'s memfd slab mapped shared into this process (the host tier: the node's
 //! memory, charged to the node); a *local* slab is private memory of this process, where a tier
-//! slab goes when the node asks for it back ([`crate::tier`]) until a donor takes it, or for
+//! slab goes when the node asks for it back (the host tier, `far/tier.rs`) until a donor takes it, or for
 //! good when no donor is configured.
 //!
 //! # Design
@@ -20,7 +20,7 @@
 
 use farmem_mm::Mapping;
 
-use crate::replicas::Replicas;
+use crate::slabs::replicas::Replicas;
 
 #[cfg(test)]
 use farmem_proto::PAGE_SIZE;
@@ -31,7 +31,7 @@ pub(crate) enum MemKind {
     /// A host tier slab, with the node's id for it.
     Tier { id: u32 },
     /// A slab of the private node this runtime started when the host's node had no room
-    /// ([`crate::tier`]), with that node's id for it. Never given back, lent over fork or
+    /// (the host tier, `far/tier.rs`), with that node's id for it. Never given back, lent over fork or
     /// written through (the fallback is only taken without donors).
     Fallback { id: u32 },
     /// Private memory of this process.

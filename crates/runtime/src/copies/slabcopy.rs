@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use farmem_transport::{PageAddr, PageWrite};
 
 use crate::error::RuntimeError;
-use crate::replicas::{Replica, Replicas};
 use crate::shared::Shared;
+use crate::slabs::replicas::{Replica, Replicas};
 use farmem_proto::PAGE_SIZE;
 
 /// Where a slab's pages are copied from.

@@ -1,5 +1,5 @@
 //! The host tier: a `farmem node`'s memory, shared with this process as memfd slabs
-//! ([`crate::memslabs`]), in front of the donors; placement across the tiers; and the tier
+//! ([`crate::slabs::memslabs`]), in front of the donors; placement across the tiers; and the tier
 //! thread (`farmem-tier`), which answers the node's requests to give slabs back.
 //!
 //! # Design
@@ -59,7 +59,7 @@ use farmem_node::{NodeClient, NodeClientConfig, NodeError, SlabHold, TierSlab};
 
 use crate::config::RuntimeConfig;
 use crate::error::RuntimeError;
-use crate::memslabs::MemKind;
+use crate::slabs::memslabs::MemKind;
 use farmem_contract::TierMode;
 
 /// How long a full (or gone) node is not asked for slabs again.

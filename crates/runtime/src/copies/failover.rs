@@ -5,7 +5,7 @@
 //!
 //! - A read goes to one replica at a time. When it fails (connection refused or reset, a
 //!   page that fails its seal check, a wrong answer) the next replica is asked at once, and
-//!   the donor is suspected ([`crate::health`]). When it is merely slow — no answer within the
+//!   the donor is suspected ([`crate::far::health`]). When it is merely slow — no answer within the
 //!   failover delay — the next replica is asked too and the slow request is dropped: a stalled
 //!   or partitioned donor costs a fault the failover delay, not the request timeout.
 //! - The failover delay adapts to the donors' answers instead of being tuned to one machine:

@@ -34,33 +34,11 @@
 use crate::sync::Mutex;
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 
+use crate::error::SealError;
 use farmem_proto::PAGE_SIZE;
 
 /// Bytes of a tag.
 const TAG_BYTES: usize = 16;
-
-/// Why a page could not be sealed or opened.
-#[derive(Debug, thiserror::Error)]
-pub enum SealError {
-    /// The kernel's random source failed when the key was drawn.
-    #[error("drawing the sealing key from the kernel's random source failed: {0}")]
-    Key(getrandom::Error),
-    /// The donor's copy does not verify: altered, another page's, or an older version.
-    #[error(
-        "far page {far}: the donor's copy failed its integrity check (altered, swapped with \
-         another page, or an older version); it was not installed"
-    )]
-    Tampered {
-        /// The far page number.
-        far: u64,
-    },
-    /// No seal was ever made for this far page (it was never sent).
-    #[error("far page {far}: no sealed copy was ever sent, so none can be opened")]
-    NeverSealed {
-        /// The far page number.
-        far: u64,
-    },
-}
 
 /// The version and tag of a far page's last seal; version 0: never sealed.
 #[derive(Clone, Copy, Default)]

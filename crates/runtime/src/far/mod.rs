@@ -22,12 +22,12 @@
 //!   connections attached as the parent's client ([`Far::borrowed`], [`Home::Borrowed`],
 //!   [`crate::lentdonors`]), numbered after its own donors: the read paths take any donor
 //!   index ([`Far::donor`]); placement, healing and migration see only [`Far::donors`].
-//! - Sealing ([`crate::seal`]): with [`SealMode::Auto`] pages are sealed when any donor's
+//! - Sealing ([`crate::slabs::seal`]): with [`SealMode::Auto`] pages are sealed when any donor's
 //!   address is not one of this host's (loopback, or an address a socket can bind here): a
 //!   donor on this host holds this machine's memory, which the program could be read from
 //!   anyway, and sealing costs about 1 µs a page each way.
 //!
-//! - A far slab's copy on a donor is a *piece* of a donor slab ([`crate::pack`]): the far slab
+//! - A far slab's copy on a donor is a *piece* of a donor slab ([`crate::slabs::pack`]): the far slab
 //!   size is the smallest of every home's (the host tier's 4 MiB beside donors' 64 MiB), and
 //!   a donor slab holds as many far slabs as fit, filled before another is taken.
 //!
@@ -36,21 +36,29 @@
 //! Far slabs are never returned to donors while the runtime lives (freed far pages are reused
 //! instead); donors reclaim them when the connection closes (after their orphan grace period).
 
+pub(crate) mod backup;
+mod connect;
+pub(crate) mod health;
+mod io;
+pub(crate) mod tier;
+
 use crate::sync::{Condvar, Mutex, RwLock};
-use farmem_transport::{ClientConfig, DonorClient, PageAddr, PageWrite, Pending, Status};
+use farmem_transport::{ClientConfig, DonorClient, Status};
 use rand::Rng;
 
-use crate::backup::Backup;
 use crate::embedded::EmbeddedDonor;
 use crate::error::RuntimeError;
-use crate::health::Health;
+use crate::error::SealError;
 use crate::lentdonors::LentDonors;
-use crate::pack::{Pack, Piece};
 use crate::readtimes::ReadTimes;
-use crate::replicas::{Replica, Replicas};
-use crate::seal::{SealError, Sealer};
-use crate::tier::Tier;
+use crate::slabs::pack::{Pack, Piece};
+use crate::slabs::replicas::{Replica, Replicas};
+use crate::slabs::seal::Sealer;
+use backup::Backup;
+use farmem_contract::DonorUse;
 use farmem_proto::PAGE_SIZE;
+use health::Health;
+use tier::Tier;
 
 /// One donor and what this runtime placed on it.
 pub(crate) struct Donor {
@@ -59,9 +67,9 @@ pub(crate) struct Donor {
     pub(crate) capacity_bytes: u64,
     /// Far slab copies placed on it (pieces of its slabs).
     pub(crate) slabs_placed: Mutex<u64>,
-    /// Its slabs and the far slabs packed into them ([`crate::pack`]).
+    /// Its slabs and the far slabs packed into them ([`crate::slabs::pack`]).
     pub(crate) pack: Mutex<Pack>,
-    /// Alive, suspected or dead ([`crate::health`]).
+    /// Alive, suspected or dead ([`crate::far::health`]).
     pub(crate) health: Health,
 }
 
@@ -70,7 +78,7 @@ pub(crate) struct Donor {
 pub(crate) enum Home {
     /// On donors, one copy each ([`Replicas`]).
     Donors(Replicas),
-    /// In memory slab `m` ([`crate::memslabs`]: the host tier, or local memory).
+    /// In memory slab `m` ([`crate::slabs::memslabs`]: the host tier, or local memory).
     Memory(u32),
     /// A slab a forked child's parent lent it on donors ([`crate::fork`]): read through
     /// [`Far::borrowed`] connections (donor indexes past [`Far::donors`]), never written,
@@ -98,7 +106,7 @@ pub(crate) struct Far {
     pub(crate) replicas: usize,
     /// Far slab index → where the slab lives.
     placement: Mutex<Vec<Option<Home>>>,
-    /// The host tier, when one is used ([`crate::tier`]).
+    /// The host tier, when one is used ([`crate::far::tier`]).
     pub(crate) tier: Option<Tier>,
     /// Seals pages before they leave and opens them when they come back; `None`: pages
     /// travel and rest in the clear.
@@ -117,7 +125,7 @@ pub(crate) struct Far {
     /// Wakes the heal thread: a donor is suspected, or a slab lost a replica.
     pub(crate) heal_cv: Condvar,
     pub(crate) heal_mu: Mutex<bool>,
-    /// How fast donors answer demand reads (the failover delay, [`crate::failover`]).
+    /// How fast donors answer demand reads (the failover delay, [`crate::copies::failover`]).
     pub(crate) read_times: ReadTimes,
     /// How fast donors answer prefetch batches (how long one is waited for when its pages
     /// have another copy).
@@ -386,14 +394,14 @@ impl Far {
     }
 
     /// What this runtime holds on each of its donors now.
-    pub(crate) fn donor_uses(&self) -> Vec<crate::DonorUse> {
+    pub(crate) fn donor_uses(&self) -> Vec<DonorUse> {
         let far_slab = self.slab_pages * PAGE_SIZE as u64;
         self.donors
             .iter()
             .map(|d| {
                 let (held, pieces) = d.pack.lock().usage();
                 let info = d.read.info();
-                crate::DonorUse {
+                DonorUse {
                     addr: d.read.addr().to_string(),
                     health: if d.health.is_dead() {
                         "dead"
@@ -461,130 +469,6 @@ impl Far {
     /// Slabs placed so far (on donors and in memory).
     pub(crate) fn slabs_placed(&self) -> u64 {
         self.placement.lock().iter().flatten().count() as u64
-    }
-
-    /// Where far page `far` can be read on donors, in the order to try: complete replicas on
-    /// live donors first, then those on suspected donors, then, with no backup file, those
-    /// on donors taken for dead (a sole copy may still answer: a stall or partition may end;
-    /// with a backup file, the file has every page those have, and asking a cut-off donor
-    /// would cost a connect timeout a fault).
-    pub(crate) fn read_sources(&self, far: u64) -> Vec<(usize, PageAddr)> {
-        let (Some((Home::Donors(r), page)) | Some((Home::Borrowed(r), page))) = self.home(far)
-        else {
-            return Vec::new();
-        };
-        let mut out: Vec<(usize, PageAddr)> = r
-            .readable()
-            .filter(|x| self.backup.is_none() || !self.donor(x.donor).health.is_dead())
-            .map(|x| (x.donor, x.addr(page)))
-            .collect();
-        out.sort_by_key(|(d, _)| {
-            let h = &self.donor(*d).health;
-            (!h.is_live(), h.is_dead())
-        });
-        out
-    }
-
-    /// Starts the read of one far page from donor `d` on its fault-path connection.
-    pub(crate) fn submit_read_on(&self, d: usize, addr: PageAddr) -> Result<Pending, RuntimeError> {
-        self.donor(d)
-            .read
-            .submit_read(&[addr])
-            .map_err(|source| RuntimeError::Donor {
-                addr: self.donor(d).read.addr().to_string(),
-                step: "reading a page",
-                source,
-            })
-    }
-
-    /// Writes pages (`(replicas of its slab, page in the slab, far page, data)`) to the
-    /// replicas of their slabs: one batch per donor (at most 256 pages a batch), all donors
-    /// at once. A page goes to its replicas on live donors; with none live, to those on
-    /// suspected donors; with none of those either, to the backup file if there is one (else
-    /// this fails). Succeeds once every page is on each replica it went to; replicas left out
-    /// then hold an older version and are dropped from their slab (re-replication makes the
-    /// copy again). Every page written to donors also goes to the backup file, in the
-    /// background. A donor that fails is suspected ([`Far::suspect`]).
-    pub(crate) fn write_replicas(
-        &self,
-        pages: &[(Replicas, u32, u64, &[u8])],
-    ) -> Result<(), RuntimeError> {
-        let mut groups: Vec<Vec<PageWrite<'_>>> = vec![Vec::new(); self.donors.len()];
-        let mut orphans = Vec::new();
-        let mut left_out: Vec<(u64, usize)> = Vec::new();
-        for (i, (r, page, far, data)) in pages.iter().enumerate() {
-            let health = |x: &Replica| &self.donors[x.donor].health;
-            let live = r.as_slice().iter().any(|x| health(x).is_live());
-            let mut any = false;
-            for x in r.as_slice() {
-                let h = health(x);
-                if h.is_live() || (!live && h.is_suspect()) {
-                    groups[x.donor].push(PageWrite {
-                        addr: x.addr(*page),
-                        data,
-                    });
-                    any = true;
-                } else {
-                    left_out.push((far / self.slab_pages, x.donor));
-                }
-            }
-            if !any {
-                orphans.push(i);
-            }
-        }
-        if !orphans.is_empty() && self.backup.is_none() {
-            let (r, _, far, _) = &pages[orphans[0]];
-            let addrs: Vec<String> = r
-                .as_slice()
-                .iter()
-                .map(|x| self.donors[x.donor].read.addr().to_string())
-                .collect();
-            return Err(RuntimeError::NoLiveReplica {
-                far: *far,
-                donors: addrs.join(", "),
-            });
-        }
-        let mut submitted = Vec::new();
-        let mut first_err = None;
-        for (d, g) in groups.iter().enumerate() {
-            for chunk in g.chunks(farmem_transport::MAX_BATCH_PAGES) {
-                match self.donors[d].write.submit_write(chunk) {
-                    Ok(p) => submitted.push((d, p)),
-                    Err(e) => {
-                        self.on_error(d, &e);
-                        first_err.get_or_insert((d, e));
-                    }
-                }
-            }
-        }
-        for (d, p) in submitted {
-            if let Err(e) = p.wait() {
-                self.on_error(d, &e);
-                first_err.get_or_insert((d, e));
-            }
-        }
-        if let Some((d, source)) = first_err {
-            return Err(RuntimeError::Donor {
-                addr: self.donors[d].write.addr().to_string(),
-                step: "writing evicted pages",
-                source,
-            });
-        }
-        if let Some(b) = &self.backup {
-            for (i, (_, _, far, data)) in pages.iter().enumerate() {
-                if orphans.contains(&i) {
-                    b.write_now(*far, data)?;
-                } else {
-                    b.write(*far, data);
-                }
-            }
-        }
-        left_out.sort_unstable();
-        left_out.dedup();
-        for (idx, d) in left_out {
-            self.drop_replica(idx, d);
-        }
-        Ok(())
     }
 
     /// Drops donor `d`'s replica of far slab `idx` (stale, or its donor is dead): never read
