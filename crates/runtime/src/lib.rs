@@ -68,6 +68,7 @@ mod drops;
 mod embedded;
 mod error;
 mod evict;
+mod failure;
 mod failure_log;
 mod far;
 mod fault;

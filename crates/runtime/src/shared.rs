@@ -19,6 +19,7 @@ use crate::budget::Budget;
 use crate::config::RuntimeConfig;
 use crate::doorbell::Doorbell;
 use crate::error::RuntimeError;
+use crate::failure::{Failure, ThreadError};
 use crate::far::Far;
 use crate::pages::{Pages, Released};
 use crate::prefetch::Prefetch;
@@ -29,15 +30,6 @@ use crate::stats::{FaultKind, StatsCell};
 use farmem_contract::local::LocalMemory;
 use farmem_contract::OverBudget;
 use farmem_proto::PAGE_SIZE;
-
-/// Which counter an error a runtime thread meets goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// Bringing a page in (the fault path, a fork's fetch): `fetch_errors`.
-    Fetch,
-    /// Sending pages out (write-back, write-through): `send_errors`.
-    Send,
-}
 
 /// A page copied out of the pool, waiting to be sent.
 pub(crate) struct Staged {
@@ -314,21 +306,21 @@ impl Shared {
         tracing::trace!("runtime thread {:?} started", std::thread::current().name());
     }
 
-    /// Records an error of `kind`: counted, logged loudly, kept as `last_error`.
-    pub(crate) fn report(&self, kind: Failure, msg: String) {
-        tracing::error!("{msg}");
-        self.count_error(kind, msg);
+    /// Records an error a thread met: counted by its kind, logged loudly, kept as `last_error`.
+    pub(crate) fn report(&self, err: ThreadError) {
+        tracing::error!("{err}");
+        self.count_error(err);
     }
 
     /// Counts an error and keeps it as `last_error`, without logging it (a repeat of one
     /// already logged).
-    pub(crate) fn count_error(&self, kind: Failure, msg: String) {
+    pub(crate) fn count_error(&self, err: ThreadError) {
         let mut s = self.stats.lock();
-        match kind {
+        match err.kind() {
             Failure::Fetch => s.s.fetch_errors += 1,
             Failure::Send => s.s.send_errors += 1,
         }
-        s.s.last_error = Some(msg);
+        s.s.last_error = Some(err.to_string());
     }
 
     /// Counts a served fault of `kind` that started at `t0`. Call without the state lock.

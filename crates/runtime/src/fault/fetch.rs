@@ -5,8 +5,9 @@ use farmem_policy::Origin;
 use farmem_uffd::UffdError;
 
 use crate::copies::failover::ReplicaRead;
+use crate::failure::ThreadError;
 use crate::pages::PageState;
-use crate::shared::{Failure, Shared};
+use crate::shared::Shared;
 use crate::stats::FaultKind;
 use farmem_proto::PAGE_SIZE;
 
@@ -30,13 +31,13 @@ pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
                 install_fetched(sh, f.msg, data.into_boxed_slice(), kind, q);
                 return;
             }
-            Err(e) => sh.report(
-                Failure::Fetch,
-                format!(
-                    "fetching page {:#x} (far page {}) failed (try {} of {}): {e}",
-                    f.msg.addr, f.far, f.attempts, sh.fetch_attempts
-                ),
-            ),
+            Err(source) => sh.report(ThreadError::Fetch {
+                addr: f.msg.addr,
+                far: f.far,
+                attempt: f.attempts,
+                attempts: sh.fetch_attempts,
+                source,
+            }),
         }
         if f.attempts >= sh.fetch_attempts {
             fail_fetch(sh, f.msg, q);

@@ -42,9 +42,10 @@ use farmem_policy::Origin;
 use farmem_uffd::{Event, UffdError};
 
 use crate::copies::failover::ReplicaRead;
+use crate::failure::ThreadError;
 use crate::far::Home;
 use crate::pages::{Entry, PageState, NO_FAR};
-use crate::shared::{Failure, Shared, State};
+use crate::shared::{Shared, State};
 use crate::stats::FaultKind;
 use farmem_proto::PAGE_SIZE;
 
@@ -110,17 +111,14 @@ pub(crate) fn fault_loop(sh: Arc<Shared>) {
                 Duration::from_millis(1)
             };
             if let Err(e) = wait_for_events(&sh, timeout) {
-                sh.report(
-                    Failure::Fetch,
-                    format!("fault loop: waiting for userfaultfd events: {e}"),
-                );
+                sh.report(ThreadError::WaitEvents(e));
                 std::thread::sleep(Duration::from_millis(10));
             }
             // Counted before the read: a munmap or madvise whose event it dequeues returns only
             // after that (see Shared::wait_events_handled).
             sh.read_seq.fetch_add(1, Ordering::SeqCst);
             if let Err(e) = sh.uffd.read_events(&mut events) {
-                sh.report(Failure::Fetch, format!("fault loop: {e}"));
+                sh.report(ThreadError::ReadEvents(e));
                 continue;
             }
         }
@@ -327,18 +325,12 @@ fn serve_served(sh: &Shared, st: MutexGuard<'_, State>, e: Entry, msg: &FaultMsg
 /// A page taken for resident is not mapped: its contents are lost; the faulting thread gets
 /// SIGBUS.
 fn state_lost(sh: &Shared, e: Entry, msg: &FaultMsg) {
-    sh.report(
-        Failure::Fetch,
-        format!(
-            "internal error: page {:#x} is taken for resident ({:?}) but is \
-             not mapped; its contents are lost: the faulting thread (process \
-             {}, thread {}) gets SIGBUS (please report this)",
-            msg.addr,
-            e.state,
-            std::process::id(),
-            msg.thread
-        ),
-    );
+    sh.report(ThreadError::ResidentNotMapped {
+        addr: msg.addr,
+        state: e.state,
+        pid: std::process::id(),
+        thread: msg.thread,
+    });
     sh.stats.lock().s.state_lost_pages += 1;
     if sh.uffd.poison(msg.addr, PAGE_SIZE, false).is_err() {
         let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
@@ -378,10 +370,10 @@ fn serve_write_protect(
         Err(UffdError::Again { .. }) => q.retry.push_back(msg),
         Err(err) => {
             drop(st);
-            sh.report(
-                Failure::Fetch,
-                format!("write-protect fault at {:#x}: {err}", msg.addr),
-            );
+            sh.report(ThreadError::WriteProtect {
+                addr: msg.addr,
+                source: err,
+            });
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
         }
     }
@@ -449,10 +441,10 @@ fn serve_from_pool(
         }
         Err(err) => {
             drop(st);
-            sh.report(
-                Failure::Fetch,
-                format!("moving page {:#x} back from the pool: {err}", msg.addr),
-            );
+            sh.report(ThreadError::MoveBack {
+                addr: msg.addr,
+                source: err,
+            });
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
         }
     }
@@ -508,13 +500,10 @@ fn serve_from_memory(
             // A bug: poison the page (fail_fetch takes a fetching page) rather than hang.
             st.pages.begin_fetch(msg.addr);
             drop(st);
-            sh.report(
-                Failure::Fetch,
-                format!(
-                    "page {:#x}: its far slab has no memory slab (far page {})",
-                    msg.addr, e.far
-                ),
-            );
+            sh.report(ThreadError::NoMemSlab {
+                addr: msg.addr,
+                far: e.far,
+            });
             fail_fetch(sh, msg, q);
         }
     }

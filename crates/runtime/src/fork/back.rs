@@ -6,6 +6,7 @@ use std::time::Duration;
 use farmem_uffd::UffdError;
 
 use crate::error::RuntimeError;
+use crate::failure::ThreadError;
 use crate::far::Home;
 use crate::pages::{Entry, PageState};
 use crate::shared::{Shared, State};
@@ -26,7 +27,7 @@ pub(super) fn check_all_back(
     sh: &Shared,
     st: &mut State,
     lendable: &Lendable,
-) -> (Option<String>, Vec<(usize, u64, LentAt)>, usize) {
+) -> (Option<ThreadError>, Vec<(usize, u64, LentAt)>, usize) {
     let mut bad = 0usize;
     let mut first: Option<(usize, PageState, bool)> = None;
     let mut lent = Vec::new();
@@ -58,13 +59,13 @@ pub(super) fn check_all_back(
             first.get_or_insert((a, en.state, here));
         }
     }
-    let what = first.map(|(a, state, here)| {
-        format!(
-            "{bad} page(s) are not in local memory at fork (first {a:#x}: {state:?}, {}present)",
-            if here { "" } else { "not " }
-        )
+    let not_back = first.map(|(first, state, present)| ThreadError::NotBackBeforeFork {
+        pages: bad,
+        first,
+        state,
+        present,
     });
-    (what, lent, remote)
+    (not_back, lent, remote)
 }
 
 /// Brings every evicted page of every region back (before fork), but those left for the child

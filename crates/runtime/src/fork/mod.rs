@@ -65,11 +65,12 @@ use std::time::Duration;
 
 use farmem_mm::Advice;
 
+use crate::failure::ThreadError;
 use crate::far::Home;
 use crate::forkhold::ForkHold;
 use crate::lentdonors::{Lender, LentDonors};
 use crate::pages::{Entry, PageState, NO_FAR};
-use crate::shared::{Failure, Shared, State};
+use crate::shared::{Shared, State};
 use crate::slabs::memslabs::MemKind;
 use crate::slabs::replicas::Replicas;
 
@@ -150,24 +151,15 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
     // (without lending, one pass: a page that cannot come back failed for good).
     for attempt in 0..3 {
         if let Err(e) = bring_all_back(sh, &lendable) {
-            sh.report(
-                Failure::Fetch,
-                format!(
-                    "before fork: bringing evicted pages back failed ({e}); the child will \
-                     read zeros where those pages are"
-                ),
-            );
+            sh.report(ThreadError::BringBackBeforeFork(e));
         }
         let mut st = sh.state.lock();
         let (missing, pages, remote) = check_all_back(sh, &mut st, &lendable);
         if missing.is_some() && attempt < 2 && !lendable.is_empty() {
             continue;
         }
-        if let Some(what) = missing {
-            sh.report(
-                Failure::Fetch,
-                format!("before fork: {what}; the child will read zeros there"),
-            );
+        if let Some(not_back) = missing {
+            sh.report(not_back);
         }
         plan.regions = st
             .pages

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::RuntimeError;
+use crate::failure::ThreadError;
 use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
-use crate::shared::{Failure, Shared, Staged, State};
+use crate::shared::{Shared, Staged, State};
 use crate::slabs::replicas::Replicas;
 use crate::threads::backoff::Backoff;
 use farmem_proto::PAGE_SIZE;
@@ -68,7 +69,7 @@ pub(crate) fn send_loop(sh: Arc<Shared>) {
             continue;
         }
         if let Err(e) = write_batch(&sh, &mut batch) {
-            send_failed(&sh, &mut failing, batch, &e);
+            send_failed(&sh, &mut failing, batch, e);
             std::thread::sleep(backoff.next());
             continue;
         }
@@ -108,18 +109,16 @@ fn requeue<T>(staging: &mut VecDeque<T>, batch: Vec<T>) {
 
 /// Writing `batch` back failed with `e`: says so (a lasting failure once a second at most),
 /// marks write-back failing (commits waiting for the pool see it) and stages the batch again.
-fn send_failed(sh: &Shared, failing: &mut FailureLog, batch: Vec<Staged>, e: &RuntimeError) {
-    let msg = format!(
-        "write-back of {} evicted pages failed (kept in the write-back pool, retrying): {e}",
-        batch.len()
-    );
-    match failing.should_log(&e.to_string()) {
-        Some(0) => sh.report(Failure::Send, msg),
-        Some(n) => sh.report(
-            Failure::Send,
-            format!("{msg} (and {n} times more since said)"),
-        ),
-        None => sh.count_error(Failure::Send, msg),
+fn send_failed(sh: &Shared, failing: &mut FailureLog, batch: Vec<Staged>, e: RuntimeError) {
+    let said = failing.should_log(&e.to_string());
+    let err = ThreadError::WriteBack {
+        pages: batch.len(),
+        repeats: said.unwrap_or(0),
+        source: e,
+    };
+    match said {
+        Some(_) => sh.report(err),
+        None => sh.count_error(err),
     }
     sh.failing_since
         .lock()

@@ -10,9 +10,10 @@ use farmem_mm::{Advice, Mapping};
 
 use crate::doorbell::IDLE_WAIT;
 use crate::error::RuntimeError;
+use crate::failure::ThreadError;
 use crate::far::tier::Tier;
 use crate::far::Home;
-use crate::shared::{Failure, Shared};
+use crate::shared::Shared;
 use crate::slabs::memslabs::MemKind;
 use crate::slabs::replicas::{Replica, Replicas};
 use crate::threads::backoff::Backoff;
@@ -95,13 +96,7 @@ pub(crate) fn tier_loop(sh: Arc<Shared>) {
             }
             Err(e) => {
                 busy = false;
-                sh.report(
-                    Failure::Send,
-                    format!(
-                        "writing the host tier through to the donors failed (kept in memory, \
-                         retrying): {e}"
-                    ),
-                );
+                sh.report(ThreadError::WriteThrough(e));
                 next_round = Instant::now() + backoff.next();
             }
         }
@@ -145,13 +140,10 @@ fn give_back(sh: &Shared, tier: &Tier, n: usize) {
                 Ok(l) => l,
                 Err(e) => {
                     drop(st);
-                    sh.report(
-                        Failure::Send,
-                        format!(
-                            "the node asked for {n} slabs back, but no local memory could be \
-                             mapped to hold them ({e}); they stay in the host tier"
-                        ),
-                    );
+                    sh.report(ThreadError::GiveBackNoMemory {
+                        slabs: n,
+                        source: e,
+                    });
                     return;
                 }
             };
