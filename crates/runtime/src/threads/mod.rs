@@ -17,3 +17,4 @@ pub(crate) mod prefetch;
 pub(crate) mod prefetch_plan;
 pub(crate) mod send;
 pub(crate) mod tier;
+pub(crate) mod tier_rounds;

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use farmem_mm::{Advice, Mapping};
 
-use crate::doorbell::IDLE_WAIT;
 use crate::error::RuntimeError;
 use crate::failure::ThreadError;
 use crate::far::tier::Tier;
@@ -16,7 +15,7 @@ use crate::far::Home;
 use crate::shared::Shared;
 use crate::slabs::memslabs::MemKind;
 use crate::slabs::replicas::{Replica, Replicas};
-use crate::threads::backoff::Backoff;
+use crate::threads::tier_rounds::{run, TierWorld, Woken};
 use farmem_proto::PAGE_SIZE;
 
 impl Shared {
@@ -59,62 +58,65 @@ const WRITE_THROUGH_PAGES: usize = 2048;
 
 /// The tier thread. Runs until shutdown when a tier is used.
 pub(crate) fn tier_loop(sh: Arc<Shared>) {
-    let Some(tier) = &sh.far.tier else {
-        return;
-    };
-    let mut next_round = Instant::now();
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut busy = false;
-    let mut node_gone = false;
-    while !sh.shutdown.load(Ordering::Relaxed) {
-        let wait = round_wait(busy, !sh.far.donors.is_empty(), || {
-            sh.state.lock().far_pages.any_frozen()
-        });
-        let reclaims = if node_gone {
-            crossbeam_channel::never()
-        } else {
-            tier.reclaims().clone()
-        };
-        crossbeam_channel::select! {
-            recv(reclaims) -> r => match r {
-                Ok(r) => give_back(&sh, tier, r.slabs as usize),
-                // The node is gone: nothing more will be asked; the write-through goes on.
-                Err(_) => node_gone = true,
-            },
-            recv(tier.kicked()) -> _ => {}
-            recv(sh.doorbell.receiver()) -> _ => break,
-            default(wait) => {}
-        }
-        crate::fork::thaw_if_no_child(&sh);
-        if sh.far.donors.is_empty() || Instant::now() < next_round {
-            continue;
-        }
-        match write_through(&sh) {
-            Ok(n) => {
-                busy = n > 0;
-                backoff.reset();
-            }
-            Err(e) => {
-                busy = false;
-                sh.report(ThreadError::WriteThrough(e));
-                next_round = Instant::now() + backoff.next();
-            }
-        }
+    if let Some(tier) = &sh.far.tier {
+        run(&Live { sh: &sh, tier });
     }
 }
 
-/// How long the tier thread waits for a reclaim or a kick before its next round. Busy writing
-/// through: 10 ms rounds. Idle with donors to write through to, or with far pages frozen for a
-/// forked child (thawed when its hold is gone; asked only without donors): 100 ms, so a page
-/// reaches a donor, and frozen pages are reused, soon. Otherwise only the node's reclaims wake
-/// it (or shutdown: crate::doorbell).
-fn round_wait(busy: bool, donors: bool, frozen: impl FnOnce() -> bool) -> Duration {
-    if busy {
-        Duration::from_millis(10)
-    } else if donors || frozen() {
-        Duration::from_millis(100)
-    } else {
-        IDLE_WAIT
+/// The runtime as the tier loop sees it.
+struct Live<'a> {
+    sh: &'a Shared,
+    tier: &'a Tier,
+}
+
+impl TierWorld for Live<'_> {
+    fn stopping(&self) -> bool {
+        self.sh.shutdown.load(Ordering::Relaxed)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn has_donors(&self) -> bool {
+        !self.sh.far.donors.is_empty()
+    }
+
+    fn any_frozen(&self) -> bool {
+        self.sh.state.lock().far_pages.any_frozen()
+    }
+
+    fn wait(&self, wait: Duration, node_gone: bool) -> Woken {
+        let reclaims = if node_gone {
+            crossbeam_channel::never()
+        } else {
+            self.tier.reclaims().clone()
+        };
+        crossbeam_channel::select! {
+            recv(reclaims) -> r => match r {
+                Ok(r) => Woken::Reclaim(r.slabs as usize),
+                Err(_) => Woken::NodeGone,
+            },
+            recv(self.tier.kicked()) -> _ => Woken::Kicked,
+            recv(self.sh.doorbell.receiver()) -> _ => Woken::Shutdown,
+            default(wait) => Woken::Timeout,
+        }
+    }
+
+    fn give_back(&self, slabs: usize) {
+        give_back(self.sh, self.tier, slabs);
+    }
+
+    fn thaw(&self) {
+        crate::fork::thaw_if_no_child(self.sh);
+    }
+
+    fn write_through(&self) -> Result<usize, RuntimeError> {
+        write_through(self.sh)
+    }
+
+    fn report(&self, err: ThreadError) {
+        self.sh.report(err);
     }
 }
 
@@ -290,23 +292,4 @@ fn write_through_slab(sh: &Shared, m: u32, max: usize) -> Result<usize, RuntimeE
     s.s.tier_pages_written_through += n as u64;
     s.s.bytes_sent += (n * PAGE_SIZE) as u64;
     Ok(n)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rounds_are_short_while_busy_and_idle_waits_only_without_work_to_come() {
-        let ms = Duration::from_millis;
-        assert_eq!(round_wait(true, false, || false), ms(10));
-        assert_eq!(
-            round_wait(false, true, || panic!(
-                "frozen pages are asked only without donors"
-            )),
-            ms(100)
-        );
-        assert_eq!(round_wait(false, false, || true), ms(100));
-        assert_eq!(round_wait(false, false, || false), IDLE_WAIT);
-    }
 }
