@@ -16,5 +16,6 @@ pub(crate) mod migrate;
 pub(crate) mod prefetch;
 pub(crate) mod prefetch_plan;
 pub(crate) mod send;
+pub(crate) mod send_rounds;
 pub(crate) mod tier;
 pub(crate) mod tier_rounds;

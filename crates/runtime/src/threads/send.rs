@@ -19,12 +19,11 @@ use std::time::Duration;
 
 use crate::error::RuntimeError;
 use crate::failure::ThreadError;
-use crate::failure_log::FailureLog;
 use crate::far::Home;
 use crate::pages::PageState;
 use crate::shared::{Shared, Staged, State};
 use crate::slabs::replicas::Replicas;
-use crate::threads::backoff::Backoff;
+use crate::threads::send_rounds::{run, SendWorld};
 use farmem_proto::PAGE_SIZE;
 
 /// Whether a staged page still needs sending: it still sits in its pool slot unsent, or it
@@ -44,40 +43,62 @@ fn staged_live(st: &State, s: &Staged) -> bool {
 
 /// The sender. Runs until shutdown.
 pub(crate) fn send_loop(sh: Arc<Shared>) {
-    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
-    // A failure that lasts (a node gone, donors full) is retried every second at most:
-    // logging each retry filled the program's stderr with one error line a second.
-    let mut failing = FailureLog::default();
-    while !sh.shutdown.load(Ordering::Relaxed) {
-        let mut st = sh.state.lock();
+    run(&*sh);
+}
+
+impl SendWorld for Shared {
+    type Page = Staged;
+
+    fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    fn next_batch(&self) -> Option<Vec<Staged>> {
+        let mut st = self.state.lock();
         if st.staging.is_empty() {
             // Woken by each commit that stages pages, and at shutdown (crate::doorbell).
-            if !sh.shutdown.load(Ordering::Relaxed) {
-                sh.stage_cv.wait_for(&mut st, crate::doorbell::IDLE_WAIT);
+            if !self.shutdown.load(Ordering::Relaxed) {
+                self.stage_cv.wait_for(&mut st, crate::doorbell::IDLE_WAIT);
             }
-            continue;
+            return None;
         }
         // Taken out while it is read: whether a page is still wanted looks at the rest of
         // the state.
         let mut staging = std::mem::take(&mut st.staging);
-        let mut batch = take_batch(&mut staging, farmem_transport::MAX_BATCH_PAGES, |s| {
+        let batch = take_batch(&mut staging, farmem_transport::MAX_BATCH_PAGES, |s| {
             staged_live(&st, s)
         });
         st.staging = staging;
-        drop(st);
-        if batch.is_empty() {
-            continue;
+        (!batch.is_empty()).then_some(batch)
+    }
+
+    fn write(&self, batch: &mut Vec<Staged>) -> Result<(), RuntimeError> {
+        write_batch(self, batch)
+    }
+
+    /// Commits waiting for the pool see write-back failing.
+    fn failed(&self, batch: Vec<Staged>, err: ThreadError, say: bool) {
+        if say {
+            self.report(err);
+        } else {
+            self.count_error(err);
         }
-        if let Err(e) = write_batch(&sh, &mut batch) {
-            send_failed(&sh, &mut failing, batch, e);
-            std::thread::sleep(backoff.next());
-            continue;
-        }
-        backoff.reset();
-        failing = FailureLog::default();
-        sh.send_failing.store(false, Ordering::Relaxed);
-        *sh.failing_since.lock() = None;
-        acknowledge(&sh, &batch);
+        self.failing_since
+            .lock()
+            .get_or_insert_with(std::time::Instant::now);
+        self.send_failing.store(true, Ordering::Relaxed);
+        self.commit_cv.notify_all();
+        requeue(&mut self.state.lock().staging, batch);
+    }
+
+    fn succeeded(&self, batch: &[Staged]) {
+        self.send_failing.store(false, Ordering::Relaxed);
+        *self.failing_since.lock() = None;
+        acknowledge(self, batch);
+    }
+
+    fn pause(&self, wait: Duration) {
+        std::thread::sleep(wait);
     }
 }
 
@@ -105,27 +126,6 @@ fn requeue<T>(staging: &mut VecDeque<T>, batch: Vec<T>) {
     for s in batch.into_iter().rev() {
         staging.push_front(s);
     }
-}
-
-/// Writing `batch` back failed with `e`: says so (a lasting failure once a second at most),
-/// marks write-back failing (commits waiting for the pool see it) and stages the batch again.
-fn send_failed(sh: &Shared, failing: &mut FailureLog, batch: Vec<Staged>, e: RuntimeError) {
-    let said = failing.should_log(&e.to_string());
-    let err = ThreadError::WriteBack {
-        pages: batch.len(),
-        repeats: said.unwrap_or(0),
-        source: e,
-    };
-    match said {
-        Some(_) => sh.report(err),
-        None => sh.count_error(err),
-    }
-    sh.failing_since
-        .lock()
-        .get_or_insert_with(std::time::Instant::now);
-    sh.send_failing.store(true, Ordering::Relaxed);
-    sh.commit_cv.notify_all();
-    requeue(&mut sh.state.lock().staging, batch);
 }
 
 /// Writes a batch where its pages live, placing slabs on first write: pages whose slab is in
