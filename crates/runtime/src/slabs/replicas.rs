@@ -62,6 +62,20 @@ pub(crate) struct Replicas {
 }
 
 impl Replicas {
+    /// For tests: one replica a `(donor, filling)`, the i-th in slab i at base 0.
+    #[cfg(test)]
+    pub(crate) fn of(list: &[(usize, bool)]) -> Replicas {
+        let mut r = Replicas::empty();
+        for (i, &(donor, filling)) in list.iter().enumerate() {
+            let piece = crate::slabs::pack::Piece {
+                slab: i as u32,
+                base: 0,
+            };
+            r.push(Replica::new(donor, piece, filling));
+        }
+        r
+    }
+
     /// No replica.
     pub(crate) fn empty() -> Replicas {
         let none = Replica {

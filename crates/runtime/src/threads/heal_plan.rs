@@ -191,23 +191,6 @@ impl Episode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slabs::pack::Piece;
-    use crate::slabs::replicas::Replica;
-
-    fn copies(list: &[(usize, bool)]) -> Replicas {
-        let mut r = Replicas::empty();
-        for (i, &(d, filling)) in list.iter().enumerate() {
-            r.push(Replica::new(
-                d,
-                Piece {
-                    slab: i as u32,
-                    base: 0,
-                },
-                filling,
-            ));
-        }
-        r
-    }
 
     fn states(s: &'static [DonorState]) -> impl Fn(usize) -> DonorState {
         move |d| s[d]
@@ -217,7 +200,7 @@ mod tests {
 
     #[test]
     fn a_slab_with_enough_live_copies_is_not_copied_and_forgets_dead_ones() {
-        let r = copies(&[(0, false), (1, false), (2, false)]);
+        let r = Replicas::of(&[(0, false), (1, false), (2, false)]);
         match plan_slab(&r, states(&[Live, Live, Dead, Live]), 2, 3, false) {
             SlabPlan::Enough { forget } => assert_eq!(forget, vec![2]),
             _ => panic!("a slab with 2 live copies of 2 wanted is not healed"),
@@ -227,7 +210,7 @@ mod tests {
     #[test]
     fn a_slab_short_of_copies_is_copied_from_its_first_live_complete_copy() {
         // Donor 0's copy is still filling: not a source.
-        let r = copies(&[(0, true), (1, false), (2, false)]);
+        let r = Replicas::of(&[(0, true), (1, false), (2, false)]);
         match plan_slab(&r, states(&[Live, Dead, Live, Live]), 2, 3, false) {
             SlabPlan::Copy(Source::Donor(x)) => assert_eq!(x.donor, 2),
             _ => panic!("one live complete copy of 2 wanted: copied from donor 2"),
@@ -236,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_suspected_copy_waits_for_the_verdict() {
-        let r = copies(&[(0, false), (1, false)]);
+        let r = Replicas::of(&[(0, false), (1, false)]);
         assert!(matches!(
             plan_slab(&r, states(&[Live, Suspect, Live]), 2, 2, true),
             SlabPlan::Wait
@@ -245,7 +228,7 @@ mod tests {
 
     #[test]
     fn no_room_when_every_live_donor_holds_a_copy() {
-        let r = copies(&[(0, false), (1, false)]);
+        let r = Replicas::of(&[(0, false), (1, false)]);
         assert!(matches!(
             plan_slab(&r, states(&[Live, Dead, Dead]), 2, 1, false),
             SlabPlan::NoRoom
@@ -254,7 +237,7 @@ mod tests {
 
     #[test]
     fn without_a_live_copy_the_backup_is_the_source_or_the_slab_is_lost() {
-        let r = copies(&[(0, false)]);
+        let r = Replicas::of(&[(0, false)]);
         assert!(matches!(
             plan_slab(&r, states(&[Dead, Live]), 1, 1, true),
             SlabPlan::Copy(Source::Backup)

@@ -263,27 +263,11 @@ fn to_local_memory(sh: &Shared, idx: u64, x: Replica) -> Result<bool, RuntimeErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slabs::pack::Piece;
-
-    fn copies(list: &[(usize, bool)]) -> Replicas {
-        let mut r = Replicas::empty();
-        for (i, &(d, filling)) in list.iter().enumerate() {
-            r.push(Replica::new(
-                d,
-                Piece {
-                    slab: i as u32,
-                    base: 0,
-                },
-                filling,
-            ));
-        }
-        r
-    }
 
     #[test]
     fn a_slab_goes_to_a_live_donor_without_a_copy_else_its_copy_is_dropped() {
         // Copies on 0 (asking) and 1; donor 2 live and without one.
-        let r = copies(&[(0, false), (1, false)]);
+        let r = Replicas::of(&[(0, false), (1, false)]);
         let plan = plan_move(&r, 0, 3, |_| true);
         assert_eq!(
             plan,
@@ -301,7 +285,7 @@ mod tests {
     #[test]
     fn a_sole_copy_goes_to_local_memory_when_it_cannot_be_copied() {
         // Donor 1's copy is still filling, and donor 2's is on a dead donor: neither counts.
-        let r = copies(&[(0, false), (1, true), (2, false)]);
+        let r = Replicas::of(&[(0, false), (1, true), (2, false)]);
         let plan = plan_move(&r, 0, 3, |x| x != 2);
         assert_eq!(
             plan,
