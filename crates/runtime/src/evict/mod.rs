@@ -39,12 +39,14 @@ use crate::runs::runs;
 
 mod commit;
 mod moves;
+mod plan;
 
 use commit::{commit, publish};
 
 use crate::shared::{Shared, State};
 use farmem_proto::PAGE_SIZE;
 use moves::{drop_unmovable, move_victims};
+use plan::{AfterRound, Drain, Keeping, Stall};
 
 /// The widest hole, in pages, between two of a round's victims that the round closes by
 /// taking the resident pages in it too ([`close_holes`]). Leap's eager eviction takes the
@@ -100,13 +102,11 @@ pub(super) struct Evictor {
     armed: Vec<usize>,
     keeping: Keeping,
     outcomes: Vec<Outcome>,
-    draining: bool,
+    drain: Drain,
     /// Victims MOVE refused (shared with a forked process, or in a range that is not
     /// writable), still `Evicting`, to drop after the commit ([`crate::threads::cow`]).
     unmovable: Vec<(Victim, Unmovable)>,
-    stall_backoff: Duration,
-    stalled_rounds: u32,
-    last_stall_log: Option<Instant>,
+    stall: Stall,
 }
 
 /// The evictor. Runs until shutdown.
@@ -116,28 +116,22 @@ pub(crate) fn evict_loop(sh: Arc<Shared>) {
         armed: Vec::new(),
         keeping: Keeping::default(),
         outcomes: Vec::new(),
-        draining: false,
+        drain: Drain::default(),
         unmovable: Vec::new(),
-        stall_backoff: Duration::from_millis(10),
-        stalled_rounds: 0,
-        last_stall_log: None,
+        stall: Stall::default(),
     };
     while !sh.shutdown.load(Ordering::Relaxed) {
         let mut st = sh.state.lock();
         let resident = st.pages.resident();
-        if resident >= sh.budget.high_water() {
-            ev.draining = true;
-        }
-        if st.paused || !ev.draining || resident <= sh.budget.low_water() {
-            ev.draining = false;
+        let (high, low) = (sh.budget.high_water(), sh.budget.low_water());
+        let Some(want) = ev.drain.want(resident, high, low, st.paused) else {
             // Woken by an install reaching the high watermark, a fault finding no room, a
             // lowered budget, the end of a fork or shutdown (see crate::doorbell).
             if !sh.shutdown.load(Ordering::Relaxed) {
                 sh.evict_cv.wait_for(&mut st, IDLE_WAIT);
             }
             continue;
-        }
-        let want = ((resident - sh.budget.low_water()) as usize).min(EVICT_BATCH);
+        };
         let more = pick_victims(&sh, &mut st, &mut ev, want);
         if ev.victims.is_empty() {
             drop(st);
@@ -280,12 +274,12 @@ fn hold_dirty(
         match st.write_heat.on_dirty(p, sh.budget.limit()) {
             Verdict::Sample if st.pages.arm(addr) => {
                 armed.push(addr);
-                keeping.since_victim += 1;
+                keeping.kept();
                 return Dirty::Sampled;
             }
             Verdict::Keep => {
                 st.pages.requeue(addr);
-                keeping.since_victim += 1;
+                keeping.kept();
                 return Dirty::Kept;
             }
             _ => {}
@@ -368,35 +362,6 @@ fn close_holes(sh: &Shared, st: &mut State, victims: &mut Vec<Victim>) -> u64 {
     added
 }
 
-/// Bounds the pages the evictor keeps ([`pick_victims`]). When it has put back as many pages
-/// in a row as are resident (every dirty page it reaches is hot: hot data larger than the
-/// budget), it evicts the next `resident` pages in FIFO order before keeping any again, so
-/// the work per page evicted stays bounded.
-#[derive(Default)]
-pub(super) struct Keeping {
-    /// Pages put back since the last victim was taken.
-    since_victim: u64,
-    /// Victims still to take in plain FIFO order.
-    plain_left: u64,
-}
-
-impl Keeping {
-    /// Whether a dirty page reached now may be kept or sampled.
-    fn may_keep(&mut self, resident: u64) -> bool {
-        if self.plain_left == 0 && self.since_victim >= resident {
-            self.plain_left = resident;
-            self.since_victim = 0;
-        }
-        self.plain_left == 0
-    }
-
-    /// A victim was taken.
-    fn evicted(&mut self) {
-        self.since_victim = 0;
-        self.plain_left = self.plain_left.saturating_sub(1);
-    }
-}
-
 /// Write-protects the pages [`pick_victims`] armed, a run of neighbours per ioctl, and
 /// empties `armed`. Done without the state lock (the ioctl flushes TLBs): a page that changed
 /// meanwhile only loses its sample. A write before the ioctl is not seen, and a sample that
@@ -432,30 +397,23 @@ fn move_and_read(sh: &Shared, ev: &mut Evictor) {
     }
 }
 
-/// After a round: if nothing could be moved three rounds in a row (one such round happens
-/// when the victims were released or faulted meanwhile), let faults go over the budget
-/// instead of waiting for this thread, and try again later, backing off.
+/// After a round: if nothing could be moved several rounds in a row, let faults go over the
+/// budget instead of waiting for this thread, and try again later, backing off ([`Stall`]).
 fn after_round(sh: &Shared, ev: &mut Evictor, round: usize, stalled: bool) {
-    ev.stalled_rounds = if stalled { ev.stalled_rounds + 1 } else { 0 };
-    if ev.stalled_rounds >= 3 {
-        sh.evictor_blocked.store(true, Ordering::Relaxed);
-        if ev
-            .last_stall_log
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(30))
-        {
-            ev.last_stall_log = Some(Instant::now());
-            tracing::warn!(
-                "the evictor can neither move nor drop any of {round} victims (mlocked, or \
-                 released or remapped while being evicted): resident memory exceeds the budget \
-                 until they can be evicted; retrying"
-            );
+    match ev.stall.after_round(stalled, Instant::now()) {
+        AfterRound::Going => sh.evictor_blocked.store(false, Ordering::Relaxed),
+        AfterRound::Blocked { wait, say } => {
+            sh.evictor_blocked.store(true, Ordering::Relaxed);
+            if say {
+                tracing::warn!(
+                    "the evictor can neither move nor drop any of {round} victims (mlocked, or \
+                     released or remapped while being evicted): resident memory exceeds the \
+                     budget until they can be evicted; retrying"
+                );
+            }
+            let mut st = sh.state.lock();
+            sh.evict_cv.wait_for(&mut st, wait);
         }
-        let mut st = sh.state.lock();
-        sh.evict_cv.wait_for(&mut st, ev.stall_backoff);
-        ev.stall_backoff = (ev.stall_backoff * 2).min(Duration::from_secs(1));
-    } else {
-        sh.evictor_blocked.store(false, Ordering::Relaxed);
-        ev.stall_backoff = Duration::from_millis(10);
     }
 }
 
