@@ -30,7 +30,6 @@
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::doorbell::IDLE_WAIT;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -51,10 +50,12 @@ use farmem_proto::PAGE_SIZE;
 
 mod ahead;
 mod fetch;
+mod rounds;
 mod zero;
 
 use ahead::install_ahead;
 use fetch::{complete_fetch, fail_fetch, install_fetched};
+use rounds::FaultWorld;
 use zero::serve_zero;
 
 /// A fault waiting to be served (again).
@@ -91,56 +92,71 @@ pub(super) struct Queues {
 
 /// The fault loop. Runs until shutdown.
 pub(crate) fn fault_loop(sh: Arc<Shared>) {
-    let mut events: Vec<Event> = Vec::with_capacity(64);
     let cfg = FirstTouchConfig::default();
-    let mut q = Queues {
+    let q = Queues {
         zeros: vec![0u8; cfg.max_window_pages as usize * PAGE_SIZE].into_boxed_slice(),
         first_touch: FirstTouch::new(cfg).expect("the default configuration is valid"),
         retry: VecDeque::new(),
         installs: VecDeque::new(),
         fetches: Vec::new(),
     };
-    let mut busy = false;
-    while !sh.shutdown.load(Ordering::Relaxed) {
-        events.clear();
-        // Busy: look for the next events without sleeping first.
-        if !(busy && spin_for_events(&sh, &mut events)) {
-            let timeout = if q.retry.is_empty() && q.installs.is_empty() {
-                IDLE_WAIT
-            } else {
-                Duration::from_millis(1)
-            };
-            if let Err(e) = wait_for_events(&sh, timeout) {
-                sh.report(ThreadError::WaitEvents(e));
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            // Counted before the read: a munmap or madvise whose event it dequeues returns only
-            // after that (see Shared::wait_events_handled).
-            sh.read_seq.fetch_add(1, Ordering::SeqCst);
-            if let Err(e) = sh.uffd.read_events(&mut events) {
-                sh.report(ThreadError::ReadEvents(e));
-                continue;
-            }
-        }
-        busy = !events.is_empty();
-        for ev in events.drain(..) {
-            handle_event(&sh, ev, &mut q);
-        }
+    rounds::run(&mut FaultThread { sh, q });
+}
+
+/// The runtime as the fault loop sees it ([`FaultWorld`]).
+struct FaultThread {
+    sh: Arc<Shared>,
+    q: Queues,
+}
+
+impl FaultWorld for FaultThread {
+    fn stopping(&self) -> bool {
+        self.sh.shutdown.load(Ordering::Relaxed)
+    }
+    fn spin(&mut self, events: &mut Vec<Event>) -> bool {
+        spin_for_events(&self.sh, events)
+    }
+    fn wait(&mut self, timeout: Duration) -> rustix::io::Result<()> {
+        wait_for_events(&self.sh, timeout)
+    }
+    fn read(&mut self, events: &mut Vec<Event>) -> Result<usize, UffdError> {
+        // Counted before the read: a munmap or madvise whose event it dequeues returns only
+        // after that (see Shared::wait_events_handled).
+        self.sh.read_seq.fetch_add(1, Ordering::SeqCst);
+        self.sh.uffd.read_events(events)
+    }
+    fn handle(&mut self, ev: Event) {
+        handle_event(&self.sh, ev, &mut self.q);
+    }
+    fn serve_waiting(&mut self) {
+        let (sh, q) = (&*self.sh, &mut self.q);
         // Pages fetched earlier whose install met pending events.
         for _ in 0..q.installs.len() {
             let (msg, data, kind) = q.installs.pop_front().expect("counted");
-            install_fetched(&sh, msg, data, kind, &mut q);
+            install_fetched(sh, msg, data, kind, q);
         }
         // Remote reads submitted in this batch: wait for each and install.
-        complete_fetches(&sh, &mut q);
+        complete_fetches(sh, q);
         for _ in 0..q.retry.len() {
             let msg = q.retry.pop_front().expect("counted");
-            serve(&sh, msg, &mut q);
+            serve(sh, msg, q);
         }
-        complete_fetches(&sh, &mut q);
-        // Every event read so far is handled (only this thread reads them).
-        sh.handled_seq
-            .store(sh.read_seq.load(Ordering::SeqCst), Ordering::Release);
+        complete_fetches(sh, q);
+    }
+    fn waiting(&self) -> bool {
+        !(self.q.retry.is_empty() && self.q.installs.is_empty())
+    }
+    fn handled(&mut self) {
+        // Only this thread reads events.
+        self.sh
+            .handled_seq
+            .store(self.sh.read_seq.load(Ordering::SeqCst), Ordering::Release);
+    }
+    fn report(&self, err: ThreadError) {
+        self.sh.report(err);
+    }
+    fn pause(&self, wait: Duration) {
+        std::thread::sleep(wait);
     }
 }
 

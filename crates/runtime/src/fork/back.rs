@@ -12,7 +12,7 @@ use crate::pages::{Entry, PageState};
 use crate::shared::{Shared, State};
 use farmem_proto::PAGE_SIZE;
 
-use super::{has_lent_copy, is_lent, Lendable, LentAt};
+use super::plan::{lent_at, lent_copy, FarCopy, Lendable, LentAt};
 
 /// Checks, with the state lock held right before `fork()`, that every page with contents is
 /// resident (the child gets exactly the pages mapped at fork) or lent (left in a lendable
@@ -44,12 +44,14 @@ pub(super) fn check_all_back(
             if en.state.is_resident() {
                 // The child drops its copy if it still equals the far one
                 // ([`Lent::discard_unchanged`]).
-                if let Some(m) = has_lent_copy(sh, st, lendable, en) {
+                if let Some(m) =
+                    lent_copy(en.state, FarCopy::of(sh, st, lendable, en.far), lendable)
+                {
                     lent.push((a, en.far, m));
                 }
                 continue;
             }
-            if let Some(m) = is_lent(sh, st, lendable, en) {
+            if let Some(m) = lent_at(en.state, FarCopy::of(sh, st, lendable, en.far), lendable) {
                 lent.push((a, en.far, m));
                 remote += 1;
                 continue;
@@ -84,7 +86,10 @@ pub(super) fn bring_all_back(sh: &Shared, lendable: &Lendable) -> Result<(), Run
                     | PageState::Remote
                     | PageState::Fetching
             );
-            if evicted && !st.dontfork.contains(a) && is_lent(sh, st, lendable, en).is_none() {
+            if evicted
+                && !st.dontfork.contains(a)
+                && lent_at(en.state, FarCopy::of(sh, st, lendable, en.far), lendable).is_none()
+            {
                 todo.push(a);
             }
         }

@@ -69,18 +69,19 @@ use crate::failure::ThreadError;
 use crate::far::Home;
 use crate::forkhold::ForkHold;
 use crate::lentdonors::{Lender, LentDonors};
-use crate::pages::{Entry, PageState, NO_FAR};
 use crate::shared::{Shared, State};
 use crate::slabs::memslabs::MemKind;
 use crate::slabs::replicas::Replicas;
 
 mod back;
 mod lent;
+mod plan;
 
 use back::{bring_all_back, check_all_back};
 pub(crate) use lent::borrow;
 pub use lent::Lent;
 use lent::LentSlab;
+use plan::{Lendable, LentAt};
 
 /// What [`before_fork`] hands the forking thread.
 #[derive(Debug, Default)]
@@ -96,33 +97,6 @@ pub struct ForkPlan {
     hold: Option<u32>,
     /// This fork mapped the hold over pages left on donors (unmapped here after the fork).
     donor_hold: bool,
-}
-
-/// What a fork may leave far for the child.
-#[derive(Default)]
-pub(super) struct Lendable {
-    /// Memory slabs, by index, with their kind at the time they were held (a slab the node
-    /// took back meanwhile changes kind, and its pages are brought back instead).
-    memory: BTreeMap<u32, MemKind>,
-    /// Pages on donors may be left there (the fork's hold is mapped).
-    donors: bool,
-}
-
-impl Lendable {
-    fn is_empty(&self) -> bool {
-        self.memory.is_empty() && !self.donors
-    }
-}
-
-/// Where a lent page's far copy is.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum LentAt {
-    /// In memory slab `m` (the host tier, or one this process borrowed).
-    Memory(u32),
-    /// On this process's donors.
-    Donors,
-    /// On donors, borrowed from this process's parent ([`Home::Borrowed`]).
-    Borrowed,
 }
 
 /// Before `fork()`: pauses eviction, brings evicted pages back and returns the regions (start,
@@ -181,7 +155,7 @@ pub(crate) fn before_fork(sh: &Shared, lend: bool) -> ForkPlan {
 /// Takes a hold over every tier slab of this process and marks those (and the slabs this
 /// process borrowed itself) to be inherited; returns the hold and the slabs. A refused hold
 /// (a node without holds, or too many) lends nothing: everything is brought back as before.
-pub(super) fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
+fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
     let mut lendable = Lendable {
         donors: hold_donors(sh),
         ..Lendable::default()
@@ -224,7 +198,7 @@ pub(super) fn hold_lendable(sh: &Shared) -> (Option<u32>, Lendable) {
 /// Whether this fork may leave pages on donors: this runtime has donors, no backup file (a
 /// child could not read it), and the hold (made on first use) is mapped for the fork
 /// ([`ForkHold::begin_fork`], undone in [`after_fork_parent`]).
-pub(super) fn hold_donors(sh: &Shared) -> bool {
+fn hold_donors(sh: &Shared) -> bool {
     if sh.far.donors.is_empty() || sh.far.backup.is_some() {
         return false;
     }
@@ -250,61 +224,9 @@ pub(super) fn hold_donors(sh: &Shared) -> bool {
     }
 }
 
-/// Whether a page in `e` is left where it is for the child: remote in a lendable slab, or on
-/// donors when those are lendable.
-pub(super) fn is_lent(sh: &Shared, st: &State, lendable: &Lendable, e: Entry) -> Option<LentAt> {
-    if e.state != PageState::Remote {
-        return None;
-    }
-    if let Some(m) = in_lendable(sh, st, lendable, e.far) {
-        return Some(LentAt::Memory(m));
-    }
-    // Donor pages are left far only with a hold to learn when the child is gone.
-    if !lendable.donors {
-        return None;
-    }
-    match sh.far.home(e.far) {
-        Some((Home::Donors(r), _)) if r.readable().next().is_some() => Some(LentAt::Donors),
-        // Borrowed from this process's own parent: lent on (the child reads it as that
-        // parent's client, as this process does).
-        Some((Home::Borrowed(r), _)) if !r.is_empty() => Some(LentAt::Borrowed),
-        _ => None,
-    }
-}
-
-/// Whether a resident page in `e` has a copy in a lendable slab that the child may use instead
-/// of the page (if the page still equals it): not while that copy is being rewritten.
-pub(super) fn has_lent_copy(
-    sh: &Shared,
-    st: &State,
-    lendable: &Lendable,
-    e: Entry,
-) -> Option<LentAt> {
-    if e.state == PageState::ResidentSending {
-        return None;
-    }
-    in_lendable(sh, st, lendable, e.far).map(LentAt::Memory)
-}
-
-/// The lendable memory slab far page `far` lives in, if any.
-pub(super) fn in_lendable(sh: &Shared, st: &State, lendable: &Lendable, far: u64) -> Option<u32> {
-    if far == NO_FAR || lendable.memory.is_empty() {
-        return None;
-    }
-    let Some((Home::Memory(m), _)) = sh.far.home(far) else {
-        return None;
-    };
-    let kind = st.mem.get(m)?.kind;
-    (lendable.memory.get(&m) == Some(&kind)).then_some(m)
-}
-
 /// Freezes the far pages of `pages` (lent) and describes what the child borrows (those left
 /// on donors are covered by the fork's hold, mapped in [`hold_donors`]).
-pub(super) fn lend_pages(
-    sh: &Shared,
-    st: &mut State,
-    pages: Vec<(usize, u64, LentAt)>,
-) -> Option<Lent> {
+fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, LentAt)>) -> Option<Lent> {
     if pages.is_empty() {
         return None;
     }
