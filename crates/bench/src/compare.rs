@@ -50,6 +50,7 @@
 
 mod cost;
 mod kv;
+mod remote;
 mod report;
 mod systems;
 mod workloads;
@@ -64,6 +65,7 @@ use farmem_contract::StatsFile;
 
 use crate::units;
 use cost::{CpuParts, SwapCounters};
+use remote::{RemoteDonor, RemoteUse};
 use report::RunRow;
 use systems::{Cgroup, CgroupMount, Cleanup, CleanupGuard, SystemKind};
 use workloads::{Sizes, Toolbox, Wrap};
@@ -87,10 +89,11 @@ pub struct CompareArgs {
     pub local: Fractions,
 
     /// Systems to compare, comma-separated: local, farmem (host tier), farmem-tcp (embedded TCP
-    /// donor, no tier), swap, zram, or all (local always runs).
+    /// donor, no tier), farmem-remote (a donor in a network namespace of its own behind a veth
+    /// link, with a token and sealing: another machine), swap, zram, or all (local always runs).
     #[arg(
         long,
-        default_value = "local,farmem,farmem-tcp,swap,zram",
+        default_value = "local,farmem,farmem-tcp,farmem-remote,swap,zram",
         value_parser = parse_system_list
     )]
     pub systems: SystemList,
@@ -333,6 +336,7 @@ fn blank_row(system: SystemKind, workload: Workload, f: f64, limit: Option<u64>)
         in_pages: None,
         out_pages: None,
         cpu: None,
+        remote: None,
         note: None,
         failed: false,
     }
@@ -419,6 +423,8 @@ struct Outcome {
     /// Pages moved (in, out).
     pages: Option<(u64, u64)>,
     cpu: Option<CpuParts>,
+    /// The remote donor's CPU and link bytes (farmem-remote).
+    remote: Option<RemoteUse>,
 }
 
 /// Runs `w` under `system` with `limit_bytes`. Err(skip note) when the system cannot be set up.
@@ -438,45 +444,8 @@ fn run_limited(
     let swap_size = 2 * peak + (64 << 20);
     let outcome: anyhow::Result<Outcome> = match system {
         SystemKind::Local => unreachable!("local runs in run_local"),
-        SystemKind::Farmem | SystemKind::FarmemTcp => {
-            let stats = ctx
-                .tb
-                .dir
-                .path()
-                .join(format!("farmem-stats-{}.json", ctx.run_no));
-            let exe = crate::farmem_bin().map_err(|e| format!("{e:#}"))?;
-            let local_donor = system.local_donor();
-            eprintln!(
-                "{tag}: running under farmem run {}--local-mem {}",
-                local_donor
-                    .map(|k| format!("--local-donor {k} "))
-                    .unwrap_or_default(),
-                report::bytes(limit_bytes)
-            );
-            let wrap = Wrap::Farmem {
-                exe,
-                local_donor,
-                budget_bytes: limit_bytes,
-                stats: stats.clone(),
-                extra: ctx.args.farmem_args.clone(),
-            };
-            workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup).map(|mut m| {
-                let stats = read_stats_file(&stats);
-                let moved_bytes = stats.as_ref().and_then(farmem_moved_bytes);
-                if let Some(note) = stats.as_ref().and_then(farmem_fault_note) {
-                    m.detail = format!("{}; {note}", m.detail);
-                }
-                let pages = stats.as_ref().and_then(cost::farmem_moved_pages);
-                let cpu = m
-                    .tree
-                    .and_then(|t| CpuParts::of(system, &t, 0.0, stats.as_ref()));
-                Outcome {
-                    m,
-                    moved_bytes,
-                    pages,
-                    cpu,
-                }
-            })
+        SystemKind::Farmem | SystemKind::FarmemTcp | SystemKind::FarmemRemote => {
+            run_farmem(ctx, system, w, limit_bytes, swap_size, &tag)?
         }
         SystemKind::Swap | SystemKind::Zram => {
             let mount = ctx.cgroup.clone().ok_or("no memory cgroup controller")?;
@@ -511,6 +480,7 @@ fn run_limited(
             let teardown = ctx.cleanup.run(cg_token).and(area.teardown(&ctx.cleanup));
             match (m, teardown) {
                 (Ok(m), Ok(())) => Ok(Outcome {
+                    remote: None,
                     moved_bytes: Some(swapped.pswpout * cost::PAGE_BYTES),
                     pages: Some((swapped.pswpin, swapped.pswpout)),
                     cpu: m
@@ -528,6 +498,7 @@ fn run_limited(
             row.moved_bytes = o.moved_bytes;
             (row.in_pages, row.out_pages) = (o.pages.map(|p| p.0), o.pages.map(|p| p.1));
             row.cpu = o.cpu;
+            row.remote = o.remote;
             eprintln!("{tag}: done, {}", summary(&row));
         }
         Err(err) => {
@@ -539,6 +510,76 @@ fn run_limited(
     Ok(row)
 }
 
+/// Runs `w` under `farmem run` as `system` gives it its far memory: the host tier, the
+/// embedded TCP donor, or a donor on another "machine" ([`remote`], started for this run and
+/// stopped after it; `far_bytes` is its capacity). Err(skip note) when it cannot be set up.
+fn run_farmem(
+    ctx: &mut Ctx<'_>,
+    system: SystemKind,
+    w: Workload,
+    limit_bytes: u64,
+    far_bytes: u64,
+    tag: &str,
+) -> Result<anyhow::Result<Outcome>, String> {
+    let stats = ctx
+        .tb
+        .dir
+        .path()
+        .join(format!("farmem-stats-{}.json", ctx.run_no));
+    let exe = crate::farmem_bin().map_err(|e| format!("{e:#}"))?;
+    let local_donor = system.local_donor();
+    let mut extra = ctx.args.farmem_args.clone();
+    let donor = match system {
+        SystemKind::FarmemRemote => {
+            let d = RemoteDonor::start(far_bytes, &ctx.cleanup)?;
+            extra.extend(d.farmem_args());
+            Some(d)
+        }
+        _ => None,
+    };
+    eprintln!(
+        "{tag}: running under farmem run {}--local-mem {}{}",
+        local_donor
+            .map(|k| format!("--local-donor {k} "))
+            .unwrap_or_default(),
+        report::bytes(limit_bytes),
+        donor
+            .as_ref()
+            .map(|d| format!(" {}", d.farmem_args().join(" ")))
+            .unwrap_or_default()
+    );
+    let wrap = Wrap::Farmem {
+        exe,
+        local_donor,
+        budget_bytes: limit_bytes,
+        stats: stats.clone(),
+        extra,
+    };
+    let before = donor.as_ref().map(RemoteDonor::sample);
+    let measured = workloads::run(w, &ctx.sizes, &ctx.tb, &wrap, &ctx.cleanup);
+    let remote = donor.as_ref().zip(before).map(|(d, b)| d.sample().since(b));
+    let stopped = donor.map_or(Ok(()), |d| d.stop(&ctx.cleanup));
+    Ok(measured.and_then(|mut m| {
+        stopped?;
+        let stats = read_stats_file(&stats);
+        let moved_bytes = stats.as_ref().and_then(farmem_moved_bytes);
+        if let Some(note) = stats.as_ref().and_then(farmem_fault_note) {
+            m.detail = format!("{}; {note}", m.detail);
+        }
+        let pages = stats.as_ref().and_then(cost::farmem_moved_pages);
+        let cpu = m
+            .tree
+            .and_then(|t| CpuParts::of(system, &t, 0.0, stats.as_ref()));
+        Ok(Outcome {
+            m,
+            moved_bytes,
+            pages,
+            cpu,
+            remote,
+        })
+    }))
+}
+
 /// Why a system cannot run on this machine at all (before trying), if it cannot.
 fn precheck(
     system: SystemKind,
@@ -547,7 +588,10 @@ fn precheck(
 ) -> Option<String> {
     match system {
         SystemKind::Local => None,
-        SystemKind::Farmem | SystemKind::FarmemTcp => {
+        SystemKind::FarmemRemote if !root => {
+            Some("skipped: needs root (runs the donor in a network namespace of its own)".into())
+        }
+        SystemKind::Farmem | SystemKind::FarmemTcp | SystemKind::FarmemRemote => {
             let exe = match crate::farmem_bin() {
                 Ok(exe) => exe,
                 Err(e) => return Some(format!("skipped: {e:#}")),

@@ -46,9 +46,11 @@ fn json_rows(o: &Output) -> Vec<serde_json::Map<String, serde_json::Value>> {
         .collect()
 }
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 16] = [
     "avg_access_us",
+    "client_us_per_page",
     "cpu_s",
+    "donor_us_per_page",
     "in_pages",
     "local_fraction",
     "moved_vs_swap",
@@ -59,6 +61,7 @@ const KEYS: [&str; 13] = [
     "throughput_ops",
     "us_per_page",
     "wall_s",
+    "wire_bytes_per_page",
     "workload",
 ];
 
@@ -353,22 +356,31 @@ fn farmem_system_runs_the_workload_under_farmem_run() {
             needed.display()
         );
     }
-    let o = run(&[
-        "-w",
-        "random",
-        "--wss",
-        "32MiB",
-        "--passes",
-        "1",
-        "--local",
-        "0.5",
-        "--systems",
-        "farmem,farmem-tcp",
-        "--json",
-    ]);
+    let child = bench()
+        .args([
+            "compare",
+            "-w",
+            "random",
+            "--wss",
+            "32MiB",
+            "--passes",
+            "1",
+            "--local",
+            "0.5",
+            "--systems",
+            "farmem,farmem-tcp,farmem-remote",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start farmem-bench");
+    let pid = child.id();
+    let o = child.wait_with_output().unwrap();
     let rows = json_rows(&o);
-    // farmem: the host tier (a private node); farmem-tcp: the embedded TCP donor.
-    for system in ["farmem", "farmem-tcp"] {
+    // farmem: the host tier (a private node); farmem-tcp: the embedded TCP donor;
+    // farmem-remote: a donor in a network namespace of its own.
+    for system in ["farmem", "farmem-tcp", "farmem-remote"] {
         let r = row(&rows, system, "random");
         check_keys(r);
         assert_eq!(r["local_fraction"], 0.5);
@@ -400,5 +412,24 @@ fn farmem_system_runs_the_workload_under_farmem_run() {
             "remote faults"
         };
         assert!(line.contains(faults), "{line}");
+        assert_eq!(r["client_us_per_page"], r["us_per_page"], "{r:?}");
+        if system == "farmem-remote" {
+            // The donor on the other "machine" worked, and every page moved crossed its link
+            // (a page's 4 KiB plus headers and requests).
+            let donor = r["donor_us_per_page"].as_f64().unwrap_or(0.0);
+            assert!(donor > 0.0, "{r:?}");
+            let wire = r["wire_bytes_per_page"].as_f64().unwrap_or(0.0);
+            assert!(wire >= 4096.0, "{r:?}");
+        } else {
+            assert!(r["donor_us_per_page"].is_null(), "{r:?}");
+            assert!(r["wire_bytes_per_page"].is_null(), "{r:?}");
+        }
     }
+    // The donor's namespace and link are gone with the run.
+    let namespaces = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let namespaces = String::from_utf8_lossy(&namespaces.stdout);
+    assert!(
+        !namespaces.contains(&format!("fmt-{pid}-")),
+        "left behind: {namespaces}"
+    );
 }

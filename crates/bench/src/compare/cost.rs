@@ -8,7 +8,7 @@
 //!
 //! * `swap`, `zram`: the deltas of `pswpin` / `pswpout` in /proc/vmstat around the run (the
 //!   area under test is the only active swap area during it, see [`super::systems`]);
-//! * `farmem`, `farmem-tcp`: from the stats file, `tier_bytes_in + remote_bytes_in` and
+//! * `farmem`, `farmem-tcp`, `farmem-remote`: from the stats file, `tier_bytes_in + remote_bytes_in` and
 //!   `tier_bytes_out + remote_bytes_out` over 4096 (host tier and donors);
 //! * `local`: 0.
 //!
@@ -21,7 +21,7 @@
 //! * `swap`, `zram`: tree system time + the user and system time of every `kswapd*` kernel
 //!   thread over the run (/proc/<pid>/stat fields 14 and 15). zram's compression runs in the
 //!   faulting thread or in kswapd, so it is already in one of the two;
-//! * `farmem`, `farmem-tcp`: tree system time (it holds the system time of every thread of the
+//! * `farmem`, `farmem-tcp`, `farmem-remote`: tree system time (it holds the system time of every thread of the
 //!   program, the runtime's included, and of `farmem run`, the private node or embedded donor,
 //!   which `farmem run` waits for) + the *user* time of the program's `farmem-…` threads
 //!   (`runtime_cpu_s - runtime_system_s` from its stats file: their system time is already in
@@ -31,6 +31,12 @@
 //!
 //! Nothing is counted twice: system time comes from one place (the tree), user time only from
 //! farmem's own threads and processes, never from the program's threads.
+//!
+//! `cpu_s` is the program's machine's (`client_us_per_page` in `--json`). The donor of
+//! `farmem-remote` stands for another machine: its CPU (user + system of the donor process) is
+//! `donor_us_per_page`, never part of `cpu_s`, and the bytes over its link both ways
+//! (`wire_bytes_per_page`) are from the link's counters ([`super::remote`]). `farmem-tcp`'s
+//! embedded donor runs in the tree and is counted in `cpu_s` as before.
 //!
 //! `us_per_page = cpu_s / (in_pages + out_pages)` in µs; `moved_vs_swap = (in + out) / swap's
 //! (in + out)` at the same workload and fraction.
@@ -90,7 +96,7 @@ pub fn children_times() -> CpuTimes {
     }
 }
 
-fn ticks_to_s(ticks: u64) -> f64 {
+pub(super) fn ticks_to_s(ticks: u64) -> f64 {
     ticks as f64 / farmem_runtime::clock_ticks_per_s().max(1) as f64
 }
 
@@ -312,7 +318,7 @@ impl CpuParts {
         Some(match system {
             SystemKind::Local => base,
             SystemKind::Swap | SystemKind::Zram => CpuParts { kswapd_s, ..base },
-            SystemKind::Farmem | SystemKind::FarmemTcp => {
+            SystemKind::Farmem | SystemKind::FarmemTcp | SystemKind::FarmemRemote => {
                 let rt = runtime?.runtime.as_ref()?;
                 CpuParts {
                     runtime_user_s: (rt.runtime_cpu_s - rt.runtime_system_s).max(0.0),
@@ -336,7 +342,7 @@ impl CpuParts {
             SystemKind::Swap | SystemKind::Zram => {
                 parts.push(format!("kswapd {:.2}", self.kswapd_s))
             }
-            SystemKind::Farmem | SystemKind::FarmemTcp => {
+            SystemKind::Farmem | SystemKind::FarmemTcp | SystemKind::FarmemRemote => {
                 parts.push(format!("runtime user {:.2}", self.runtime_user_s));
                 parts.push(format!("farmem procs user {:.2}", self.farmem_procs_user_s));
             }

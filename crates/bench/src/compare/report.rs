@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::cost::{self, CpuParts};
+use super::remote::RemoteUse;
 use super::systems::SystemKind;
 use super::workloads::{Metric, Workload};
 
@@ -28,6 +29,13 @@ pub struct JsonRow {
     pub cpu_s: Option<f64>,
     /// `cpu_s` per page moved (in + out), µs; null when nothing moved.
     pub us_per_page: Option<f64>,
+    /// The program's machine's CPU per page moved, µs: `us_per_page` under the name that says
+    /// whose it is beside `donor_us_per_page`.
+    pub client_us_per_page: Option<f64>,
+    /// The donor's CPU (another machine's) per page moved, µs (farmem-remote; null elsewhere).
+    pub donor_us_per_page: Option<f64>,
+    /// Bytes over the donor's link, both ways, per page moved (farmem-remote; null elsewhere).
+    pub wire_bytes_per_page: Option<f64>,
     /// Pages moved (in + out) ÷ swap's at the same fraction; null without a swap run.
     pub moved_vs_swap: Option<f64>,
 }
@@ -56,6 +64,8 @@ pub struct RunRow {
     pub out_pages: Option<u64>,
     /// The CPU time spent on paging, by part (see [`super::cost`]).
     pub cpu: Option<CpuParts>,
+    /// The donor's CPU and its link's bytes over the run (farmem-remote).
+    pub remote: Option<RemoteUse>,
     /// Why the row has no figures (skipped or failed), or details of the run.
     pub note: Option<String>,
     /// True when the run failed (as opposed to being skipped or succeeding).
@@ -98,6 +108,21 @@ impl RunRow {
         cost::us_per_page(self.cpu_s()?, self.in_pages?, self.out_pages?)
     }
 
+    /// Pages moved in and out.
+    fn pages_moved(&self) -> Option<u64> {
+        Some(self.in_pages? + self.out_pages?).filter(|&n| n > 0)
+    }
+
+    /// The donor's CPU per page moved, µs (farmem-remote).
+    pub fn donor_us_per_page(&self) -> Option<f64> {
+        Some(self.remote?.donor_cpu_s * 1e6 / self.pages_moved()? as f64)
+    }
+
+    /// Bytes over the donor's link per page moved (farmem-remote).
+    pub fn wire_bytes_per_page(&self) -> Option<f64> {
+        Some(self.remote?.wire_bytes as f64 / self.pages_moved()? as f64)
+    }
+
     /// The swap run of the same workload and fraction among `rows`.
     fn swap_row<'a>(&self, rows: &'a [RunRow]) -> Option<&'a RunRow> {
         rows.iter().find(|s| {
@@ -133,6 +158,9 @@ impl RunRow {
             out_pages: self.out_pages,
             cpu_s: self.cpu_s(),
             us_per_page: self.us_per_page(),
+            client_us_per_page: self.us_per_page(),
+            donor_us_per_page: self.donor_us_per_page(),
+            wire_bytes_per_page: self.wire_bytes_per_page(),
             moved_vs_swap: self.moved_vs_swap(rows),
         }
     }
@@ -177,7 +205,7 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
         );
         let _ = writeln!(
             out,
-            "{:<10} {:>5} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  note",
+            "{:<13} {:>5} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  note",
             "system",
             "local",
             "limit",
@@ -199,7 +227,7 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
             let vs_swap = swap.and_then(|s| r.ratio_to(s));
             let _ = writeln!(
                 out,
-                "{:<10} {:>5.2} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  {}",
+                "{:<13} {:>5.2} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>8}  {}",
                 r.system.name(),
                 r.local_fraction,
                 r.limit_bytes.map(bytes).unwrap_or_else(|| "none".into()),
@@ -219,23 +247,32 @@ pub fn table(rows: &[RunRow], peaks: &[(Workload, u64)]) -> String {
     out
 }
 
-/// The cost block under a workload's table: pages moved, CPU seconds spent on paging, µs per
-/// page, pages moved ÷ swap's, and what `cpu_s` adds up.
+/// The cost block under a workload's table: pages moved, CPU seconds spent on paging on the
+/// program's machine, µs per page, pages moved ÷ swap's, the donor's µs per page and the bytes
+/// on its link per page (farmem-remote), and what `cpu_s` adds up.
 fn cost_table(out: &mut String, rows: &[RunRow], w: Workload) {
     let _ = writeln!(
         out,
-        "-- cost of paging: pages moved in/out, CPU seconds spent on paging (cpu_s), cpu_s per page moved, pages moved ÷ swap's"
+        "-- cost of paging: pages moved in/out, CPU seconds spent on paging on the program's machine (cpu_s), cpu_s per page moved, pages moved ÷ swap's, a remote donor's CPU µs and link bytes per page moved"
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>5} {:>10} {:>10} {:>8} {:>8} {:>14}  cpu_s =",
-        "system", "local", "in_pages", "out_pages", "cpu_s", "us/page", "moved_vs_swap"
+        "{:<13} {:>5} {:>10} {:>10} {:>8} {:>8} {:>14} {:>9} {:>9}  cpu_s =",
+        "system",
+        "local",
+        "in_pages",
+        "out_pages",
+        "cpu_s",
+        "us/page",
+        "moved_vs_swap",
+        "donor_us",
+        "wire_B"
     );
     let count = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
     for r in rows.iter().filter(|r| r.workload == w) {
         let _ = writeln!(
             out,
-            "{:<10} {:>5.2} {:>10} {:>10} {:>8} {:>8} {:>14}  {}",
+            "{:<13} {:>5.2} {:>10} {:>10} {:>8} {:>8} {:>14} {:>9} {:>9}  {}",
             r.system.name(),
             r.local_fraction,
             count(r.in_pages),
@@ -243,6 +280,8 @@ fn cost_table(out: &mut String, rows: &[RunRow], w: Workload) {
             opt(r.cpu_s(), 2),
             opt(r.us_per_page(), 1),
             opt(r.moved_vs_swap(rows), 2),
+            opt(r.donor_us_per_page(), 1),
+            opt(r.wire_bytes_per_page(), 0),
             r.cpu.map(|c| c.describe(r.system)).unwrap_or_default()
         );
     }
@@ -264,8 +303,10 @@ fn escape(s: &str) -> String {
 /// slowdown versus `local` (the metric's ratio, inverted for throughput) on a log scale.
 pub fn svg(rows: &[RunRow]) -> String {
     let systems = SystemKind::ALL;
-    // farmem-tcp: a lighter shade of farmem's blue.
-    let colors = ["#888888", "#1f77b4", "#9ecae1", "#d62728", "#2ca02c"];
+    // farmem-tcp: a lighter shade of farmem's blue; farmem-remote: a darker one.
+    let colors = [
+        "#888888", "#1f77b4", "#9ecae1", "#08306b", "#d62728", "#2ca02c",
+    ];
     let mut groups: Vec<(Workload, f64)> = Vec::new();
     for r in rows.iter().filter(|r| r.system != SystemKind::Local) {
         if !groups.contains(&(r.workload, r.local_fraction)) {
@@ -412,6 +453,7 @@ mod tests {
             in_pages: None,
             out_pages: None,
             cpu: None,
+            remote: None,
             note: None,
             failed: false,
         }
@@ -434,7 +476,9 @@ mod tests {
             keys,
             [
                 "avg_access_us",
+                "client_us_per_page",
                 "cpu_s",
+                "donor_us_per_page",
                 "in_pages",
                 "local_fraction",
                 "moved_vs_swap",
@@ -445,6 +489,7 @@ mod tests {
                 "throughput_ops",
                 "us_per_page",
                 "wall_s",
+                "wire_bytes_per_page",
                 "workload"
             ]
         );
@@ -630,5 +675,61 @@ mod tests {
             "local and swap bars: {svg}"
         );
         assert!(svg.contains("seq"));
+    }
+
+    #[test]
+    fn a_remote_rows_donor_cpu_and_wire_bytes_are_per_page_and_apart_from_cpu_s() {
+        let rows = vec![
+            RunRow {
+                in_pages: Some(6_000),
+                out_pages: Some(4_000),
+                cpu: Some(CpuParts {
+                    tree_system_s: 0.2,
+                    runtime_user_s: 0.1,
+                    ..CpuParts::default()
+                }),
+                remote: Some(RemoteUse {
+                    donor_cpu_s: 0.05,
+                    wire_bytes: 43_000_000,
+                }),
+                ..row(
+                    SystemKind::FarmemRemote,
+                    Workload::Seq,
+                    0.5,
+                    Some(2.0),
+                    None,
+                )
+            },
+            RunRow {
+                in_pages: Some(6_000),
+                out_pages: Some(4_000),
+                ..row(SystemKind::Farmem, Workload::Seq, 0.5, Some(2.0), None)
+            },
+        ];
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        let (remote, farmem) = (&v[0], &v[1]);
+        let near = |v: &serde_json::Value, want: f64| (v.as_f64().unwrap() - want).abs() < 1e-6;
+        // The program's machine: 0.3 s over 10,000 pages; the donor's 0.05 s is not in it.
+        assert!(near(&remote["client_us_per_page"], 30.0), "{remote}");
+        assert_eq!(remote["client_us_per_page"], remote["us_per_page"]);
+        assert!(near(&remote["donor_us_per_page"], 5.0), "{remote}");
+        assert!(near(&remote["wire_bytes_per_page"], 4300.0), "{remote}");
+        assert!(farmem["donor_us_per_page"].is_null());
+        assert!(farmem["wire_bytes_per_page"].is_null());
+        let t = table(&rows, &[(Workload::Seq, 1 << 30)]);
+        let cost = t
+            .lines()
+            .filter(|l| l.starts_with("farmem-remote "))
+            .nth(1)
+            .expect("a cost row");
+        assert!(cost.contains(" 5.0 ") && cost.contains(" 4300 "), "{cost}");
+        // Nothing moved: no figure per page rather than a division by zero.
+        let idle = RunRow {
+            in_pages: Some(0),
+            out_pages: Some(0),
+            ..rows[0].clone()
+        };
+        assert_eq!(idle.donor_us_per_page(), None);
+        assert_eq!(idle.wire_bytes_per_page(), None);
     }
 }

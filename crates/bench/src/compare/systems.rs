@@ -1,4 +1,5 @@
-//! The systems a workload runs under — `local`, `farmem`, `farmem-tcp`, `swap`, `zram` — and the machine
+//! The systems a workload runs under — `local`, `farmem`, `farmem-tcp`, `farmem-remote`, `swap`,
+//! `zram` — and the machine
 //! state they need: memory cgroups (v1 or v2), a swap file, a zram device, and the machine's own
 //! swap areas, which are switched off for the run and switched back on afterwards.
 //!
@@ -41,6 +42,10 @@ pub enum SystemKind {
     /// `farmem run --local-donor tcp --local-mem LIMIT`: no host tier; pages beyond the budget
     /// go to the embedded donor over loopback TCP (farmem's default before the host tier).
     FarmemTcp,
+    /// `farmem run --donor ADDR --token-file FILE --local-mem LIMIT`: pages beyond the budget go
+    /// to a `farmem donor` on another "machine" (a network namespace of its own behind a veth
+    /// link, [`super::remote`]), sealed as `--seal auto` chooses for a donor on another host.
+    FarmemRemote,
     /// Linux swap to a swap file on local disk, the workload in a memory cgroup with the limit.
     Swap,
     /// Linux swap on a zram device (lz4), the workload in a memory cgroup with the limit.
@@ -49,10 +54,11 @@ pub enum SystemKind {
 
 impl SystemKind {
     /// Every system, in the order runs happen.
-    pub const ALL: [SystemKind; 5] = [
+    pub const ALL: [SystemKind; 6] = [
         SystemKind::Local,
         SystemKind::Farmem,
         SystemKind::FarmemTcp,
+        SystemKind::FarmemRemote,
         SystemKind::Swap,
         SystemKind::Zram,
     ];
@@ -63,6 +69,7 @@ impl SystemKind {
             SystemKind::Local => "local",
             SystemKind::Farmem => "farmem",
             SystemKind::FarmemTcp => "farmem-tcp",
+            SystemKind::FarmemRemote => "farmem-remote",
             SystemKind::Swap => "swap",
             SystemKind::Zram => "zram",
         }
@@ -80,8 +87,8 @@ impl fmt::Display for SystemKind {
     }
 }
 
-/// Parses `--systems`: a comma-separated list of `local`, `farmem`, `farmem-tcp`, `swap`, `zram`
-/// (or `all`).
+/// Parses `--systems`: a comma-separated list of `local`, `farmem`, `farmem-tcp`,
+/// `farmem-remote`, `swap`, `zram` (or `all`).
 /// `local` is always included (it measures the peak every limit derives from and is the
 /// baseline of every ratio); the result is in run order without duplicates.
 pub fn parse_systems(text: &str) -> Result<Vec<SystemKind>, String> {
@@ -98,13 +105,13 @@ pub fn parse_systems(text: &str) -> Result<Vec<SystemKind>, String> {
             continue;
         }
         let kind = SystemKind::ALL.into_iter().find(|k| k.name() == part).ok_or_else(|| {
-            format!("unknown system `{part}`: expected a comma-separated list of local, farmem, farmem-tcp, swap, zram (or all)")
+            format!("unknown system `{part}`: expected a comma-separated list of local, farmem, farmem-tcp, farmem-remote, swap, zram (or all)")
         })?;
         set.insert(kind);
     }
     if !any {
         return Err(
-            "no system given: expected e.g. `local,farmem,farmem-tcp,swap,zram`".to_string(),
+            "no system given: expected e.g. `local,farmem,farmem-remote,swap,zram`".to_string(),
         );
     }
     Ok(set.into_iter().collect())
@@ -769,6 +776,11 @@ mod tests {
         }
         assert_eq!(SystemKind::FarmemTcp.local_donor(), Some("tcp"));
         assert_eq!(SystemKind::Farmem.local_donor(), None);
+        assert_eq!(SystemKind::FarmemRemote.local_donor(), None);
+        assert_eq!(
+            parse_systems("farmem-remote").unwrap(),
+            vec![SystemKind::Local, SystemKind::FarmemRemote]
+        );
         let err = parse_systems("farmem_tcp").unwrap_err();
         assert!(err.contains("farmem-tcp"), "{err}");
     }
