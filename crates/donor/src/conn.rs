@@ -7,8 +7,8 @@
 //! and then `readv`s the page data straight into the slab pages; READ_PAGES `sendmsg`s the
 //! response header and the slab pages in one vectored write.
 //!
-//! The connection is generic over its byte stream ([`Wire`]): a [`TcpStream`] (what the server
-//! accepts), or any `Read + Write` wrapped in [`Stream`] (a session served in-process, see
+//! The connection is generic over its byte stream ([`Wire`]): a [`crate::socket::Socket`] (a
+//! `TcpStream` the server accepted), or any `Read + Write` wrapped in [`Stream`] (a session served in-process, see
 //! `SessionDonor`). The request handling is the same code for both; only what depends on a
 //! socket differs. On a socket, reads are bounded by deadlines through its receive timeout
 //! (the HELLO deadline, the stall timeout), responses by its send timeout, and pages move with
@@ -27,7 +27,7 @@
 //! unauthenticated one's to its peer address and to the donor-wide limit (`loglimit`).
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,7 +40,6 @@ use farmem_proto::{
     PAGE_SIZE, PROOF_LEN, PROTOCOL_VERSION,
 };
 
-use crate::limits::WRITE_TIMEOUT;
 use crate::loglimit::LogKey;
 use crate::mem::{self, SlabMemory};
 use crate::poll::PollChoice;
@@ -72,6 +71,9 @@ pub(crate) trait Wire: Read + Write {
     /// Bounds the next read by `deadline`, if any: fails with a timeout once it has passed, so
     /// that no sequence of reads can outlast it.
     fn arm(&self, deadline: Option<Instant>) -> io::Result<()>;
+    /// A read failed with a timeout although `deadline` has not passed: the stream's timeout
+    /// was shorter than the time left (it is not set again for every read), so read again.
+    fn early(&self, deadline: Option<Instant>) -> bool;
     /// Between requests of an authenticated client: reads may wait, in steps of `pace`.
     fn idle(&self, pace: Duration) -> io::Result<()>;
     /// After a single-page read: waits briefly for the next request before blocking.
@@ -93,61 +95,6 @@ pub(crate) trait Wire: Read + Write {
     fn service_time(&self, t0: Instant) -> Duration;
     /// The connection is over.
     fn close(&mut self);
-}
-
-impl Wire for TcpStream {
-    fn setup(&mut self) -> io::Result<()> {
-        self.set_nodelay(true)?;
-        self.set_write_timeout(Some(WRITE_TIMEOUT))
-    }
-
-    /// Sets the socket's receive timeout to the time left before `deadline`.
-    fn arm(&self, deadline: Option<Instant>) -> io::Result<()> {
-        let Some(deadline) = deadline else {
-            return Ok(());
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(deadline_passed());
-        }
-        self.set_read_timeout(Some(left))
-    }
-
-    /// The receive timeout only paces the checks of the idle loop (see `read_head`).
-    fn idle(&self, pace: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(pace))
-    }
-
-    fn spin_until_readable(&self) {
-        spin_until_readable(self);
-    }
-
-    fn send_pages<'a>(
-        &mut self,
-        prefix: &[u8],
-        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
-    ) -> io::Result<()> {
-        mem::send_pages(self, prefix, pages)
-    }
-
-    /// The socket's timeout is re-armed to what is left of `deadline` before every `readv`, so
-    /// trickling bytes gains nothing.
-    fn recv_pages<'a>(
-        &mut self,
-        pages: impl Iterator<Item = (&'a SlabMemory, u32)>,
-        deadline: Option<Instant>,
-    ) -> io::Result<()> {
-        let sock = &*self;
-        mem::recv_pages(sock, pages, || sock.arm(deadline))
-    }
-
-    fn service_time(&self, t0: Instant) -> Duration {
-        t0.elapsed()
-    }
-
-    fn close(&mut self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
 }
 
 /// Any `Read + Write` as a connection's byte stream (an in-process session). Nothing is
@@ -193,6 +140,10 @@ impl<S: Read + Write> Wire for Stream<S> {
 
     fn arm(&self, _deadline: Option<Instant>) -> io::Result<()> {
         Ok(())
+    }
+
+    fn early(&self, _deadline: Option<Instant>) -> bool {
+        false
     }
 
     fn idle(&self, _pace: Duration) -> io::Result<()> {
@@ -275,7 +226,7 @@ impl fmt::Display for Peer {
     }
 }
 
-fn deadline_passed() -> io::Error {
+pub(crate) fn deadline_passed() -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
         "no complete handshake within the HELLO timeout, or no complete request within the stall timeout",
@@ -436,6 +387,7 @@ impl<W: Wire> Connection<W> {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) && self.stream.early(deadline) => {}
                 // Authenticated and idle between requests: wait on.
                 Err(e) if authenticated && filled == 0 && is_timeout(&e) => {}
                 Err(e) if authenticated && is_timeout(&e) => {
@@ -477,6 +429,7 @@ impl<W: Wire> Connection<W> {
                 }
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) && stream.early(deadline) => {}
                 Err(e) if is_timeout(&e) => return Err(deadline_passed()),
                 Err(e) => return Err(e),
             }
@@ -1055,34 +1008,5 @@ impl<W: Wire> Connection<W> {
     }
 }
 
-/// How long a connection thread polls for the next request, after a single-page read, before
-/// it blocks in a read: a faulting client usually asks again within tens of microseconds, and
-/// waking a sleeping thread (an idle vCPU halted, woken by an IPI through the hypervisor on a
-/// VM) costs about as much again on every request. The poll yields the CPU between probes:
-/// on a small machine the client's threads (the program just woken from its fault, the
-/// runtime's evictor) may be waiting for this very CPU, and a poll that keeps it delays the
-/// next request it is waiting for. Whether it polls at all is measured per connection
-/// ([`PollChoice`]).
-const SPIN: Duration = Duration::from_micros(50);
-
 /// Payload length of a READ_PAGES request for one page (count, then one page address).
 const SINGLE_READ_LEN: u32 = 2 + PAGE_ADDR_LEN as u32;
-
-/// Polls `stream` without blocking for up to [`SPIN`] until bytes are waiting or the socket
-/// reports anything else (closed, error), which the blocking read that follows handles.
-fn spin_until_readable(stream: &TcpStream) {
-    let start = Instant::now();
-    let mut probe = [0u8; 1];
-    loop {
-        let r = rustix::net::recv(
-            stream,
-            &mut probe[..],
-            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-        );
-        if !matches!(r, Err(rustix::io::Errno::AGAIN)) || start.elapsed() >= SPIN {
-            return;
-        }
-        // Yield, not spin_loop: see SPIN.
-        std::thread::yield_now();
-    }
-}

@@ -62,6 +62,7 @@ pub mod reclaim;
 pub mod server;
 mod shared;
 mod slots;
+mod socket;
 pub mod store;
 
 pub use farmem_host::child::{

@@ -57,6 +57,7 @@ use crate::reclaim::{Reclaimer, RECLAIM_TICK};
 use crate::shared::Shared;
 pub use crate::slots::MAX_CONNS_PER_CLIENT;
 use crate::slots::{SlotBounds, Slots};
+use crate::socket::Socket;
 use crate::store::{SlabStore, TenantQuota};
 
 /// Stack size of a connection thread (the data path needs little: buffers live on the heap).
@@ -783,7 +784,7 @@ fn accept_loop(shared: &Arc<Shared>, threads: &mut Vec<JoinHandle<()>>) -> Resul
             .stack_size(CONN_STACK_BYTES)
             .spawn(move || {
                 let _guard = ConnGuard::new(Arc::clone(&sh), id);
-                Connection::new(stream, Peer::Tcp(peer), id, sh).serve();
+                Connection::new(Socket::new(stream), Peer::Tcp(peer), id, sh).serve();
             });
         match spawned {
             Ok(t) => threads.push(t),
