@@ -13,6 +13,7 @@ mod fault;
 mod measure;
 #[allow(unsafe_code)]
 mod mem;
+mod netns;
 mod prefetch;
 mod replicas;
 /// Sizes on the command line (`64MiB`, `1GiB`): the `farmem` binary's parser, compiled into this

@@ -13,6 +13,9 @@
 //!   in this process, `TierMode::Node`, no donor): one UFFDIO_COPY from the node's shared
 //!   memory, no message.
 //! - **pool_hit**: a fault on an evicted page still in the write-back pool (moved back).
+//! - **remote_rtt**, **remote_miss**: rtt and miss again with the donor on another "machine"
+//!   (its own network namespace behind a veth link, with a token, so pages are sealed as
+//!   `--seal auto` chooses for a donor on another host), when one is given.
 //!
 //! Each figure is the latency of the touching load, measured by the touching thread. The five
 //! figures are measured interleaved, in ten rounds, after every rig is set up, so that a change
@@ -43,6 +46,8 @@ pub struct FaultBenchConfig {
     pub node: PathBuf,
     /// Faults (or reads) measured per figure (at least 100; interleaved in 10 rounds).
     pub samples: usize,
+    /// A donor on another host (address and token) for remote_rtt and remote_miss.
+    pub remote: Option<(String, Vec<u8>)>,
 }
 
 /// The figures, microseconds.
@@ -55,6 +60,12 @@ pub struct FaultBenchReport {
     pub host_miss_p50_us: f64,
     pub host_miss_p99_us: f64,
     pub pool_hit_p50_us: f64,
+    /// The round trip and miss with the donor on another host (None without one).
+    pub remote_rtt_p50_us: Option<f64>,
+    pub remote_miss_p50_us: Option<f64>,
+    pub remote_miss_p99_us: Option<f64>,
+    /// Share of the remote miss samples served from that donor (None without one).
+    pub remote_miss_fraction: Option<f64>,
     /// Share of the miss samples the runtime served from the donor (should be ~1).
     pub miss_remote_fraction: f64,
     /// Share of the host miss samples the runtime served from the host tier (should be ~1).
@@ -106,10 +117,13 @@ struct RttRig {
 }
 
 impl RttRig {
-    fn new(donor: &str) -> anyhow::Result<RttRig> {
+    fn new(donor: &str, token: Option<&[u8]>) -> anyhow::Result<RttRig> {
         let err = |step: &str| format!("{step} donor {donor}");
-        let client = DonorClient::connect(donor, ClientConfig::default())
-            .with_context(|| err("connecting to"))?;
+        let cfg = ClientConfig {
+            token: token.map(<[u8]>::to_vec),
+            ..ClientConfig::default()
+        };
+        let client = DonorClient::connect(donor, cfg).with_context(|| err("connecting to"))?;
         let slab = client
             .alloc_slab()
             .with_context(|| err("allocating a slab on"))?;
@@ -161,25 +175,43 @@ pub fn quiesce(rt: &Runtime) -> Stats {
 }
 
 /// Where a [`FaultRig`]'s evicted pages go.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 enum FarTarget<'a> {
     /// The donor at this address, no host tier (`TierMode::Off`).
     Donor(&'a str),
+    /// The donor at this address on another host, with this token (pages sealed as
+    /// `SealMode::Auto` chooses), no host tier.
+    Remote(&'a str, &'a [u8]),
     /// The host tier of the node on this socket, no donor.
     Node(&'a Path),
+}
+
+impl std::fmt::Debug for FarTarget<'_> {
+    /// Names where pages go; never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FarTarget::Donor(addr) => write!(f, "the donor at {addr}"),
+            FarTarget::Remote(addr, _) => write!(f, "the donor at {addr} on another host"),
+            FarTarget::Node(socket) => write!(f, "the node at {}", socket.display()),
+        }
+    }
 }
 
 impl FarTarget<'_> {
     /// The runtime configuration sending evicted pages there (and nowhere else).
     fn config(self, budget_pages: usize, pool_pages: usize) -> RuntimeConfig {
-        let (donors, tier) = match self {
-            FarTarget::Donor(addr) => (vec![addr.to_string()], TierMode::Off),
-            FarTarget::Node(socket) => (Vec::new(), TierMode::Node(socket.to_path_buf())),
+        let (donors, tier, token) = match self {
+            FarTarget::Donor(addr) => (vec![addr.to_string()], TierMode::Off, None),
+            FarTarget::Remote(addr, token) => {
+                (vec![addr.to_string()], TierMode::Off, Some(token.to_vec()))
+            }
+            FarTarget::Node(socket) => (Vec::new(), TierMode::Node(socket.to_path_buf()), None),
         };
         RuntimeConfig {
             budget_bytes: (budget_pages * PAGE_SIZE) as u64,
             donors,
             tier,
+            token,
             pool_bytes: Some((pool_pages * PAGE_SIZE) as u64),
             prefetch: "none".into(),
             ..RuntimeConfig::default()
@@ -246,7 +278,34 @@ impl FaultRig {
     }
 }
 
-/// Runs the whole benchmark: the five figures interleaved in [`ROUNDS`] rounds.
+/// The remote figures' rigs: the round trip and the miss over a donor on another host.
+struct RemoteRigs {
+    rtt: RttRig,
+    miss: FaultRig,
+    hr: Histogram<u64>,
+    hm: Histogram<u64>,
+}
+
+impl RemoteRigs {
+    fn new(addr: &str, token: &[u8], samples: usize) -> anyhow::Result<RemoteRigs> {
+        let target = FarTarget::Remote(addr, token);
+        Ok(RemoteRigs {
+            rtt: RttRig::new(addr, Some(token))?,
+            miss: FaultRig::new(target, samples, MISS_POOL_PAGES)?,
+            hr: hist(),
+            hm: hist(),
+        })
+    }
+
+    fn run(&mut self, n: usize) -> anyhow::Result<()> {
+        self.rtt.run(n, &mut self.hr)?;
+        self.miss.run(n, &mut self.hm);
+        quiesce(&self.miss.rt);
+        Ok(())
+    }
+}
+
+/// Runs the whole benchmark: the figures interleaved in [`ROUNDS`] rounds.
 pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     ensure!(
         cfg.samples >= ROUNDS * 10,
@@ -257,7 +316,7 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     let samples = cfg.samples / ROUNDS * ROUNDS;
     let per = samples / ROUNDS;
     let mut floor = FloorRig::new(samples)?;
-    let mut rtt = RttRig::new(&cfg.donor)?;
+    let mut rtt = RttRig::new(&cfg.donor, None)?;
     let donor = FarTarget::Donor(&cfg.donor);
     // Misses: a 16-page pool, so evicted pages are on the donor only.
     let mut miss = FaultRig::new(donor, samples, MISS_POOL_PAGES)?;
@@ -265,6 +324,10 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     let mut host = FaultRig::new(FarTarget::Node(&cfg.node), samples, MISS_POOL_PAGES)?;
     // Pool hits: a pool large enough to keep every evicted page.
     let mut pool = FaultRig::new(donor, samples, samples + RIG_BUDGET_PAGES + 64)?;
+    let mut remote = match &cfg.remote {
+        Some((addr, token)) => Some(RemoteRigs::new(addr, token, samples)?),
+        None => None,
+    };
     let (mut hf, mut hr, mut hm, mut hh, mut hp) = (hist(), hist(), hist(), hist(), hist());
     for _ in 0..ROUNDS {
         floor.run(per, &mut hf)?;
@@ -272,6 +335,9 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
         miss.run(per, &mut hm);
         host.run(per, &mut hh);
         pool.run(per, &mut hp);
+        if let Some(r) = remote.as_mut() {
+            r.run(per)?;
+        }
         // Let each runtime's background work (evictions, write-back) finish before the next
         // round, so it does not land on another figure.
         quiesce(&miss.rt);
@@ -281,6 +347,7 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
     let miss_after = miss.rt.stats();
     let host_after = host.rt.stats();
     let pool_after = pool.rt.stats();
+    let fraction = |after: u64, before: u64| (after - before) as f64 / samples as f64;
     Ok(FaultBenchReport {
         floor_p50_us: p(&hf, 0.5),
         rtt_p50_us: p(&hr, 0.5),
@@ -289,12 +356,15 @@ pub fn fault_bench(cfg: &FaultBenchConfig) -> anyhow::Result<FaultBenchReport> {
         host_miss_p50_us: p(&hh, 0.5),
         host_miss_p99_us: p(&hh, 0.99),
         pool_hit_p50_us: p(&hp, 0.5),
-        miss_remote_fraction: (miss_after.faults_remote - miss.before.faults_remote) as f64
-            / samples as f64,
-        host_miss_tier_fraction: (host_after.faults_tier - host.before.faults_tier) as f64
-            / samples as f64,
-        pool_hit_fraction: (pool_after.faults_pool_hit - pool.before.faults_pool_hit) as f64
-            / samples as f64,
+        remote_rtt_p50_us: remote.as_ref().map(|r| p(&r.hr, 0.5)),
+        remote_miss_p50_us: remote.as_ref().map(|r| p(&r.hm, 0.5)),
+        remote_miss_p99_us: remote.as_ref().map(|r| p(&r.hm, 0.99)),
+        remote_miss_fraction: remote
+            .as_ref()
+            .map(|r| fraction(r.miss.rt.stats().faults_remote, r.miss.before.faults_remote)),
+        miss_remote_fraction: fraction(miss_after.faults_remote, miss.before.faults_remote),
+        host_miss_tier_fraction: fraction(host_after.faults_tier, host.before.faults_tier),
+        pool_hit_fraction: fraction(pool_after.faults_pool_hit, pool.before.faults_pool_hit),
     })
 }
 

@@ -1,5 +1,5 @@
 //! The `farmem-remote` system's donor: a `farmem donor` on another "machine" — its own network
-//! namespace behind a veth link (the test kit's [`HostDonor`]), with a token, so `farmem run
+//! namespace behind a veth link (the test kit's `HostDonor`), with a token, so `farmem run
 //! --donor ADDR --token-file FILE` seals pages as `--seal auto` chooses for a donor on another
 //! host, exactly as a user would run it.
 //!
@@ -10,10 +10,9 @@
 //! - The donor's CPU (user + system, /proc/PID/stat) and the link's bytes both ways (the root
 //!   end's counters in /sys/class/net, read only) are sampled before and after the workload.
 //!   The link carries nothing else: the namespace is the donor's alone.
-//! - The test kit fails by panicking (its users are tests); a host that cannot be made is caught
-//!   here and becomes the run's error, so one failed setup does not end the whole comparison.
-//!   The donor is also an entry on the [`Cleanup`] stack: an interrupted run kills it and
-//!   deletes its namespace.
+//! - A host that cannot be made is the run's error ([`crate::netns`]), so one failed setup does
+//!   not end the whole comparison. The donor is also an entry on the [`Cleanup`] stack: an
+//!   interrupted run kills it and deletes its namespace.
 //!
 //! # Limitations
 //!
@@ -23,8 +22,6 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-
-use farmem_testkit::netns::{Host, HostDonor};
 
 use super::cost::ticks_to_s;
 use super::systems::{Cleanup, Token};
@@ -62,18 +59,8 @@ impl RemoteDonor {
     /// [`RemoteDonor::stop`].
     pub fn start(capacity_bytes: u64, cleanup: &Cleanup) -> Result<RemoteDonor, String> {
         let capacity = capacity_bytes.to_string();
-        let token = format!("farmem-bench-{}", std::process::id()).into_bytes();
-        let started = std::panic::catch_unwind(|| {
-            HostDonor::spawn_with_token(Host::new(), &["--capacity", &capacity], token)
-        })
-        .map_err(|panic| {
-            let why = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown failure".into());
-            format!("starting a donor in a network namespace of its own: {why}")
-        })?;
+        let started =
+            crate::netns::host_donor(&["--capacity", &capacity], crate::netns::bench_token())?;
         let pid = started
             .pid()
             .ok_or("the donor in its namespace exited at once")?;

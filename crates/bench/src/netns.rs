@@ -1,0 +1,28 @@
+//! Donors on other "machines" for the benchmarks: a `farmem donor` in a network namespace of
+//! its own behind a veth link, with a token (the test kit's [`HostDonor`]).
+//!
+//! The test kit fails by panicking (its users are tests); here a host that cannot be made is
+//! caught and becomes an error saying why, so a benchmark can report it (and `compare` go on
+//! with its other systems).
+
+use farmem_testkit::netns::{Host, HostDonor};
+
+/// Starts `farmem donor ARGS… --token-file FILE` (holding `token`) in a new namespace, and
+/// waits for it to listen. Needs root.
+pub(crate) fn host_donor(args: &[&str], token: Vec<u8>) -> Result<HostDonor, String> {
+    std::panic::catch_unwind(|| HostDonor::spawn_with_token(Host::new(), args, token)).map_err(
+        |panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown failure".into());
+            format!("starting a donor in a network namespace of its own: {why}")
+        },
+    )
+}
+
+/// A token for a benchmark's donors (the process id keeps concurrent runs apart).
+pub(crate) fn bench_token() -> Vec<u8> {
+    format!("farmem-bench-{}", std::process::id()).into_bytes()
+}
