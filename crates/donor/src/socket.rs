@@ -99,14 +99,10 @@ impl Wire for Socket {
     }
 
     fn arm(&self, deadline: Option<Instant>) -> io::Result<()> {
-        let Some(deadline) = deadline else {
-            return Ok(());
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(deadline_passed());
+        match time_left(deadline)? {
+            Some(left) => self.bound_reads(left),
+            None => Ok(()),
         }
-        self.bound_reads(left)
     }
 
     fn early(&self, deadline: Option<Instant>) -> bool {
@@ -138,15 +134,9 @@ impl Wire for Socket {
         deadline: Option<Instant>,
     ) -> io::Result<()> {
         let this = &*self;
-        mem::recv_pages(&this.stream, pages, || {
-            let Some(deadline) = deadline else {
-                return Ok(());
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(deadline_passed());
-            }
-            this.set(left)
+        mem::recv_pages(&this.stream, pages, || match time_left(deadline)? {
+            Some(left) => this.set(left),
+            None => Ok(()),
         })
     }
 
@@ -157,6 +147,18 @@ impl Wire for Socket {
     fn close(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// What is left before `deadline` (None: no deadline); a passed deadline is an error.
+fn time_left(deadline: Option<Instant>) -> io::Result<Option<Duration>> {
+    let Some(deadline) = deadline else {
+        return Ok(None);
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(deadline_passed());
+    }
+    Ok(Some(left))
 }
 
 /// Polls `stream` without blocking for up to [`SPIN`] until bytes are waiting or the socket
