@@ -656,7 +656,7 @@ fn a_donor_down_at_start_is_named_and_left_out() {
     let prog = phases(&dir);
     let stats = dir.path("stats.json");
     let args = run_args(&ds, &stats, &["--replicas", "2"]);
-    let o = farmem_run(
+    let mut run = farmem_spawn(
         &strs(&args),
         &[
             prog.to_str().unwrap(),
@@ -664,29 +664,36 @@ fn a_donor_down_at_start_is_named_and_left_out() {
             dir.0.to_str().unwrap(),
             "fill:1",
             "check:1",
+            "wait:copied",
             "check:1",
         ],
+        &dir.path("farmem-run.log"),
     );
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("ok "),
-        "{}",
-        text(&o)
+    until_file(&mut run, &dir, "at-copied");
+    // Both copies of every slab end up on the two live donors. Not asserted at exit alone: a
+    // live donor's request timing out under load (CI runs two tests on two cores) leaves a
+    // slab one copy short until the next heal round copies it; a down donor counted as a
+    // place for copies would leave slabs short for good.
+    let live = until_stats(
+        "every slab on both live donors",
+        &mut run,
+        &stats,
+        || {},
+        |s| s.slabs_placed > 0 && s.slabs_degraded == 0,
     );
-    let err = String::from_utf8_lossy(&o.stderr);
+    touch(&dir, "copied");
+    let log = finish(&mut run);
+    assert!(log.contains("ok "), "{log}");
     let down = ds[2].addr().to_string();
     assert!(
-        err.lines()
+        log.lines()
             .any(|l| l.contains("warning") && l.contains(&down)),
-        "no warning names the donor down at start ({down}):\n{}",
-        text(&o)
+        "no warning names the donor down at start ({down}):\n{log}"
     );
     let s = final_stats(&stats).runtime.unwrap();
     assert!(s.slabs_placed > 0 && s.bytes_received > 0, "{s:?}");
-    assert_eq!(
-        s.slabs_degraded, 0,
-        "two live donors hold both copies: {s:?}"
-    );
+    assert_eq!(s.donors.len(), 2, "the down donor is left out: {s:?}");
+    assert!(live.dead_donors.is_empty(), "{live:?}");
 }
 
 #[test]
