@@ -124,7 +124,7 @@ impl LeapConfig {
             ));
         }
         if self.max_stream_window_pages < self.max_window_pages
-            || self.max_stream_window_pages > 256
+            || self.max_stream_window_pages > super::MAX_LOOKAHEAD_PAGES
         {
             return bad(format!(
                 "max_stream_window_pages is {}; use max_window_pages ({})..=256",
@@ -449,6 +449,8 @@ impl Stream {
 #[derive(Debug)]
 pub struct Leap {
     cfg: LeapConfig,
+    /// The configured `max_stream_window_pages`: the lookahead never lowers the cap below it.
+    stream_floor: usize,
     process: Stream,
     threads: HashMap<u32, Stream>,
     /// Thread ids, least recently active first.
@@ -463,6 +465,7 @@ impl Leap {
             process: Stream::new(&cfg),
             threads: HashMap::new(),
             recency: LinkedSet::new(),
+            stream_floor: cfg.max_stream_window_pages,
             cfg,
         })
     }
@@ -497,6 +500,15 @@ impl Prefetcher for Leap {
         }
     }
 
+    /// A pure stream's window may grow to the lookahead (rounded up to a power of two, as
+    /// windows are), never below `max_stream_window_pages` nor past 256 pages. Other streams
+    /// keep PW_max: their windows can mispredict.
+    fn set_lookahead(&mut self, pages: usize) {
+        self.cfg.max_stream_window_pages = pages
+            .next_power_of_two()
+            .clamp(self.stream_floor, super::MAX_LOOKAHEAD_PAGES);
+    }
+
     fn on_access(&mut self, access: &Access, out: &mut Vec<u64>) {
         if !self.cfg.per_thread {
             self.process.on_access(&self.cfg, access, out);
@@ -528,7 +540,7 @@ fn steps_between(from: u64, to: u64, delta: i64) -> Option<i128> {
 mod tests {
     use super::*;
 
-    use crate::prefetch::test_access;
+    use crate::prefetch::{test_access, MAX_LOOKAHEAD_PAGES};
 
     fn miss(page: u64, thread: u32) -> Access {
         Access {
@@ -647,7 +659,10 @@ mod tests {
     /// it gave, `rounds` times, with an access to `stray` (once) after round `stray_after`.
     /// Returns the windows.
     fn scan_windows(rounds: usize, stray: Option<(usize, u64)>) -> Vec<usize> {
-        let mut l = paper_leap();
+        scan_windows_with(paper_leap(), rounds, stray)
+    }
+
+    fn scan_windows_with(mut l: Leap, rounds: usize, stray: Option<(usize, u64)>) -> Vec<usize> {
         let mut out = Vec::new();
         let mut windows = Vec::new();
         let mut next = 0u64;
@@ -692,6 +707,27 @@ mod tests {
             ..LeapConfig::default()
         };
         assert!(Leap::new(bad).is_err(), "below PW_max");
+    }
+
+    #[test]
+    fn a_lookahead_widens_a_pure_stream_s_window_within_bounds_only() {
+        let leap = |lookahead: usize| {
+            let mut l = paper_leap();
+            l.set_lookahead(lookahead);
+            l
+        };
+        // A long link: 150 pages consumed per round trip -> pure windows of 256 (the next
+        // power of two); PW_max still binds until the history is pure.
+        let w = scan_windows_with(leap(150), 16, None);
+        assert!(w.iter().take(5).all(|&x| x <= 8), "{w:?}");
+        assert_eq!(*w.last().unwrap(), 256, "{w:?}");
+        // A short one never lowers the configured stream window, nor does a huge one pass 256.
+        assert_eq!(*scan_windows_with(leap(3), 14, None).last().unwrap(), 64);
+        let w = scan_windows_with(leap(100_000), 16, None);
+        assert_eq!(w.iter().max(), Some(&MAX_LOOKAHEAD_PAGES), "{w:?}");
+        // A stray access still caps the window at PW_max.
+        let w = scan_windows_with(leap(150), 20, Some((7, 1_000_000)));
+        assert!(w[8] <= 8, "{w:?}");
     }
 
     #[test]

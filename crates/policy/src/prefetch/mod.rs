@@ -52,7 +52,17 @@ pub trait Prefetcher: Send {
     fn name(&self) -> &'static str;
     /// Feeds one access; appends the pages to bring in to `out`.
     fn on_access(&mut self, access: &Access, out: &mut Vec<u64>);
+    /// The caller's measured lookahead: how many pages a stream consumes during one fetch
+    /// round trip (a slow or long link needs more pages in flight to keep a scan from
+    /// waiting). A prefetcher may widen its largest window toward it, within its own bounds
+    /// (never past [`MAX_LOOKAHEAD_PAGES`]); by default it is ignored.
+    fn set_lookahead(&mut self, pages: usize) {
+        let _ = pages;
+    }
 }
+
+/// The largest window any prefetcher issues at once, in pages.
+pub const MAX_LOOKAHEAD_PAGES: usize = 256;
 
 /// Names accepted by [`by_name`]; `leap` (per-thread streams) is the default.
 pub const NAMES: &[&str] = &[

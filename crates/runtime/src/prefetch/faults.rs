@@ -8,7 +8,7 @@ use std::time::Instant;
 use farmem_policy::prefetch::Access;
 use farmem_policy::Origin;
 
-use super::{addr_of, page_of, InFlight, Prefetch, Req, MAX_IN_FLIGHT, MAX_TRACKED, MAX_WINDOWS};
+use super::{addr_of, page_of, InFlight, Prefetch, Req, MAX_TRACKED, MAX_WINDOWS};
 use crate::pages::{PageState, Pages, NO_FAR};
 
 impl Prefetch {
@@ -46,6 +46,7 @@ impl Prefetch {
         };
         if waited {
             i.hits_waited += 1;
+            i.lookahead.waited();
             i.measures.prefetched(page, now);
             i.measures.prefetch_hit(page, now);
         } else {
@@ -83,6 +84,7 @@ impl Prefetch {
             _ => return None,
         }
         i.hits_waited += 1;
+        i.lookahead.waited();
         i.measures.prefetched(page_of(addr), now);
         i.measures.prefetch_hit(page_of(addr), now);
         Some(now)
@@ -104,11 +106,18 @@ impl Prefetch {
         let Some(pred) = &self.predictor else {
             return out;
         };
-        if hit {
+        let lookahead = hit.then(|| {
             // A marker's fault: the pages installed ahead in the window before it were used.
             self.infer_hits(pages, addr, thread, now);
+            let mut i = self.inner.lock();
+            i.lookahead.hit(now);
+            i.lookahead.pages()
+        });
+        let mut pred = pred.lock();
+        if let Some(pages) = lookahead {
+            pred.set_lookahead(pages);
         }
-        pred.lock().on_access(
+        pred.on_access(
             &Access {
                 page: page_of(addr),
                 thread,
@@ -183,7 +192,7 @@ impl Prefetch {
         let mut reqs = Vec::new();
         let mut i = self.inner.lock();
         for p in out {
-            if i.live >= MAX_IN_FLIGHT || i.in_flight.len() >= MAX_TRACKED {
+            if i.live >= i.lookahead.in_flight_cap() || i.in_flight.len() >= MAX_TRACKED {
                 break;
             }
             let Some(a) = addr_of(*p) else {

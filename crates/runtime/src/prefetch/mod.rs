@@ -89,9 +89,13 @@ use crate::far::Far;
 use farmem_proto::PAGE_SIZE;
 
 mod faults;
+mod lookahead;
 
-/// Most prefetched pages in flight at once that no demand fault has reached yet (the
-/// prefetchers' lookahead is far smaller; predictions beyond it are not issued).
+pub(crate) use lookahead::Lookahead;
+
+/// Most prefetched pages in flight at once that no demand fault has reached yet, unless the
+/// link's lookahead asks for more ([`Lookahead::in_flight_cap`]); predictions beyond it are
+/// not issued.
 pub(crate) const MAX_IN_FLIGHT: usize = 256;
 /// Most in-flight entries kept, consumed ones included (bounds memory if the prefetch thread
 /// stalls).
@@ -128,6 +132,8 @@ pub(crate) struct Inner {
     pub(crate) inferred_hits: u64,
     /// In-flight pages not consumed by a demand fault yet.
     pub(crate) live: usize,
+    /// How far ahead this link needs prefetches to reach (told to the prefetcher).
+    pub(crate) lookahead: Lookahead,
     /// Marker mode: eagerly installed pages of each window, by the window's marker address.
     pub(crate) windows: HashMap<usize, Vec<usize>>,
     /// Marker mode: markers kept in the pool, and their stream.

@@ -161,6 +161,7 @@ fn finish_batch(
     };
     if result.is_ok() {
         sh.far.batch_times.record(sent.elapsed());
+        sh.pf.inner.lock().lookahead.batch_done(sent.elapsed());
     }
     match result {
         Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
