@@ -1,21 +1,35 @@
 //! Reading, writing and stamping pages: values that name their page and round, so a page that
 //! comes back from the wrong place or an old round is caught.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// Bytes in a page.
 pub const PAGE: usize = farmem_proto::PAGE_SIZE;
 /// Bytes in a MiB.
 pub const MIB: usize = 1 << 20;
 
+/// The word at `addr` (8-byte aligned), as an atomic: a test program's threads read words
+/// another thread writes (a page rewritten while others read it), which is a data race with
+/// plain or volatile accesses and is reported by ThreadSanitizer (`scripts/sanitize.sh`). A
+/// relaxed load or store compiles to the same single move on x86-64.
+fn word_at<'a>(addr: usize) -> &'a AtomicU64 {
+    assert!(
+        addr.is_multiple_of(8),
+        "word address {addr:#x} is not 8-byte aligned"
+    );
+    // SAFETY: callers pass aligned addresses inside regions or mappings the test owns and
+    // keeps alive while it uses them; every access to such words goes through atomics.
+    unsafe { AtomicU64::from_ptr(addr as *mut u64) }
+}
+
 /// Reads the word at `addr`.
 pub fn read_u64(addr: usize) -> u64 {
-    // SAFETY: callers pass addresses inside regions or mappings the test owns and keeps alive.
-    unsafe { (addr as *const u64).read_volatile() }
+    word_at(addr).load(Ordering::Relaxed)
 }
 
 /// Writes `v` to the word at `addr`.
 pub fn write_u64(addr: usize, v: u64) {
-    // SAFETY: callers pass addresses inside regions the test owns and keeps alive.
-    unsafe { (addr as *mut u64).write_volatile(v) }
+    word_at(addr).store(v, Ordering::Relaxed)
 }
 
 /// Page stamping: word `w` of page `p` holds a value of `p`, `w`, the round and `salt`, for
