@@ -183,11 +183,28 @@ fn finish_batch(
 /// Pages of one batch arrived (`data`, in request order): opens each when pages are sealed;
 /// pages that fail their integrity check are treated as not arrived (never kept: a fault on
 /// one fetches it again on the demand path, which reports it).
+///
+/// Only pages [`arrive`] may still use are opened. A page a demand fault reached first may
+/// have been written since and evicted again to the same far page while this batch was on
+/// the wire: the donor then sent a page being overwritten (its two connections do not order
+/// one client's requests; ThreadSanitizer shows the two copies meet). Opened, it failed its
+/// check and was reported as tampering; it is dropped unread anyway.
 fn arrive_opened(sh: &Shared, reqs: Vec<Req>, data: &mut [u8]) {
+    let used: Vec<bool> = {
+        let i = sh.pf.inner.lock();
+        reqs.iter()
+            .map(|r| {
+                i.in_flight
+                    .get(&r.addr)
+                    .is_some_and(|f| f.far == r.far && (f.waiter.is_some() || !f.consumed))
+            })
+            .collect()
+    };
     let rejected: Vec<bool> = reqs
         .iter()
         .zip(data.chunks_exact_mut(PAGE_SIZE))
-        .map(|(r, page)| sh.far.open(r.far, page).is_err())
+        .zip(&used)
+        .map(|((r, page), used)| *used && sh.far.open(r.far, page).is_err())
         .collect();
     let bad = rejected.iter().filter(|r| **r).count();
     if bad == 0 {
