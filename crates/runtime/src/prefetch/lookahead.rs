@@ -111,6 +111,15 @@ mod tests {
         feed_from(l, 0, batch, gap_us, hits);
     }
 
+    /// A scan of 200 hits 10 us apart over 1 ms batches (it ends before 2 ms), and the
+    /// lookahead it gives.
+    fn scanning() -> (Lookahead, usize) {
+        let mut l = Lookahead::default();
+        feed(&mut l, Duration::from_millis(1), 10, 200);
+        let pages = l.pages();
+        (l, pages)
+    }
+
     #[test]
     fn nothing_measured_asks_for_nothing_more() {
         let mut l = Lookahead::default();
@@ -122,10 +131,9 @@ mod tests {
 
     #[test]
     fn the_lookahead_is_the_pages_consumed_in_two_batch_times() {
-        let mut l = Lookahead::default();
         // 1 ms batches, a hit every 10 us: 100 pages per round trip, 200 in two.
-        feed(&mut l, Duration::from_millis(1), 10, 200);
-        assert_eq!(l.pages(), 200);
+        let (l, pages) = scanning();
+        assert_eq!(pages, 200);
         assert_eq!(l.in_flight_cap(), 512);
         // A fast link: 150 us batches -> 30 pages, and the floor for pages in flight.
         let mut l = Lookahead::default();
@@ -140,9 +148,7 @@ mod tests {
 
     #[test]
     fn a_wait_for_the_link_is_not_a_gap_of_the_program() {
-        let mut l = Lookahead::default();
-        feed(&mut l, Duration::from_millis(1), 10, 200);
-        let before = l.pages();
+        let (mut l, before) = scanning();
         // A fault that waited 900 us for its prefetch in every span, then the scan goes on.
         for span in 0..10 {
             let t = 2_000 + span * 1_300;
@@ -155,9 +161,7 @@ mod tests {
 
     #[test]
     fn a_stall_now_and_then_does_not_swing_the_lookahead() {
-        let mut l = Lookahead::default();
-        feed(&mut l, Duration::from_millis(1), 10, 200);
-        let before = l.pages();
+        let (mut l, before) = scanning();
         // One span in four slowed by a 300 us stall: the fastest spans still set the pace.
         let mut t = 2_000;
         for span in 0..8u64 {
@@ -180,9 +184,7 @@ mod tests {
 
     #[test]
     fn a_pause_between_hits_does_not_shrink_the_lookahead() {
-        let mut l = Lookahead::default();
-        feed(&mut l, Duration::from_millis(1), 10, 200);
-        let before = l.pages();
+        let (mut l, before) = scanning();
         // Ten seconds without a hit, then the scan resumes.
         l.hit(10_000_000 * US);
         assert_eq!(l.pages(), before);
