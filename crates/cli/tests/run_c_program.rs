@@ -1,8 +1,9 @@
 //! `farmem run` on the C check program (tests/c/run_checks.c): read(2) into evicted memory,
 //! 8 threads writing and verifying, fork with evicted pages (the child checks every byte while
 //! the parent keeps writing), mremap growing a large block, MADV_DONTNEED then zeros, and a
-//! large calloc reading zeros — all with a working set three times the budget, so pages really
-//! go to the donor and come back (checked in the stats).
+//! large calloc reading zeros, MAP_POPULATE, and MAP_SHARED|MAP_ANONYMOUS shared with a child
+//! (not paged: both see each other's writes) — all with a working set three times the budget,
+//! so pages really go to the donor and come back (checked in the stats).
 
 use farmem_testkit::run::*;
 
@@ -27,6 +28,8 @@ fn c_checks_pass_with_pages_on_the_donor() {
         "madv-dontneed",
         "calloc-zero",
         "locale-unpaged",
+        "map-populate",
+        "map-shared",
     ] {
         assert!(
             out.contains(&format!("ok {check}\n")),

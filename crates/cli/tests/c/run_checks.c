@@ -247,6 +247,49 @@ static void check_dontneed(void) {
     printf("ok %s\n", n);
 }
 
+static void check_populate(void) {
+    const char *n = "map-populate";
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap(MAP_POPULATE)");
+    for (size_t i = 0; i < data_bytes / 8; i++)
+        if (m[i] != 0) FAIL(n, "word %zu of a new mapping not zero", i);
+    fill(m, data_bytes / 8, 31);
+    pressure(data_bytes);
+    size_t bad = check(m, data_bytes / 8, 31);
+    if (bad != SIZE_MAX) FAIL(n, "word %zu lost", bad);
+    munmap(m, data_bytes);
+    printf("ok %s\n", n);
+}
+
+/* MAP_SHARED | MAP_ANONYMOUS: a child's writes are seen by its parent and the other way round. */
+static void check_shared(void) {
+    const char *n = "map-shared";
+    size_t words = data_bytes / 8;
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap(MAP_SHARED)");
+    fill(m, words, 41);
+    pressure(data_bytes);
+    pid_t pid = fork();
+    if (pid < 0) FAIL(n, "fork");
+    if (pid == 0) {
+        if (check(m, words, 41) != SIZE_MAX) _exit(3);
+        fill(m, words / 2, 42); /* the first half, seen by the parent */
+        _exit(0);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        FAIL(n, "child saw wrong data or failed (status %#x)", status);
+    size_t bad = check(m, words / 2, 42);
+    if (bad != SIZE_MAX) FAIL(n, "the child's write of word %zu not seen", bad);
+    for (size_t i = words / 2; i < words; i++)
+        if (m[i] != pattern(41, i)) FAIL(n, "word %zu changed", i);
+    pressure(data_bytes);
+    if (check(m, words / 2, 42) != SIZE_MAX) FAIL(n, "shared data lost under pressure");
+    munmap(m, data_bytes);
+    printf("ok %s\n", n);
+}
+
 static void check_calloc(void) {
     const char *n = "calloc-zero";
     /* dirty memory first, then free it, so calloc may get it back */
@@ -324,6 +367,7 @@ int main(int argc, char **argv) {
         {"threads", check_threads},         {"fork", check_fork},
         {"mremap-grow", check_mremap},      {"madv-dontneed", check_dontneed},
         {"calloc-zero", check_calloc},      {"locale-unpaged", check_locale},
+        {"map-populate", check_populate},   {"map-shared", check_shared},
     };
     int ran = 0;
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
