@@ -70,7 +70,8 @@ pub fn run(args: BenchFaultArgs) -> anyhow::Result<ExitCode> {
         let capacity = host_tier_capacity_bytes(args.samples, SLAB_BYTES).to_string();
         let slab = SLAB_BYTES.to_string();
         let args = ["--capacity", &capacity, "--slab-size", &slab];
-        let d = crate::netns::host_donor(&args, crate::netns::bench_token())
+        let d = crate::netns::bench_token()
+            .and_then(|token| crate::netns::host_donor(&args, token))
             .map_err(|e| anyhow::anyhow!("{e} (or give --local-only)"))?;
         Some(d)
     };

@@ -22,7 +22,14 @@ pub(crate) fn host_donor(args: &[&str], token: Vec<u8>) -> Result<HostDonor, Str
     )
 }
 
-/// A token for a benchmark's donors (the process id keeps concurrent runs apart).
-pub(crate) fn bench_token() -> Vec<u8> {
-    format!("farmem-bench-{}", std::process::id()).into_bytes()
+/// A fresh random token for a benchmark's donors, hex so the token file holds one plain line.
+/// Random, not derived from the process id: the donor listens on an address every local user
+/// can reach, and a guessable token would let one of them use it.
+pub(crate) fn bench_token() -> Result<Vec<u8>, String> {
+    let mut b = [0u8; 16];
+    farmem_proto::random_bytes(&mut b).map_err(|e| format!("making a donor token: {e}"))?;
+    Ok(b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<String>()
+        .into_bytes())
 }

@@ -60,7 +60,7 @@ impl RemoteDonor {
     pub fn start(capacity_bytes: u64, cleanup: &Cleanup) -> Result<RemoteDonor, String> {
         let capacity = capacity_bytes.to_string();
         let started =
-            crate::netns::host_donor(&["--capacity", &capacity], crate::netns::bench_token())?;
+            crate::netns::host_donor(&["--capacity", &capacity], crate::netns::bench_token()?)?;
         let pid = started
             .pid()
             .ok_or("the donor in its namespace exited at once")?;

@@ -191,8 +191,9 @@ impl Prefetch {
     ) -> Vec<Req> {
         let mut reqs = Vec::new();
         let mut i = self.inner.lock();
+        let cap = i.lookahead.in_flight_cap();
         for p in out {
-            if i.live >= i.lookahead.in_flight_cap() || i.in_flight.len() >= MAX_TRACKED {
+            if i.live >= cap || i.in_flight.len() >= MAX_TRACKED {
                 break;
             }
             let Some(a) = addr_of(*p) else {
