@@ -2,7 +2,8 @@
 //! 8 threads writing and verifying, fork with evicted pages (the child checks every byte while
 //! the parent keeps writing), mremap growing a large block, MADV_DONTNEED then zeros, and a
 //! large calloc reading zeros, MAP_POPULATE, and MAP_SHARED|MAP_ANONYMOUS shared with a child
-//! (not paged: both see each other's writes) — all with a working set three times the budget,
+//! (not paged: both see each other's writes), MADV_WIPEONFORK (the child sees zeros, also after
+//! mremap moved the range) — all with a working set three times the budget,
 //! so pages really go to the donor and come back (checked in the stats).
 
 use farmem_testkit::run::*;
@@ -30,6 +31,7 @@ fn c_checks_pass_with_pages_on_the_donor() {
         "locale-unpaged",
         "map-populate",
         "map-shared",
+        "wipeonfork",
     ] {
         assert!(
             out.contains(&format!("ok {check}\n")),

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farmem_contract::LocalMemory;
-use farmem_runtime::{ForkPlan, Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport};
+use farmem_runtime::{
+    ForkAdvice, ForkPlan, Runtime, RuntimeConfig, StatsFile, StatsSummary, UnmanagedReport,
+};
 
 use crate::config::RunSettings;
 use crate::unmanaged;
@@ -163,11 +165,11 @@ pub(crate) fn register(addr: *mut u8, len: usize, is_heap: bool) -> c_int {
     }
 }
 
-/// The program marked `[addr, addr + len)` `MADV_DONTFORK` (`dont_fork`) or `MADV_DOFORK`.
-pub(crate) fn set_dont_fork(addr: *mut u8, len: usize, dont_fork: bool) {
+/// The program gave fork `advice` for `[addr, addr + len)`.
+pub(crate) fn set_fork_advice(addr: *mut u8, len: usize, advice: ForkAdvice) {
     if let Some(rt) = runtime() {
         if !IN_FORK_CHILD.load(Ordering::Relaxed) {
-            rt.set_dont_fork(addr, len, dont_fork);
+            rt.set_fork_advice(addr, len, advice);
         }
     }
 }

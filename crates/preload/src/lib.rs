@@ -50,6 +50,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
 use config::RunSettings;
+use farmem_runtime::ForkAdvice;
 // The allocator: shim.c calls mimalloc, whose static library this crate dependency links in.
 use libmimalloc_sys as _;
 
@@ -247,11 +248,18 @@ extern "C" fn farmem_preload_register_region(
     glue::register(addr.cast(), len, is_heap != 0)
 }
 
-/// Called by the shim, with the internal depth raised, after a successful `MADV_DONTFORK`
-/// (`dont_fork` 1) or `MADV_DOFORK` (0).
+/// Called by the shim, with the internal depth raised, after a successful `madvise` with
+/// `MADV_DONTFORK`, `MADV_DOFORK`, `MADV_WIPEONFORK` or `MADV_KEEPONFORK` (`advice`).
 #[no_mangle]
-extern "C" fn farmem_preload_fork_advice(addr: *mut c_void, len: usize, dont_fork: c_int) {
-    glue::set_dont_fork(addr.cast(), len, dont_fork != 0);
+extern "C" fn farmem_preload_fork_advice(addr: *mut c_void, len: usize, advice: c_int) {
+    let advice = match advice {
+        libc::MADV_DONTFORK => ForkAdvice::DontFork,
+        libc::MADV_DOFORK => ForkAdvice::DoFork,
+        libc::MADV_WIPEONFORK => ForkAdvice::WipeOnFork,
+        libc::MADV_KEEPONFORK => ForkAdvice::KeepOnFork,
+        _ => return, // the shim passes only these four
+    };
+    glue::set_fork_advice(addr.cast(), len, advice);
 }
 
 /// Called by the shim, with the internal depth raised, before a `mmap(MAP_FIXED)` of private

@@ -44,9 +44,9 @@ extern void *__libc_memalign(size_t align, size_t size);
 extern int farmem_preload_register_region(void *addr, size_t len, int is_heap);
 /* Implemented in Rust (lib.rs): 1 if [addr, addr+len) overlaps a region, else 0. */
 extern int farmem_preload_overlaps_region(void *addr, size_t len);
-/* Implemented in Rust (lib.rs): the program marked [addr, addr+len) MADV_DONTFORK (1) or
- * MADV_DOFORK (0). */
-extern void farmem_preload_fork_advice(void *addr, size_t len, int dont_fork);
+/* Implemented in Rust (lib.rs): the program gave [addr, addr+len) the fork advice `advice`
+ * (MADV_DONTFORK, MADV_DOFORK, MADV_WIPEONFORK or MADV_KEEPONFORK). */
+extern void farmem_preload_fork_advice(void *addr, size_t len, int advice);
 
 #define FM_HIDDEN __attribute__((visibility("hidden")))
 
@@ -499,15 +499,17 @@ FM_HIDDEN int fmp_madvise(void *addr, size_t len, int advice) {
     if (advice == MADV_HUGEPAGE && atomic_load_explicit(&regions_active, memory_order_relaxed))
         return 0;
     int r = (int)syscall(SYS_madvise, addr, len, advice);
-    /* A child gets no copy of a MADV_DONTFORK range (V8 marks each heap page so): the runtime
-     * leaves its evicted pages where they are when the program forks. */
-    if (r == 0 && (advice == MADV_DONTFORK || advice == MADV_DOFORK) &&
+    /* A child gets no copy of a MADV_DONTFORK range (V8 marks each heap page so) and zeros in
+     * a MADV_WIPEONFORK one: the runtime leaves their evicted pages where they are when the
+     * program forks, and lends the child none of them. */
+    if (r == 0 && (advice == MADV_DONTFORK || advice == MADV_DOFORK ||
+                   advice == MADV_WIPEONFORK || advice == MADV_KEEPONFORK) &&
         atomic_load_explicit(&regions_active, memory_order_relaxed) && !fmp_internal_depth &&
         !fmp_runtime_thread) {
         int saved = errno;
         fmp_internal_depth++;
         sigset_t old = fm_block_signals();
-        farmem_preload_fork_advice(addr, len, advice == MADV_DONTFORK);
+        farmem_preload_fork_advice(addr, len, advice);
         fm_restore_signals(&old);
         fmp_internal_depth--;
         errno = saved;

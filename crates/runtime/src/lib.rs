@@ -62,7 +62,6 @@ mod budget;
 mod config;
 mod copies;
 mod cpu;
-mod dontfork;
 mod doorbell;
 mod drops;
 mod embedded;
@@ -74,6 +73,7 @@ mod far;
 mod fault;
 mod fork;
 mod forkhold;
+mod forkmarks;
 mod lentdonors;
 mod mm;
 mod pages;
@@ -106,6 +106,7 @@ pub use farmem_contract::{
     TREE_STATS_DIR,
 };
 pub use fork::{ForkPlan, Lent};
+pub use forkmarks::ForkAdvice;
 pub use lentdonors::LentDonors;
 pub use stats::{clock_ticks_per_s, parse_proc_stat, runtime_threads_cpu, ProcStat, ThreadsCpu};
 

@@ -61,8 +61,9 @@ pub(crate) struct State {
     /// stay frozen while it lives.
     pub(crate) fork_hold: Option<crate::forkhold::ForkHold>,
     pub(crate) staging: VecDeque<Staged>,
-    /// Parts of regions marked `MADV_DONTFORK`: not brought back before fork.
-    pub(crate) dontfork: crate::dontfork::DontFork,
+    /// Parts of regions marked `MADV_DONTFORK` or `MADV_WIPEONFORK`: not brought back before
+    /// fork, never lent.
+    pub(crate) forkmarks: crate::forkmarks::ForkMarks,
     /// Victims being dropped as shared with a forked process ([`crate::threads::cow`]).
     pub(crate) drops: crate::drops::Drops,
     /// Whether pages installed ahead from the host tier go in writable ([`crate::fault`]).
@@ -251,7 +252,7 @@ impl Shared {
                 dofork: false,
                 fork_hold: None,
                 staging: VecDeque::new(),
-                dontfork: Default::default(),
+                forkmarks: Default::default(),
                 drops: Default::default(),
                 ahead_writes: Default::default(),
                 write_heat: Default::default(),

@@ -290,6 +290,47 @@ static void check_shared(void) {
     printf("ok %s\n", n);
 }
 
+/* Forks; the child checks that the first `words` words at `m` are zero (`zeros`) or
+ * pattern(seed); returns whether it found them so. */
+static int child_sees(const uint64_t *m, size_t words, int zeros, uint64_t seed) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        for (size_t i = 0; i < words; i++)
+            if (m[i] != (zeros ? 0 : pattern(seed, i))) _exit(3);
+        _exit(0);
+    }
+    int status = 0;
+    return waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* MADV_WIPEONFORK: a child sees zeros there, the parent keeps its data; the mark follows the
+ * range when mremap moves it, and MADV_KEEPONFORK undoes it. */
+static void check_wipeonfork(void) {
+    const char *n = "wipeonfork";
+    size_t words = data_bytes / 8;
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap");
+    fill(m, words, 51);
+    if (madvise(m, data_bytes, MADV_WIPEONFORK) != 0) FAIL(n, "madvise(MADV_WIPEONFORK)");
+    pressure(data_bytes);
+    if (!child_sees(m, words, 1, 0)) FAIL(n, "the child did not see zeros");
+    size_t bad = check(m, words, 51);
+    if (bad != SIZE_MAX) FAIL(n, "the parent's word %zu changed", bad);
+    /* moved by mremap: still wiped in the child */
+    uint64_t *g = mremap(m, data_bytes, 2 * data_bytes, MREMAP_MAYMOVE);
+    if (g == MAP_FAILED) FAIL(n, "mremap: %s", strerror(errno));
+    pressure(2 * data_bytes);
+    if (!child_sees(g, words, 1, 0)) FAIL(n, "the child did not see zeros after mremap");
+    if ((bad = check(g, words, 51)) != SIZE_MAX) FAIL(n, "word %zu lost after mremap", bad);
+    if (madvise(g, 2 * data_bytes, MADV_KEEPONFORK) != 0) FAIL(n, "madvise(MADV_KEEPONFORK)");
+    pressure(2 * data_bytes);
+    if (!child_sees(g, words, 0, 51)) FAIL(n, "the child did not see the data after KEEPONFORK");
+    munmap(g, 2 * data_bytes);
+    printf("ok %s\n", n);
+}
+
 static void check_calloc(void) {
     const char *n = "calloc-zero";
     /* dirty memory first, then free it, so calloc may get it back */
@@ -368,6 +409,7 @@ int main(int argc, char **argv) {
         {"mremap-grow", check_mremap},      {"madv-dontneed", check_dontneed},
         {"calloc-zero", check_calloc},      {"locale-unpaged", check_locale},
         {"map-populate", check_populate},   {"map-shared", check_shared},
+        {"wipeonfork", check_wipeonfork},
     };
     int ran = 0;
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {

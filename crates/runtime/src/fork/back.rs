@@ -38,7 +38,7 @@ pub(super) fn check_all_back(
             continue; // not (entirely) mapped: an UNMAP event is on its way
         }
         for (a, en) in st.pages.entries_in(s, e) {
-            if en.state == PageState::Empty || st.dontfork.contains(a) {
+            if en.state == PageState::Empty || !st.forkmarks.child_gets(a) {
                 continue;
             }
             if en.state.is_resident() {
@@ -87,7 +87,7 @@ pub(super) fn bring_all_back(sh: &Shared, lendable: &Lendable) -> Result<(), Run
                     | PageState::Fetching
             );
             if evicted
-                && !st.dontfork.contains(a)
+                && st.forkmarks.child_gets(a)
                 && lent_at(en.state, FarCopy::of(sh, st, lendable, en.far), lendable).is_none()
             {
                 todo.push(a);

@@ -3,7 +3,8 @@
 //! resumes after fork, and evicted pages are brought back so the child gets their data as
 //! ordinary memory — except, for a child that starts a runtime of its own (a process tree),
 //! pages in the host tier, which the child *borrows*. Pages of ranges marked `MADV_DONTFORK`
-//! ([`crate::dontfork`]; V8's heap) stay where they are: the child has no mapping there.
+//! (V8's heap) or `MADV_WIPEONFORK` ([`crate::forkmarks`]) stay where they are and are never
+//! lent: the child has no mapping there, or zeros.
 //!
 //! # Lending host-tier pages
 //!

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::budget::Usage;
 use crate::error::RuntimeError;
 use crate::fork::{self, ForkPlan, Lent};
+use crate::forkmarks::ForkAdvice;
 use crate::shared::Shared;
 use crate::sync::Mutex;
 use crate::{far, mm};
@@ -107,10 +108,11 @@ impl Runtime {
         self.register_inner(addr, len_bytes, false)
     }
 
-    /// The program marked `addr..addr+len_bytes` `MADV_DONTFORK` (`dont_fork`) or
-    /// `MADV_DOFORK`: a forked child gets no copy of a marked range, so before `fork` its
-    /// evicted pages stay where they are. Only the parts inside regions are kept.
-    pub fn set_dont_fork(&self, addr: *mut u8, len_bytes: usize, dont_fork: bool) {
+    /// The program gave fork `advice` for `addr..addr+len_bytes` (`madvise`): a forked child
+    /// gets no contents of a `MADV_DONTFORK` or `MADV_WIPEONFORK` range, so before `fork` its
+    /// evicted pages stay where they are and none is lent. Only the parts inside regions are
+    /// kept.
+    pub fn set_fork_advice(&self, addr: *mut u8, len_bytes: usize, advice: ForkAdvice) {
         let a = addr as usize;
         // The kernel applies advice to whole pages.
         let end = a.saturating_add(len_bytes).next_multiple_of(PAGE_SIZE);
@@ -118,13 +120,9 @@ impl Runtime {
             return;
         }
         let mut st = self.sh.state.lock();
-        if !dont_fork {
-            st.dontfork.remove(a, end);
-            return;
-        }
         for (s, e) in st.pages.ranges() {
             if s < end && e > a {
-                st.dontfork.add(s.max(a), e.min(end));
+                st.forkmarks.advise(s.max(a), e.min(end), advice);
             }
         }
     }
@@ -182,7 +180,7 @@ impl Runtime {
             });
         }
         st.pages.add_region(addr, addr + len);
-        st.dontfork.remove(addr, addr + len); // a new mapping carries no MADV_DONTFORK
+        st.forkmarks.forget(addr, addr + len); // a new mapping carries no fork advice
         for (i, b) in present.iter().enumerate() {
             if b & 1 != 0 {
                 st.pages.adopt(addr + i * PAGE_SIZE);

@@ -20,7 +20,7 @@ pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
     }
     let mut st = sh.settle_evictions(st);
     if unmapped {
-        st.dontfork.remove(start, end);
+        st.forkmarks.forget(start, end);
     }
     for (start, end) in runs {
         for (addr, r) in st.pages.release_range(start, end, unmapped) {
@@ -34,9 +34,8 @@ pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
 pub(crate) fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
     let st = sh.state.lock();
     let mut st = sh.settle_evictions(st);
-    // The marks do not follow (the moved pages are then brought back before a fork: safe).
-    st.dontfork.remove(from, from + len);
-    st.dontfork.remove(to, to + len);
+    // The kernel moves the fork flags with the mapping.
+    st.forkmarks.moved(from, to, len);
     // Pages being dropped (still `Evicting`) move too; the evictor commits them where they are.
     for (slot, now) in st.drops.remap(from, to, len) {
         st.slots.set_owner(slot, now);
