@@ -134,6 +134,15 @@ fn dead_as(s: &Stats, d: &HostDonor, cause: &str) -> bool {
     s.dead_donors.iter().any(|x| x.starts_with(&want))
 }
 
+/// Donor `d` is dead of `cause`, or was and came back.
+fn died_as(s: &Stats, d: &HostDonor, cause: &str) -> bool {
+    let want = format!("{}: {cause} ", d.addr());
+    s.dead_donors
+        .iter()
+        .chain(&s.donors_back)
+        .any(|x| x.starts_with(&want))
+}
+
 /// Every slab has its copies again after re-replication made some.
 fn healed(s: &Stats) -> bool {
     s.slabs_healed > 0 && s.slabs_degraded == 0 && s.slabs_lost == 0 && s.last_heal_s.is_some()
@@ -575,15 +584,69 @@ fn a_restarted_empty_donor_is_never_read() {
         &mut run,
         &stats,
         || {},
-        |s| dead_as(s, &ds[1], "restart") && healed(s),
+        |s| died_as(s, &ds[1], "restart") && healed(s),
     );
     touch(&dir, "healed");
     let log = finish(&mut run);
     assert!(log.contains("ok "), "{log}");
     let s = final_stats(&stats).runtime.unwrap();
-    assert!(dead_as(&s, &ds[1], "restart"), "{s:?}");
+    assert!(died_as(&s, &ds[1], "restart"), "{s:?}");
     assert!(healed(&s), "{s:?}");
     assert_eq!(s.fetch_errors, 0, "{s:?}");
+}
+
+#[test]
+fn a_restarted_donor_is_used_again_and_then_holds_the_only_copies() {
+    // Two donors, two copies: while one restarts, every slab is one copy short and no other
+    // donor can take the second. The restarted donor must be used again (as a new, empty one)
+    // and get the copies back, so that losing the other donor then loses nothing. (It used
+    // to stay dead for good: the second loss lost pages.)
+    let mut ds = donors(2);
+    let dir = Scratch::new("lost-restart-again");
+    let prog = phases(&dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(&ds, &stats, &["--replicas", "2"]);
+    let mut run = farmem_spawn(
+        &strs(&args),
+        &[
+            prog.to_str().unwrap(),
+            "128",
+            dir.0.to_str().unwrap(),
+            "fill:1",
+            "check:1",
+            "wait:restarted",
+            "loop:1:crashed",
+            "check:1",
+        ],
+        &dir.path("farmem-run.log"),
+    );
+    until_file(&mut run, &dir, "at-restarted");
+    ds[1].restart();
+    touch(&dir, "restarted");
+    let back = ds[1].addr().to_string();
+    until_stats(
+        "the restarted donor holding copies again",
+        &mut run,
+        &stats,
+        || {},
+        |s| {
+            died_as(s, &ds[1], "restart")
+                && !s.dead_donors.iter().any(|x| x.starts_with(&back))
+                && s.slabs_degraded == 0
+                && s.donors.iter().any(|d| d.addr == back && d.far_slabs > 0)
+        },
+    );
+    ds[0].crash();
+    touch(&dir, "crashed");
+    let log = finish(&mut run);
+    assert!(log.contains("ok "), "{log}");
+    assert!(
+        log.contains(&format!("donor {back} restarted: used again")),
+        "the log does not say the donor was used again:\n{log}"
+    );
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(dead_as(&s, &ds[0], "crash"), "{s:?}");
+    assert_eq!((s.slabs_lost, s.pages_lost), (0, 0), "{s:?}");
 }
 
 #[test]

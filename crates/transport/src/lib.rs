@@ -289,6 +289,18 @@ impl DonorClient {
         })
     }
 
+    /// The donor lost this client (it restarted with an empty store) and the caller holds no
+    /// slab id from it any more: the next connection registers this client afresh, so the
+    /// donor is used again as a new, empty one, instead of every request failing with
+    /// [`TransportError::Forgotten`]. Only for a caller that has forgotten every slab id it had
+    /// there: an old id could name a new slab.
+    pub fn register_again(&self) {
+        if let Some(conn) = lock(&self.inner.conn).take() {
+            conn.close();
+        }
+        self.inner.registered.store(false, Ordering::Relaxed);
+    }
+
     /// The donor address this client talks to.
     pub fn addr(&self) -> &str {
         &self.inner.addr

@@ -132,6 +132,11 @@ impl Pack {
         })
     }
 
+    /// Forgets every donor slab (their donor restarted: they are gone there).
+    pub(crate) fn forget_all(&mut self) {
+        self.held.clear();
+    }
+
     /// Forgets donor slab `slab` (freed on the donor by the caller).
     pub(crate) fn forget(&mut self, slab: u32) {
         self.held.remove(&slab);

@@ -15,7 +15,9 @@
 //!   donor; a slab whose only copies were there keeps them (the donor may come back: a stall or
 //!   a partition that ends) and is served by the backup file meanwhile, if there is one.
 //!   Dead donors are probed again every few seconds; one that answers is used again, and the
-//!   copies dropped from it are freed there, never read (they may be stale).
+//!   copies dropped from it are freed there, never read (they may be stale). A donor that
+//!   restarted lost every copy: it is registered with afresh and used as a new, empty donor
+//!   ([`readopt_restarted`]).
 //! - Re-replication copies a slab from a complete copy on a live donor (or from the backup
 //!   file) to a new donor chosen as for a new slab, in chunks of one batch. The new copy is
 //!   added to the slab first, marked filling: the sender writes it like the others, reads skip
@@ -184,7 +186,7 @@ fn probe_dead(sh: &Shared, d: usize) {
         .death()
         .is_some_and(|(c, _)| c == Cause::Restarted)
     {
-        return;
+        return readopt_restarted(sh, d);
     }
     match probe(sh, d) {
         Ok(()) => {}
@@ -209,6 +211,34 @@ fn probe_dead(sh: &Shared, d: usize) {
         donor.write.addr()
     );
     sh.far.wake_healer();
+}
+
+/// Uses restarted donor `d` again, as a new and empty donor, once nothing of this runtime
+/// names a slab it had there: its copies were all dropped when it was declared restarted,
+/// the copies waiting to be freed there are forgotten (freeing one would free a new slab),
+/// and no forked child reads it (a child knows the old slab ids: not while far pages are
+/// frozen). Without this, every restart of a donor took it from a running program for good,
+/// and three restarts left a program with none (found by `farmem-bench soak`).
+fn readopt_restarted(sh: &Shared, d: usize) {
+    let far = &sh.far;
+    if sh.state.lock().far_pages.any_frozen() || far.donor_slabs().iter().any(|(_, r)| r.has(d)) {
+        return; // tried again at the next probe of dead donors
+    }
+    let donor = &far.donors[d];
+    far.dropped.lock().retain(|x| x.donor != d);
+    donor.pack.lock().forget_all();
+    *donor.slabs_placed.lock() = 0;
+    donor.read.register_again();
+    donor.write.register_again();
+    if probe(sh, d).is_err() {
+        return; // not answering yet: still dead, registered at its next answer
+    }
+    donor.health.revive();
+    tracing::warn!(
+        "donor {} restarted: used again as a new, empty donor",
+        donor.write.addr()
+    );
+    far.wake_healer();
 }
 
 /// Frees the copies dropped from donors that are live again (they may be stale: never read),
