@@ -164,6 +164,10 @@ pub struct Stats {
     /// Pages found absent while their state said resident (a runtime bug; each access there
     /// got SIGBUS instead of faulting forever).
     pub state_lost_pages: u64,
+    /// Pages that could not be brought back from any copy (every donor copy gone or refused
+    /// by its seal, no backup): each access there got SIGBUS.
+    #[serde(default)]
+    pub pages_lost: u64,
     /// Copies of each donor slab (`--replicas`).
     pub replicas: u64,
     /// Donors declared dead (each with the kind of failure: crash, stall, partition, restart).
@@ -369,6 +373,12 @@ pub struct StatsSummary {
     /// Fetched pages that failed their seal check (also counted in `fetch_errors`).
     #[serde(default)]
     pub seal_rejected: u64,
+    /// Pages found absent while their state said resident (a runtime bug: SIGBUS).
+    #[serde(default)]
+    pub state_lost_pages: u64,
+    /// Pages that could not be brought back from any copy (SIGBUS).
+    #[serde(default)]
+    pub pages_lost: u64,
     /// What the run holds on each donor (a tree's processes added up per donor).
     #[serde(default)]
     pub donors: Vec<DonorUse>,
@@ -430,6 +440,8 @@ impl From<&Stats> for StatsSummary {
             fetch_errors: s.fetch_errors,
             send_errors: s.send_errors,
             seal_rejected: s.seal_rejected,
+            state_lost_pages: s.state_lost_pages,
+            pages_lost: s.pages_lost,
             donors: s.donors.clone(),
             donor_bytes_taken: s.donor_bytes_taken,
             donor_bytes_filled: s.donor_bytes_filled,
@@ -507,6 +519,8 @@ impl StatsSummary {
         self.fetch_errors += o.fetch_errors;
         self.send_errors += o.send_errors;
         self.seal_rejected += o.seal_rejected;
+        self.state_lost_pages += o.state_lost_pages;
+        self.pages_lost += o.pages_lost;
         self.donor_bytes_taken += o.donor_bytes_taken;
         for d in &o.donors {
             match self.donors.iter_mut().find(|x| x.addr == d.addr) {

@@ -61,6 +61,7 @@ pub(super) fn fail_fetch(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         None => {}
     }
     drop(st);
+    sh.stats.lock().s.pages_lost += 1;
     tracing::error!(
         "page {:#x} cannot be brought back from its donor: the faulting thread gets SIGBUS",
         msg.addr
