@@ -6,8 +6,10 @@ cd "$(dirname "$0")/.."
 
 # Debian packages: the C compiler for test programs, and the real programs the tests and
 # benchmarks run under farmem (/usr/bin/python3 with numpy and scikit-learn from Debian; node and
-# a JDK for the managed-heap tests and the node-heap/jvm-heap benchmarks; Go for the cgo heap test).
-PACKAGES=(build-essential pkg-config redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
+# a JDK for the managed-heap tests and the node-heap/jvm-heap benchmarks; Go for the cgo heap test;
+# spin, the model checker the runtime's page-state model test runs: crates/runtime/tests/page_model.rs;
+# stress-ng, whose verifying memory stressors `farmem-bench soak` runs).
+PACKAGES=(build-essential pkg-config spin stress-ng redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,6 +16,7 @@ mod mem;
 mod netns;
 mod prefetch;
 mod replicas;
+mod soak;
 /// Sizes on the command line (`64MiB`, `1GiB`): the `farmem` binary's parser, compiled into this
 /// binary too so both accept sizes alike (one source, not a copy).
 #[path = "../../cli/src/cmd/units.rs"]
@@ -59,6 +60,9 @@ enum Command {
     /// Replicas: cost (replicas 2 vs 1 on compare workloads), failover latency after a donor
     /// crash or stall, time to re-replicate a lost donor's slabs.
     Replicas(replicas::BenchReplicasArgs),
+    /// Soak: self-checking programs under farmem on a host tier and three donors in network
+    /// namespaces for N minutes, failures injected from a printed seed; a verdict, not a figure.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Command::Fault(a) => fault::run(a),
         Command::Prefetch(a) => prefetch::run(a),
         Command::Replicas(a) => replicas::run(a),
+        Command::Soak(a) => soak::run(a),
     };
     match result {
         Ok(code) => code,
