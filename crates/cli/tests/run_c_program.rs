@@ -3,7 +3,7 @@
 //! the parent keeps writing), mremap growing a large block, MADV_DONTNEED then zeros, and a
 //! large calloc reading zeros, MAP_POPULATE, and MAP_SHARED|MAP_ANONYMOUS shared with a child
 //! (not paged: both see each other's writes), MADV_WIPEONFORK (the child sees zeros, also after
-//! mremap moved the range) — all with a working set three times the budget,
+//! mremap moved the range), mlock/mlockall (accepted, not applied: data right) and MADV_DONTFORK — all with a working set three times the budget,
 //! so pages really go to the donor and come back (checked in the stats).
 
 use farmem_testkit::run::*;
@@ -32,6 +32,8 @@ fn c_checks_pass_with_pages_on_the_donor() {
         "map-populate",
         "map-shared",
         "wipeonfork",
+        "mlock",
+        "dontfork",
     ] {
         assert!(
             out.contains(&format!("ok {check}\n")),

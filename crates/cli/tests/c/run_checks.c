@@ -11,6 +11,7 @@
 #include <locale.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,6 +332,61 @@ static void check_wipeonfork(void) {
     printf("ok %s\n", n);
 }
 
+/* mlock / mlockall: farmem cannot keep pages it manages in RAM, so it accepts the lock without
+ * applying it (with a warning); the data must be right either way, and unlock must work. */
+static void check_mlock(void) {
+    const char *n = "mlock";
+    size_t words = data_bytes / 8;
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap");
+    fill(m, words, 61);
+    if (mlock(m, data_bytes) != 0) FAIL(n, "mlock: %s", strerror(errno));
+    pressure(data_bytes);
+    size_t bad = check(m, words, 61);
+    if (bad != SIZE_MAX) FAIL(n, "word %zu of the locked range changed", bad);
+    if (munlock(m, data_bytes) != 0) FAIL(n, "munlock: %s", strerror(errno));
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) FAIL(n, "mlockall: %s", strerror(errno));
+    uint64_t *later = malloc(data_bytes / 2);
+    if (!later) FAIL(n, "malloc after mlockall");
+    fill(later, words / 2, 62);
+    fill(m, words, 63);
+    if (munlockall() != 0) FAIL(n, "munlockall: %s", strerror(errno));
+    pressure(data_bytes);
+    if ((bad = check(m, words, 63)) != SIZE_MAX) FAIL(n, "word %zu changed after mlockall", bad);
+    if ((bad = check(later, words / 2, 62)) != SIZE_MAX) FAIL(n, "allocated word %zu changed", bad);
+    free(later);
+    munmap(m, data_bytes);
+    printf("ok %s\n", n);
+}
+
+/* MADV_DONTFORK: a child has no mapping there (an access is SIGSEGV); the parent keeps its
+ * data, also pages that were evicted when it forked. */
+static void check_dontfork(void) {
+    const char *n = "dontfork";
+    size_t words = data_bytes / 8;
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap");
+    fill(m, words, 71);
+    if (madvise(m, data_bytes, MADV_DONTFORK) != 0) FAIL(n, "madvise(MADV_DONTFORK)");
+    pressure(data_bytes);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) FAIL(n, "fork");
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        volatile uint64_t x = m[words / 2]; /* no mapping: SIGSEGV */
+        (void)x;
+        _exit(0);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFSIGNALED(status) || WTERMSIG(status) != SIGSEGV)
+        FAIL(n, "the child's access did not end in SIGSEGV (status %#x)", status);
+    size_t bad = check(m, words, 71);
+    if (bad != SIZE_MAX) FAIL(n, "the parent's word %zu changed", bad);
+    munmap(m, data_bytes);
+    printf("ok %s\n", n);
+}
+
 static void check_calloc(void) {
     const char *n = "calloc-zero";
     /* dirty memory first, then free it, so calloc may get it back */
@@ -409,7 +465,8 @@ int main(int argc, char **argv) {
         {"mremap-grow", check_mremap},      {"madv-dontneed", check_dontneed},
         {"calloc-zero", check_calloc},      {"locale-unpaged", check_locale},
         {"map-populate", check_populate},   {"map-shared", check_shared},
-        {"wipeonfork", check_wipeonfork},
+        {"wipeonfork", check_wipeonfork},   {"mlock", check_mlock},
+        {"dontfork", check_dontfork},
     };
     int ran = 0;
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
