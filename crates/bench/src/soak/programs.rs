@@ -101,7 +101,7 @@ fn prepare_one(dir: &Path, name: Name) -> anyhow::Result<Program> {
             let py = dir.join("soak.py");
             std::fs::write(&py, SOAK_PY).context("writing soak.py")?;
             let bin = need("/usr/bin/python3", "python3")?;
-            vec![bin, py.display().to_string(), s("400000"), s("2")]
+            vec![bin, py.display().to_string(), s("200000"), s("2")]
         }
         Name::Jvm => {
             let classes = dir.join("java");
@@ -197,7 +197,8 @@ const RUN_LIMIT: Duration = Duration::from_secs(600);
 fn run_plain(p: &Program) -> anyhow::Result<(bool, String)> {
     let mut cmd = Command::new(&p.argv[0]);
     cmd.args(&p.argv[1..]);
-    let (status, out, err) = run_limited(cmd)?.context("it did not finish within 10 minutes")?;
+    let (status, out, err) = wait(spawn(cmd)?)?;
+    let status = status.context("it did not finish within 10 minutes")?;
     let ok = status.success() && verdict_ok(p.name, &out, &err);
     Ok((
         ok,
@@ -240,21 +241,23 @@ pub(crate) fn run_farmem(
         .ok()
         .and_then(|b| serde_json::from_slice::<StatsFile>(&b).ok())
         .and_then(|f| f.summary);
-    let wrong = match done {
-        None => Some(format!("hung: killed after {} s", RUN_LIMIT.as_secs())),
-        Some((status, out, err)) => {
-            if let Some(s) = &mut summary {
-                counted_in_log(s, &err);
-            }
-            let wrong = judge(p, status, &out, &err);
-            if wrong.is_some() {
-                // Whole, beside its stats file, for whoever looks into it (the soak keeps its
-                // work directory when it fails).
-                let _ = std::fs::write(stats.with_extension("log"), format!("{out}\n---\n{err}"));
-            }
-            wrong
-        }
+    let (status, out, err) = done;
+    if let Some(s) = &mut summary {
+        counted_in_log(s, &err);
+    }
+    let wrong = match status {
+        None => Some(format!(
+            "hung: killed after {} s, {} faults served by then",
+            RUN_LIMIT.as_secs(),
+            summary.as_ref().map_or(0, |s| s.faults)
+        )),
+        Some(status) => judge(p, status, &out, &err),
     };
+    if wrong.is_some() {
+        // Whole, beside its stats file, for whoever looks into it (the soak keeps its work
+        // directory when it fails).
+        let _ = std::fs::write(stats.with_extension("log"), format!("{out}\n---\n{err}"));
+    }
     Ok(Outcome {
         started: t0,
         ended,
@@ -310,12 +313,8 @@ fn verdict_ok(name: Name, out: &str, err: &str) -> bool {
     }
 }
 
-type Finished = (std::process::ExitStatus, String, String);
-
-/// Runs `cmd` within [`RUN_LIMIT`]: None if it had to be killed.
-fn run_limited(cmd: Command) -> anyhow::Result<Option<Finished>> {
-    wait(spawn(cmd)?)
-}
+/// How a run ended (None: killed after [`RUN_LIMIT`]), and what it printed.
+type Finished = (Option<std::process::ExitStatus>, String, String);
 
 fn spawn(mut cmd: Command) -> anyhow::Result<std::process::Child> {
     // Its own process group, so a hung run is killed with every process of its tree.
@@ -326,7 +325,7 @@ fn spawn(mut cmd: Command) -> anyhow::Result<std::process::Child> {
     cmd.spawn().with_context(|| format!("starting {cmd:?}"))
 }
 
-fn wait(mut child: std::process::Child) -> anyhow::Result<Option<Finished>> {
+fn wait(mut child: std::process::Child) -> anyhow::Result<Finished> {
     let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
     let out = std::thread::spawn(move || {
         let mut s = String::new();
@@ -355,5 +354,5 @@ fn wait(mut child: std::process::Child) -> anyhow::Result<Option<Finished>> {
         out.join().unwrap_or_default(),
         err.join().unwrap_or_default(),
     );
-    Ok(status.map(|s| (s, out, err)))
+    Ok((status, out, err))
 }
