@@ -549,22 +549,29 @@ fn numpy_result_unchanged_from_the_backup_file_when_every_donor_crashes() {
     );
 }
 
+/// Starts the phases program on 128 MiB under `farmem run --replicas 2` on `ds`, with `steps`;
+/// returns its folder, its stats file and the run.
+fn phases_run(ds: &[HostDonor], tag: &str, steps: &[&str]) -> (Scratch, PathBuf, Running) {
+    let dir = Scratch::new(tag);
+    let prog = phases(&dir);
+    let stats = dir.path("stats.json");
+    let args = run_args(ds, &stats, &["--replicas", "2"]);
+    let mut command = vec![prog.to_str().unwrap(), "128", dir.0.to_str().unwrap()];
+    command.extend_from_slice(steps);
+    let run = farmem_spawn(&strs(&args), &command, &dir.path("farmem-run.log"));
+    (dir, stats, run)
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. a donor comes back: empty after a restart, stale after a stall
 
 #[test]
 fn a_restarted_empty_donor_is_never_read() {
     let mut ds = donors(3);
-    let dir = Scratch::new("lost-restart");
-    let prog = phases(&dir);
-    let stats = dir.path("stats.json");
-    let args = run_args(&ds, &stats, &["--replicas", "2"]);
-    let mut run = farmem_spawn(
-        &strs(&args),
+    let (dir, stats, mut run) = phases_run(
+        &ds,
+        "lost-restart",
         &[
-            prog.to_str().unwrap(),
-            "128",
-            dir.0.to_str().unwrap(),
             "fill:1",
             "check:1",
             // Idle while the donor restarts, so the runtime's first contact finds the new,
@@ -574,7 +581,6 @@ fn a_restarted_empty_donor_is_never_read() {
             "fill:2",
             "check:2",
         ],
-        &dir.path("farmem-run.log"),
     );
     until_file(&mut run, &dir, "at-restarted");
     ds[1].restart();
@@ -602,23 +608,16 @@ fn a_restarted_donor_is_used_again_and_then_holds_the_only_copies() {
     // and get the copies back, so that losing the other donor then loses nothing. (It used
     // to stay dead for good: the second loss lost pages.)
     let mut ds = donors(2);
-    let dir = Scratch::new("lost-restart-again");
-    let prog = phases(&dir);
-    let stats = dir.path("stats.json");
-    let args = run_args(&ds, &stats, &["--replicas", "2"]);
-    let mut run = farmem_spawn(
-        &strs(&args),
+    let (dir, stats, mut run) = phases_run(
+        &ds,
+        "lost-restart-again",
         &[
-            prog.to_str().unwrap(),
-            "128",
-            dir.0.to_str().unwrap(),
             "fill:1",
             "check:1",
             "wait:restarted",
             "loop:1:crashed",
             "check:1",
         ],
-        &dir.path("farmem-run.log"),
     );
     until_file(&mut run, &dir, "at-restarted");
     ds[1].restart();
@@ -652,16 +651,10 @@ fn a_restarted_donor_is_used_again_and_then_holds_the_only_copies() {
 #[test]
 fn a_donor_resumed_after_a_stall_never_hands_back_stale_pages() {
     let ds = donors(3);
-    let dir = Scratch::new("lost-resume");
-    let prog = phases(&dir);
-    let stats = dir.path("stats.json");
-    let args = run_args(&ds, &stats, &["--replicas", "2"]);
-    let mut run = farmem_spawn(
-        &strs(&args),
+    let (dir, stats, mut run) = phases_run(
+        &ds,
+        "lost-resume",
         &[
-            prog.to_str().unwrap(),
-            "128",
-            dir.0.to_str().unwrap(),
             "fill:1",
             "check:1",
             "wait:stalled",
@@ -670,7 +663,6 @@ fn a_donor_resumed_after_a_stall_never_hands_back_stale_pages() {
             "loop:2:resumed",
             "check:2",
         ],
-        &dir.path("farmem-run.log"),
     );
     until_file(&mut run, &dir, "at-stalled");
     ds[0].stall();

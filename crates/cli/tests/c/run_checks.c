@@ -291,6 +291,14 @@ static void check_shared(void) {
     printf("ok %s\n", n);
 }
 
+/* A new private mapping of data_bytes, filled with pattern(seed). */
+static uint64_t *map_filled(const char *n, uint64_t seed) {
+    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) FAIL(n, "mmap");
+    fill(m, data_bytes / 8, seed);
+    return m;
+}
+
 /* Forks; the child checks that the first `words` words at `m` are zero (`zeros`) or
  * pattern(seed); returns whether it found them so. */
 static int child_sees(const uint64_t *m, size_t words, int zeros, uint64_t seed) {
@@ -311,9 +319,7 @@ static int child_sees(const uint64_t *m, size_t words, int zeros, uint64_t seed)
 static void check_wipeonfork(void) {
     const char *n = "wipeonfork";
     size_t words = data_bytes / 8;
-    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) FAIL(n, "mmap");
-    fill(m, words, 51);
+    uint64_t *m = map_filled(n, 51);
     if (madvise(m, data_bytes, MADV_WIPEONFORK) != 0) FAIL(n, "madvise(MADV_WIPEONFORK)");
     pressure(data_bytes);
     if (!child_sees(m, words, 1, 0)) FAIL(n, "the child did not see zeros");
@@ -337,9 +343,7 @@ static void check_wipeonfork(void) {
 static void check_mlock(void) {
     const char *n = "mlock";
     size_t words = data_bytes / 8;
-    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) FAIL(n, "mmap");
-    fill(m, words, 61);
+    uint64_t *m = map_filled(n, 61);
     if (mlock(m, data_bytes) != 0) FAIL(n, "mlock: %s", strerror(errno));
     pressure(data_bytes);
     size_t bad = check(m, words, 61);
@@ -364,9 +368,7 @@ static void check_mlock(void) {
 static void check_dontfork(void) {
     const char *n = "dontfork";
     size_t words = data_bytes / 8;
-    uint64_t *m = mmap(NULL, data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) FAIL(n, "mmap");
-    fill(m, words, 71);
+    uint64_t *m = map_filled(n, 71);
     if (madvise(m, data_bytes, MADV_DONTFORK) != 0) FAIL(n, "madvise(MADV_DONTFORK)");
     pressure(data_bytes);
     fflush(stdout);
