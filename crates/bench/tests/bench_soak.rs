@@ -60,6 +60,11 @@ fn bad_arguments_are_refused_with_a_reason() {
         (&["soak", "--programs", "doom"][..], "doom"),
         (&["soak", "--failures", "meteor"][..], "meteor"),
         (&["soak", "--seed", "x"][..], "x"),
+        (&["soak", "--failures", ""][..], "--failures"),
+        (
+            &["soak", "--no-failures", "--failures", "node-kill"][..],
+            "cannot be used with",
+        ),
     ] {
         let o = soak().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);

@@ -47,9 +47,12 @@ pub struct SoakArgs {
     /// Programs to run, comma-separated (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     programs: Option<Vec<Name>>,
-    /// Failures to inject, comma-separated (default: all); `--failures ''` injects none.
+    /// Failures to inject, comma-separated (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     failures: Option<Vec<Kind>>,
+    /// Inject no failure (the programs alone under farmem: a baseline for a failing soak).
+    #[arg(long, conflicts_with = "failures")]
+    no_failures: bool,
     /// Print the verdict as JSON on stdout (keys: seed, passed, failures_injected,
     /// wrong_outputs, state_lost_pages, pages_lost, seal_rejected, failures_misreported, …).
     #[arg(long)]
@@ -81,7 +84,10 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
         a.minutes
     );
     let length = Duration::from_secs_f64(a.minutes * 60.0);
-    let kinds = a.failures.unwrap_or_else(|| Kind::ALL.to_vec());
+    let kinds = match (a.no_failures, a.failures) {
+        (true, _) => Vec::new(),
+        (false, f) => f.unwrap_or_else(|| Kind::ALL.to_vec()),
+    };
     let schedule = failures::schedule(seed, &kinds, DONORS, length);
     let dir = tempfile::Builder::new()
         .prefix("farmem-soak-")
