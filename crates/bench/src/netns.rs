@@ -10,16 +10,20 @@ use farmem_testkit::netns::{Host, HostDonor};
 /// Starts `farmem donor ARGS… --token-file FILE` (holding `token`) in a new namespace, and
 /// waits for it to listen. Needs root.
 pub(crate) fn host_donor(args: &[&str], token: Vec<u8>) -> Result<HostDonor, String> {
-    std::panic::catch_unwind(|| HostDonor::spawn_with_token(Host::new(), args, token)).map_err(
-        |panic| {
-            let why = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown failure".into());
-            format!("starting a donor in a network namespace of its own: {why}")
-        },
-    )
+    testkit_call(|| HostDonor::spawn_with_token(Host::new(), args, token))
+        .map_err(|why| format!("starting a donor in a network namespace of its own: {why}"))
+}
+
+/// Runs a test-kit call, which reports failure by panicking, and returns the panic's message
+/// as an error instead.
+pub(crate) fn testkit_call<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown failure".into())
+    })
 }
 
 /// A fresh random token for a benchmark's donors, hex so the token file holds one plain line.

@@ -14,7 +14,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::failures::Kind;
-use crate::netns::bench_token;
+use crate::netns::{bench_token, testkit_call};
 
 /// Each donor's capacity, and what `capacity-lowered` lowers it to.
 /// Two copies of every program's far memory fit on two donors, with room for the slabs a
@@ -155,14 +155,7 @@ impl Cluster {
     }
 }
 
-/// Runs a test-kit call that reports failure by panicking, as an error.
+/// [`testkit_call`], its message as an error.
 fn catch<T>(f: impl FnOnce() -> T) -> anyhow::Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "unknown failure".into());
-        anyhow!(why)
-    })
+    testkit_call(f).map_err(|why| anyhow!(why))
 }
