@@ -168,6 +168,15 @@ pub struct Stats {
     /// by its seal, no backup): each access there got SIGBUS.
     #[serde(default)]
     pub pages_lost: u64,
+    /// Pages installed again after the program released them whose release the kernel applied
+    /// only then (a zero page removed by the release's late zap): served as released, zeros.
+    #[serde(default)]
+    pub late_release_pages: u64,
+    /// Pages still mapped after the program released them, before the kernel's zap reached
+    /// them (installed between the release's event being read and handled, or left by it),
+    /// taken out by the runtime: they held data from before the release.
+    #[serde(default)]
+    pub released_pages_taken_out: u64,
     /// Copies of each donor slab (`--replicas`).
     pub replicas: u64,
     /// Donors declared dead (each with the kind of failure: crash, stall, partition, restart).

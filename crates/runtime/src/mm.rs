@@ -102,6 +102,39 @@ pub(crate) fn move_to_pool(
     unsafe { pool_uffd.move_pages(dst, src, len, MoveMode::DONT_WAKE) }
 }
 
+/// Takes the region page at `addr` away without raising an event on the region userfaultfd
+/// (the fault thread, the only reader of those events, cannot `MADV_DONTNEED` it): MOVEs it
+/// onto the pool's trash page and discards it there. Returns whether a page was there.
+pub(crate) fn take_out_region_page(
+    pool_uffd: &Uffd,
+    pool: &crate::slots::PoolMemory,
+    addr: usize,
+) -> Result<bool, UffdError> {
+    let mut tries = 0;
+    loop {
+        // SAFETY: `addr` is a region page the runtime manages (no Rust reference points into
+        // regions) whose contents the program released; the trash page is the pool's, empty
+        // (emptied after every MOVE onto it) and never read.
+        let r = unsafe {
+            pool_uffd.move_pages(pool.trash_addr(), addr, PAGE_SIZE, MoveMode::DONT_WAKE)
+        };
+        match r {
+            Ok(_) => {
+                pool.empty_trash();
+                return Ok(true);
+            }
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(false),
+            // The trash page still held a page (a discard that failed), or the page was
+            // locked for a moment: once more.
+            Err(e) if tries < 3 && matches!(e.errno(), Some(libc::EEXIST | libc::EAGAIN)) => {
+                pool.empty_trash();
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// MOVEs one page from the pool slot at `src` back into the region page `dst`; `dontwake`
 /// leaves the waiting threads for a later wake.
 pub(crate) fn move_from_pool(

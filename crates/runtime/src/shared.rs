@@ -176,7 +176,8 @@ fn open_uffds(cfg: &RuntimeConfig) -> Result<(Uffd, Uffd, PoolMemory), RuntimeEr
         .pool_bytes
         .unwrap_or_else(|| LocalMemory::default_pool_bytes(cfg.budget_bytes));
     let pool_slots = (pool_bytes / PAGE_SIZE as u64).max(16) as u32;
-    let pool_len = pool_slots as usize * PAGE_SIZE;
+    // One page more: the trash page (see PoolMemory).
+    let pool_len = (pool_slots as usize + 1) * PAGE_SIZE;
     let pool = Mapping::anonymous(pool_len).map_err(|source| RuntimeError::Mmap {
         op: "mapping the write-back pool",
         len_bytes: pool_len,

@@ -40,7 +40,9 @@ const NO_OWNER: usize = 0;
 const RECLAIM_BATCH: usize = 32;
 
 /// The pool's memory: a mapping registered with the pool userfaultfd, and this process's
-/// pidfd for batched discards. Unmapped on drop, only in the process that mapped it: a forked
+/// pidfd for batched discards. Its last page is no slot but the trash page, where the runtime
+/// MOVEs a region page it must take away without raising an event on the region
+/// userfaultfd ([`crate::mm::take_out_region_page`]). Unmapped on drop, only in the process that mapped it: a forked
 /// child does not inherit the pool (`MADV_DONTFORK`), and there its range may hold another
 /// mapping by then.
 pub(crate) struct PoolMemory {
@@ -54,9 +56,14 @@ pub(crate) struct PoolMemory {
 }
 
 impl PoolMemory {
+    /// `mapping` holds the slots and, last, the trash page.
     pub(crate) fn new(mapping: Mapping) -> PoolMemory {
+        assert!(
+            mapping.pages() >= 2,
+            "a pool needs a slot and the trash page"
+        );
         PoolMemory {
-            slots: mapping.pages() as u32,
+            slots: mapping.pages() as u32 - 1,
             mapping: Some(mapping),
             pidfd: farmem_mm::self_pidfd(),
             pid: std::process::id(),
@@ -84,6 +91,18 @@ impl PoolMemory {
     /// Address of `slot`.
     pub(crate) fn slot_addr(&self, slot: u32) -> usize {
         self.mapping().addr() + slot as usize * PAGE_SIZE
+    }
+
+    /// Address of the trash page.
+    pub(crate) fn trash_addr(&self) -> usize {
+        let m = self.mapping();
+        m.addr() + m.len() - PAGE_SIZE
+    }
+
+    /// Discards whatever was MOVEd onto the trash page.
+    pub(crate) fn empty_trash(&self) {
+        let m = self.mapping();
+        m.discard_pages(&mut [m.pages() as u32 - 1], self.pidfd.as_ref());
     }
 }
 

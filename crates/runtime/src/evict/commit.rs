@@ -39,6 +39,9 @@ pub(super) fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
                 };
                 ev.unmovable.push((v, why));
             }
+            Err(err) if err.errno() == Some(libc::ENOENT) && gone_released(sh, &mut st, &v) => {
+                st.slots.release_empty(v.slot);
+            }
             Err(err) => commit_refused(&mut st, &v, &err, &mut c),
             Ok(()) if v.was_clean => commit_clean(sh, &mut st, &v, &mut c),
             Ok(()) if zero => {
@@ -52,6 +55,22 @@ pub(super) fn commit(sh: &Shared, ev: &mut Evictor) -> Committed {
         }
     }
     c
+}
+
+/// A victim that was gone from its region (ENOENT) after a zero install: a program release
+/// the kernel applied late took it ([`crate::threads::events::released_late`]); it is
+/// released, and its eviction settled. False for any other page.
+fn gone_released(sh: &Shared, st: &mut State, v: &Victim) -> bool {
+    let Some(e) = st.pages.get(v.addr) else {
+        return false;
+    };
+    if !crate::threads::events::released_late(sh, st, v.addr, e) {
+        return false;
+    }
+    // Released from `Evicting`: its residency is settled here, as for a page released
+    // while being evicted.
+    st.pages.eviction_lost();
+    true
 }
 
 /// Not moved (gone: ENOENT; a slot already full: EEXIST): stays resident. A slot that turned

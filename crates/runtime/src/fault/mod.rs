@@ -147,6 +147,7 @@ impl FaultWorld for FaultThread {
         !(self.q.retry.is_empty() && self.q.installs.is_empty())
     }
     fn handled(&mut self) {
+        self.sh.state.lock().pages.forget_recent();
         // Only this thread reads events.
         self.sh
             .handled_seq
@@ -269,7 +270,7 @@ fn serve(sh: &Shared, msg: FaultMsg, q: &mut Queues) {
         PageState::ResidentClean
         | PageState::ResidentDirty
         | PageState::ResidentSending
-        | PageState::Fetching => serve_served(sh, st, e, &msg),
+        | PageState::Fetching => serve_served(sh, st, e, msg, q),
         PageState::PoolSent | PageState::PoolUnsent => serve_from_pool(sh, st, e, msg, q),
         PageState::Remote => match sh.far.home(e.far) {
             Some((Home::Memory(m), page)) => serve_from_memory(sh, st, e, m, page, msg, q),
@@ -319,21 +320,35 @@ fn wait_for_commit<'a>(
 
 /// A page resident or being fetched: served already (another thread's fault on the same
 /// page), or the install wakes every waiter.
-fn serve_served(sh: &Shared, st: MutexGuard<'_, State>, e: Entry, msg: &FaultMsg) {
+fn serve_served(
+    sh: &Shared,
+    mut st: MutexGuard<'_, State>,
+    e: Entry,
+    msg: FaultMsg,
+    q: &mut Queues,
+) {
     if e.state == PageState::Fetching {
+        drop(st);
         sh.stats.lock().s.faults_already_served += 1;
         return;
     }
     // Installs happen under the state lock, so a resident page whose region page is absent
-    // is not a race: the state is wrong, and waking the thread would only make it fault
-    // again, forever (seen once: 75 million wakes of one page). Fail the access loudly
-    // instead.
+    // was taken away behind the runtime's back: by a program release the kernel applied late
+    // (a zero install: it reads zeros now), or the state is wrong, and waking the thread
+    // would only make it fault again, forever (seen once: 75 million wakes of one page):
+    // the access fails loudly.
     let mut present = [0u8; 1];
     let absent = farmem_mm::mincore(msg.addr, &mut present).is_ok() && present[0] & 1 == 0;
-    drop(st);
     if absent {
-        return state_lost(sh, e, msg);
+        if crate::threads::events::released_late(sh, &mut st, msg.addr, e) {
+            drop(st);
+            q.retry.push_back(msg);
+            return;
+        }
+        drop(st);
+        return state_lost(sh, e, &msg);
     }
+    drop(st);
     let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
     sh.stats.lock().s.faults_already_served += 1;
 }

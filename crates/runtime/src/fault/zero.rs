@@ -24,6 +24,17 @@ pub(super) fn serve_zero(
     } else {
         sh.uffd.zeropage(msg.addr, PAGE_SIZE, false)
     };
+    let r = match r {
+        // A page is there although the table says none: one the program released, whose zap
+        // the kernel has still to apply (its REMOVE is read; threads/events.rs). Its contents
+        // are from before the release: taken out, and the zero page installed after all.
+        Err(UffdError::Exists { .. }) => match take_out_unknown(sh, msg.addr) {
+            true if msg.write => sh.uffd.copy(msg.addr, &sh.zero, false, false),
+            true => sh.uffd.zeropage(msg.addr, PAGE_SIZE, false),
+            false => r,
+        },
+        r => r,
+    };
     match r {
         Ok(()) | Err(UffdError::Exists { .. }) => {
             st.pages.install_zero(msg.addr);
@@ -39,6 +50,23 @@ pub(super) fn serve_zero(
             drop(st);
             tracing::debug!("zero fault at {:#x}: {err}", msg.addr);
             let _ = sh.uffd.wake(msg.addr, PAGE_SIZE);
+        }
+    }
+}
+
+/// Takes out the page found at `addr` where the table has none; false if it could not be.
+fn take_out_unknown(sh: &Shared, addr: usize) -> bool {
+    match crate::mm::take_out_region_page(&sh.pool_uffd, &sh.pool, addr) {
+        Ok(_) => {
+            sh.stats.lock().s.released_pages_taken_out += 1;
+            true
+        }
+        Err(e) => {
+            tracing::warn!(
+                "page {addr:#x}, released by the program, is still mapped and could not be \
+                 taken out ({e}); it may keep its contents from before the release"
+            );
+            false
         }
     }
 }

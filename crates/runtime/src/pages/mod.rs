@@ -78,6 +78,10 @@ pub(crate) struct Pages {
     /// Entries in the `Evicting` state right now.
     evicting: u64,
     peak_resident: u64,
+    /// Pages installed since the fault loop last had every event it read handled: a program
+    /// release it has read may already have been applied by the kernel before such an
+    /// install, so its handling takes them out again ([`crate::threads::events`]).
+    recent: Vec<usize>,
 }
 
 impl Pages {
@@ -88,6 +92,7 @@ impl Pages {
             resident: 0,
             evicting: 0,
             peak_resident: 0,
+            recent: Vec::new(),
         }
     }
 
@@ -179,11 +184,13 @@ impl Pages {
         e.state = to;
         e.ahead = false;
         e.armed = false;
+        e.zeroed &= to.is_resident() || to == PageState::Evicting;
         Some((before, e))
     }
 
-    /// Counts a newly resident page: resident count, peak, eviction policy.
+    /// Counts a newly resident page: resident count, peak, eviction policy, recent installs.
     fn count_install(&mut self, addr: usize, origin: Origin, touched: bool) {
+        self.recent.push(addr);
         self.resident += 1;
         self.peak_resident = self.peak_resident.max(self.resident);
         self.policy.insert(pid_of(addr), origin);
@@ -192,16 +199,20 @@ impl Pages {
         }
     }
 
-    /// `Empty` → `ResidentDirty`: a zero page was installed.
+    /// `Empty` → `ResidentDirty`: a zero page was installed (marked `zeroed`).
     pub(crate) fn install_zero(&mut self, addr: usize) {
-        if self.apply(addr, Transition::InstallZero).is_some() {
+        if let Some((_, e)) = self.apply(addr, Transition::InstallZero) {
+            e.zeroed = true;
             self.count_install(addr, Origin::Demand, false);
         }
     }
 
-    /// `Empty` → `ResidentDirty`: a page present when its mapping was adopted.
+    /// `Empty` → `ResidentDirty`: a page present when its mapping was adopted (its contents
+    /// are the program's: not `zeroed`).
     pub(crate) fn adopt(&mut self, addr: usize) {
-        self.install_zero(addr);
+        if self.apply(addr, Transition::InstallZero).is_some() {
+            self.count_install(addr, Origin::Demand, false);
+        }
     }
 
     /// A pool page is back in its region: moved (`protected` false: `ResidentDirty`, slot
@@ -421,6 +432,32 @@ impl Pages {
         if let Some((_, e)) = self.apply(addr, Transition::PrefetchToPool) {
             e.slot = slot;
         }
+    }
+
+    /// Takes the pages of `start..end` installed since [`Pages::forget_recent`] and still
+    /// resident (their entries are not changed).
+    pub(crate) fn take_recent_in(&mut self, start: usize, end: usize) -> Vec<usize> {
+        if self.recent.is_empty() {
+            return Vec::new();
+        }
+        let mut taken = Vec::new();
+        self.recent.retain(|&a| {
+            let inside = (start..end).contains(&a);
+            if inside {
+                taken.push(a);
+            }
+            !inside
+        });
+        taken.sort_unstable();
+        taken.dedup();
+        taken.retain(|&a| self.get(a).is_some_and(|e| e.state.is_resident()));
+        taken
+    }
+
+    /// Every event the fault loop read is handled: no release read earlier can be applied
+    /// after an install made until now, so the record of recent installs starts afresh.
+    pub(crate) fn forget_recent(&mut self) {
+        self.recent.clear();
     }
 
     /// Any state → `Empty`: the program released the page. Returns the pool slot and far page

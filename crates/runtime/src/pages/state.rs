@@ -77,6 +77,10 @@ pub(crate) struct Entry {
     /// Dirty, and write-protected by the evictor as a sample of its chunk's writes, not
     /// written since (cleared by every transition): [`farmem_policy::write_heat`].
     pub(crate) armed: bool,
+    /// Resident since a zero install (kept while it stays resident): a program release the
+    /// kernel applies after the runtime handled its event may still take it away, which makes
+    /// it released, not lost ([`crate::threads::events`]).
+    pub(crate) zeroed: bool,
 }
 
 impl Default for Entry {
@@ -88,6 +92,7 @@ impl Default for Entry {
             far: NO_FAR,
             ahead: false,
             armed: false,
+            zeroed: false,
         }
     }
 }

@@ -407,3 +407,44 @@ fn remap_moves_entries_and_drops_sends_and_fetches() {
     assert_eq!(gone.len(), 3);
     assert_eq!(p.resident(), 0);
 }
+
+#[test]
+fn a_zero_install_stays_zeroed_while_resident_and_not_after() {
+    let mut p = pages();
+    p.install_zero(BASE);
+    assert!(p.get(BASE).unwrap().zeroed);
+    // A write-protect fault and a refused eviction keep it: the page never left.
+    p.mark_dirty(BASE);
+    pick(&mut p, BASE);
+    p.begin_eviction(BASE);
+    assert!(p.get(BASE).unwrap().zeroed);
+    p.refuse_eviction(BASE, false);
+    assert!(p.get(BASE).unwrap().zeroed);
+    // Evicted and brought back from the pool: its contents are the program's now.
+    pick(&mut p, BASE);
+    p.begin_eviction(BASE);
+    p.commit_dirty(BASE, 3, 7, 11);
+    assert!(!p.get(BASE).unwrap().zeroed);
+    p.install_from_pool(BASE, false, Origin::Demand);
+    assert!(!p.get(BASE).unwrap().zeroed);
+    // A page adopted at registration holds the program's data: not zeroed.
+    p.adopt(BASE + P);
+    assert!(!p.get(BASE + P).unwrap().zeroed);
+}
+
+#[test]
+fn recent_installs_are_taken_by_range_until_forgotten() {
+    let mut p = pages();
+    p.install_zero(BASE);
+    p.install_zero(BASE + 2 * P);
+    reach(&mut p, BASE + 5 * P, PageState::ResidentClean);
+    // Outside the range, or no longer resident: not taken.
+    p.release(BASE + 2 * P);
+    assert_eq!(p.take_recent_in(BASE, BASE + 3 * P), vec![BASE]);
+    // Each is taken once.
+    assert_eq!(p.take_recent_in(BASE, BASE + 3 * P), Vec::<usize>::new());
+    assert_eq!(p.take_recent_in(BASE, BASE + 64 * P), vec![BASE + 5 * P]);
+    p.install_zero(BASE + 7 * P);
+    p.forget_recent();
+    assert_eq!(p.take_recent_in(BASE, BASE + 64 * P), Vec::<usize>::new());
+}

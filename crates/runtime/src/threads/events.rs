@@ -2,8 +2,27 @@
 //! a range: every copy of its pages is forgotten) and REMAP (mremap moved a range: its entries
 //! move with it). Each waits until no eviction is half-done, so it never races the evictor's
 //! commit.
+//!
+//! # A release the kernel applies while the runtime installs
+//!
+//! `madvise(MADV_DONTNEED)` (or `MADV_FREE`) sends its REMOVE event and waits only until the
+//! fault loop has *read* it; the kernel then zaps the range, while the runtime applies the
+//! release when it *handles* the event (found by the page model, docs/decisions/0069):
+//!
+//! - A page installed between the read and the handling (by the prefetch thread, or by this
+//!   thread for an earlier event of the same batch) holds data from before the release, and
+//!   the zap may already be past it. Handling the release takes such pages out again
+//!   ([`crate::mm::take_out_region_page`]), using the record of pages installed since every
+//!   event read was handled ([`crate::pages::Pages::take_recent_in`]).
+//! - A page installed after the handling is a zero install (the release forgot every copy),
+//!   and the zap may still come and remove it: such a page (`zeroed`) found gone is taken
+//!   for released, not lost ([`released_late`]). Its only contents were written after the
+//!   release raced with them, which the kernel's own order lets the release discard.
 
-use crate::shared::Shared;
+use farmem_proto::PAGE_SIZE;
+
+use crate::pages::Entry;
+use crate::shared::{Shared, State};
 
 /// REMOVE / UNMAP: the program released `start..end`; forget every copy.
 pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
@@ -23,10 +42,48 @@ pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
         st.forkmarks.forget(start, end);
     }
     for (start, end) in runs {
+        if !unmapped {
+            take_out_recent(sh, &mut st, start, end);
+        }
         for (addr, r) in st.pages.release_range(start, end, unmapped) {
             st.settle_released(&sh.pf, addr, r);
         }
     }
+}
+
+/// Takes out of `start..end` the pages installed since every event read was handled: the
+/// kernel may have zapped the range before their install (see the module's docs).
+fn take_out_recent(sh: &Shared, st: &mut State, start: usize, end: usize) {
+    let recent = st.pages.take_recent_in(start, end);
+    let mut undone = 0u64;
+    for addr in recent {
+        match crate::mm::take_out_region_page(&sh.pool_uffd, &sh.pool, addr) {
+            Ok(true) => undone += 1,
+            Ok(false) => {} // zapped by the kernel already
+            Err(e) => tracing::warn!(
+                "page {addr:#x}, released by the program just after the runtime installed it, \
+                 could not be taken out ({e}); it may keep its contents from before the release"
+            ),
+        }
+    }
+    if undone > 0 {
+        sh.stats.lock().s.released_pages_taken_out += undone;
+    }
+}
+
+/// A `zeroed` page the state says resident is gone: a program release the kernel applied
+/// after the runtime had handled its event removed it (see the module's docs). Releases it,
+/// so the fault that found it reads zeros. Returns false, and changes nothing, for any other
+/// page: that one is lost.
+pub(crate) fn released_late(sh: &Shared, st: &mut State, addr: usize, e: Entry) -> bool {
+    if !e.zeroed {
+        return false;
+    }
+    for (a, r) in st.pages.release_range(addr, addr + PAGE_SIZE, false) {
+        st.settle_released(&sh.pf, a, r);
+    }
+    sh.stats.lock().s.late_release_pages += 1;
+    true
 }
 
 /// REMAP: `len` bytes moved from `from` to `to`; move their entries (far copies stay where
