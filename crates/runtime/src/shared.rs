@@ -80,6 +80,9 @@ impl State {
             pf.left(addr);
         }
         if let Some(far) = r.far {
+            // Freed far pages are handed out again: a prefetch of this one in flight must
+            // not be taken for the page's next contents there.
+            pf.released(addr);
             self.far_pages.free(far);
         }
     }

@@ -310,6 +310,24 @@ impl Prefetch {
         i.measures.evicted(page_of(addr));
     }
 
+    /// The page at `addr` was released and its far page freed. A prefetch of it in flight
+    /// now stands for no far page: its copy is dropped on arrival, and a fault waiting for it
+    /// is woken to fault again (`threads/prefetch.rs:arrive`). Else the far page, handed out
+    /// again and written, would match the old request, whose copy holds the contents from
+    /// before the release (found by the page model, decision 0069). Called with the state lock
+    /// held.
+    pub(crate) fn released(&self, addr: usize) {
+        let mut i = self.inner.lock();
+        let Some(f) = i.in_flight.get_mut(&addr) else {
+            return;
+        };
+        f.far = crate::pages::NO_FAR;
+        if !f.consumed && f.waiter.is_none() {
+            f.consumed = true;
+            i.live -= 1;
+        }
+    }
+
     /// Wakes the prefetch thread (shutdown).
     pub(crate) fn wake(&self) {
         self.queue_cv.notify_all();

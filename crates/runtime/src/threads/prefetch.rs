@@ -245,8 +245,10 @@ fn arrive(sh: &Shared, reqs: Vec<Req>, data: Option<&[u8]>) {
             f
         };
         let page = data.map(|d| &d[k * PAGE_SIZE..(k + 1) * PAGE_SIZE]);
-        if let Some(t0) = flight.as_ref().and_then(|f| f.waiter) {
-            arrive_awaited(sh, &mut st, r.addr, r.far, t0, page);
+        // The flight's far page, not the request's: a release sets it to none
+        // (Prefetch::released), and the fault is then woken to fault again.
+        if let Some((far, t0)) = flight.as_ref().and_then(|f| f.waiter.map(|t0| (f.far, t0))) {
+            arrive_awaited(sh, &mut st, r.addr, far, t0, page);
             continue;
         }
         let Some(page_data) = page else {
