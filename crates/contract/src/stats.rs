@@ -172,9 +172,9 @@ pub struct Stats {
     /// only then (a zero page removed by the release's late zap): served as released, zeros.
     #[serde(default)]
     pub late_release_pages: u64,
-    /// Pages still mapped after the program released them, before the kernel's zap reached
-    /// them (installed between the release's event being read and handled, or left by it),
-    /// taken out by the runtime: they held data from before the release.
+    /// Pages a zero fault found still mapped after the program released them, before the
+    /// kernel's zap reached them, taken out by the runtime: they held data from before the
+    /// release.
     #[serde(default)]
     pub released_pages_taken_out: u64,
     /// Copies of each donor slab (`--replicas`).

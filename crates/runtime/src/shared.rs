@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use farmem_mm::{Advice, Mapping};
-use farmem_uffd::{Features, Uffd};
+use farmem_uffd::{Features, Uffd, UffdError};
 
 use crate::budget::Budget;
 use crate::config::RuntimeConfig;
@@ -129,6 +129,12 @@ pub(crate) struct Shared {
     /// [`Shared::wait_events_handled`].
     pub(crate) read_seq: AtomicU64,
     pub(crate) handled_seq: AtomicU64,
+    /// Held by the fault thread around each read of events, and by another thread around
+    /// each install into a region ([`Shared::install_gated`]).
+    pub(crate) read_gate: Mutex<()>,
+    /// The fault thread has read a REMOVE event it has not handled yet (set under the read
+    /// gate).
+    pub(crate) removes_unhandled: AtomicBool,
     /// Write-back is failing (the sender is retrying with back-off): the evictor cannot free
     /// pool slots. With [`OverBudget::Allow`] faults then do not wait for it; with
     /// [`OverBudget::Fail`] they wait (backpressure) until `failing_since` is older than the
@@ -221,6 +227,29 @@ impl Shared {
         true
     }
 
+    /// Runs `install` — one UFFDIO_COPY or MOVE into the region page `addr` by a thread other
+    /// than the fault thread, with the state lock held — unless the fault thread has read a
+    /// REMOVE event it has not handled yet: the kernel zaps a madvise's range once its event is
+    /// read, so the page might be installed after the zap with the contents from before the
+    /// release, and the program read them after its madvise returned (decision 0069). The
+    /// fault thread cannot read meanwhile (the read gate). Refused, it answers EAGAIN, as
+    /// the kernel does while an event is unread, and the caller takes its EAGAIN path.
+    pub(crate) fn install_gated(
+        &self,
+        addr: usize,
+        install: impl FnOnce() -> Result<(), UffdError>,
+    ) -> Result<(), UffdError> {
+        let _gate = self.read_gate.lock();
+        if self.removes_unhandled.load(Ordering::Acquire) {
+            return Err(UffdError::Again {
+                op: "install while a release is unhandled",
+                addr,
+                done_bytes: 0,
+            });
+        }
+        install()
+    }
+
     /// Builds the shared core: userfaultfds, the pool, donor connections, the prefetcher.
     /// The caller has checked the configuration.
     pub(crate) fn start(cfg: &RuntimeConfig) -> Result<Arc<Shared>, RuntimeError> {
@@ -277,6 +306,8 @@ impl Shared {
             zero: vec![0u8; PAGE_SIZE].into_boxed_slice(),
             read_seq: AtomicU64::new(0),
             handled_seq: AtomicU64::new(0),
+            read_gate: Mutex::new(()),
+            removes_unhandled: AtomicBool::new(false),
             send_failing: AtomicBool::new(false),
             failing_since: Mutex::new(None),
             over_budget: cfg.over_budget,

@@ -120,10 +120,7 @@ impl FaultWorld for FaultThread {
         wait_for_events(&self.sh, timeout)
     }
     fn read(&mut self, events: &mut Vec<Event>) -> Result<usize, UffdError> {
-        // Counted before the read: a munmap or madvise whose event it dequeues returns only
-        // after that (see Shared::wait_events_handled).
-        self.sh.read_seq.fetch_add(1, Ordering::SeqCst);
-        self.sh.uffd.read_events(events)
+        read_events(&self.sh, events)
     }
     fn handle(&mut self, ev: Event) {
         handle_event(&self.sh, ev, &mut self.q);
@@ -146,8 +143,10 @@ impl FaultWorld for FaultThread {
     fn waiting(&self) -> bool {
         !(self.q.retry.is_empty() && self.q.installs.is_empty())
     }
+    fn releases_handled(&mut self) {
+        self.sh.removes_unhandled.store(false, Ordering::Release);
+    }
     fn handled(&mut self) {
-        self.sh.state.lock().pages.forget_recent();
         // Only this thread reads events.
         self.sh
             .handled_seq
@@ -228,8 +227,7 @@ const SPIN: Duration = Duration::from_micros(50);
 fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
     let start = Instant::now();
     while start.elapsed() < SPIN {
-        sh.read_seq.fetch_add(1, Ordering::SeqCst);
-        match sh.uffd.read_events(events) {
+        match read_events(sh, events) {
             Ok(n) if n > 0 => return true,
             Ok(_) => std::thread::yield_now(),
             Err(_) => break, // reported by the blocking path
@@ -239,6 +237,20 @@ fn spin_for_events(sh: &Shared, events: &mut Vec<Event>) -> bool {
     sh.handled_seq
         .store(sh.read_seq.load(Ordering::SeqCst), Ordering::Release);
     false
+}
+
+/// Reads the events queued now, without sleeping. Counted before the read: a munmap or
+/// madvise whose event it dequeues returns only after that (see
+/// [`Shared::wait_events_handled`]). Under the read gate, which closes installs by other
+/// threads while a REMOVE it dequeues is not handled ([`Shared::install_gated`]).
+fn read_events(sh: &Shared, events: &mut Vec<Event>) -> Result<usize, UffdError> {
+    let _gate = sh.read_gate.lock();
+    sh.read_seq.fetch_add(1, Ordering::SeqCst);
+    let n = sh.uffd.read_events(events)?;
+    if events.iter().any(|e| matches!(e, Event::Remove { .. })) {
+        sh.removes_unhandled.store(true, Ordering::Release);
+    }
+    Ok(n)
 }
 
 /// Serves one fault message from local state, or starts its remote read.

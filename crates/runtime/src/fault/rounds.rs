@@ -26,6 +26,8 @@ pub(super) trait FaultWorld {
     /// Handles one event: a fault is served or its remote read started; a release updates
     /// the page table.
     fn handle(&mut self, ev: Event);
+    /// The release events of the batch read are handled (its faults are not yet).
+    fn releases_handled(&mut self);
     /// Serves what the events left: installs that met pending events, remote reads started,
     /// faults to serve again.
     fn serve_waiting(&mut self);
@@ -56,6 +58,7 @@ pub(super) fn sleep_for(waiting: bool) -> Duration {
 /// The fault loop: runs until `w` is stopping.
 pub(super) fn run<W: FaultWorld>(w: &mut W) {
     let mut events: Vec<Event> = Vec::with_capacity(64);
+    let mut faults: Vec<Event> = Vec::with_capacity(64);
     let mut busy = false;
     while !w.stopping() {
         events.clear();
@@ -71,7 +74,20 @@ pub(super) fn run<W: FaultWorld>(w: &mut W) {
             }
         }
         busy = !events.is_empty();
+        // Release events first, in order, then the faults, in order: the kernel zaps a
+        // madvise's range once its REMOVE is read, so a page installed for a fault read before
+        // it but served before its handling could keep its pre-release contents past the
+        // madvise (decision 0069). A fault read with a release may get zeros, as a fault
+        // racing the madvise may.
         for ev in events.drain(..) {
+            if matches!(ev, Event::Pagefault { .. }) {
+                faults.push(ev);
+            } else {
+                w.handle(ev);
+            }
+        }
+        w.releases_handled();
+        for ev in faults.drain(..) {
             w.handle(ev);
         }
         w.serve_waiting();
@@ -92,6 +108,8 @@ mod tests {
         Wait(Duration),
         Read,
         Handle(usize),
+        Release(usize),
+        ReleasesHandled,
         Serve,
         Handled,
         Report(String),
@@ -110,7 +128,14 @@ mod tests {
         stop: Cell<bool>,
     }
 
+    /// A scripted event: a fault at `addr`, or at an odd `addr` the REMOVE of the page below.
     fn fault(addr: usize) -> Event {
+        if addr % 2 == 1 {
+            return Event::Remove {
+                start: addr - 1,
+                end: addr - 1 + 0x1000,
+            };
+        }
         Event::Pagefault {
             addr,
             write: false,
@@ -155,10 +180,15 @@ mod tests {
             Ok(addrs.len())
         }
         fn handle(&mut self, ev: Event) {
-            let Event::Pagefault { addr, .. } = ev else {
-                panic!("only faults are scripted");
+            let step = match ev {
+                Event::Pagefault { addr, .. } => Step::Handle(addr),
+                Event::Remove { start, .. } => Step::Release(start),
+                _ => panic!("only faults and removes are scripted"),
             };
-            self.steps.borrow_mut().push(Step::Handle(addr));
+            self.steps.borrow_mut().push(step);
+        }
+        fn releases_handled(&mut self) {
+            self.steps.borrow_mut().push(Step::ReleasesHandled);
         }
         fn serve_waiting(&mut self) {
             self.steps.borrow_mut().push(Step::Serve);
@@ -191,10 +221,35 @@ mod tests {
         };
         let steps = run_fake(f);
         assert_eq!(
-            &steps[..6],
+            &steps[..7],
             &[
                 Step::Wait(IDLE_WAIT),
                 Step::Read,
+                Step::ReleasesHandled,
+                Step::Handle(0x1000),
+                Step::Handle(0x2000),
+                Step::Serve,
+                Step::Handled,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_batch_s_releases_are_handled_before_its_faults() {
+        // Fault 0x1000, REMOVE of 0x2000, fault 0x2000, REMOVE of 0x3000 in one read.
+        let f = Fake {
+            reads: VecDeque::from([Ok(vec![0x1000, 0x2001, 0x2000, 0x3001])]),
+            ..Fake::default()
+        };
+        let steps = run_fake(f);
+        assert_eq!(
+            &steps[..9],
+            &[
+                Step::Wait(IDLE_WAIT),
+                Step::Read,
+                Step::Release(0x2000),
+                Step::Release(0x3000),
+                Step::ReleasesHandled,
                 Step::Handle(0x1000),
                 Step::Handle(0x2000),
                 Step::Serve,
@@ -214,9 +269,10 @@ mod tests {
         // After the first round found a fault: spin finds the next one without sleeping,
         // then finds none, says so, and the loop sleeps again.
         assert_eq!(
-            &steps[5..],
+            &steps[6..],
             &[
                 Step::Spin,
+                Step::ReleasesHandled,
                 Step::Handle(0x3000),
                 Step::Serve,
                 Step::Handled,
@@ -224,6 +280,7 @@ mod tests {
                 Step::Handled,
                 Step::Wait(IDLE_WAIT),
                 Step::Read,
+                Step::ReleasesHandled,
                 Step::Serve,
                 Step::Handled,
             ]
@@ -280,8 +337,13 @@ mod tests {
             "{steps:?}"
         );
         assert_eq!(
-            &steps[3..6],
-            &[Step::Wait(IDLE_WAIT), Step::Read, Step::Handle(0x1000)],
+            &steps[3..7],
+            &[
+                Step::Wait(IDLE_WAIT),
+                Step::Read,
+                Step::ReleasesHandled,
+                Step::Handle(0x1000)
+            ],
             "the failed read's round ends at once, unhandled: {steps:?}"
         );
     }
@@ -296,10 +358,11 @@ mod tests {
         let steps = run_fake(f);
         assert!(matches!(&steps[1], Step::Report(_)), "{steps:?}");
         assert_eq!(
-            &steps[2..5],
+            &steps[2..6],
             &[
                 Step::Pause(WAIT_FAILED_PAUSE),
                 Step::Read,
+                Step::ReleasesHandled,
                 Step::Handle(0x1000)
             ],
             "{steps:?}"

@@ -125,24 +125,30 @@ pub(super) fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
         let mut copied = false;
         let r = match e.state {
             PageState::PoolSent | PageState::PoolUnsent => {
-                match crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false) {
+                let moved = sh.install_gated(addr, || {
+                    crate::mm::move_from_pool(&sh.uffd, addr, sh.slot_addr(e.slot), false)
+                        .map(|_| ())
+                });
+                match moved {
                     // MOVE needs both ranges writable: the program made this page's range
                     // read-only or PROT_NONE (mprotect) since it was evicted. COPY installs
                     // into any registered range.
                     Err(err) if err.errno() == Some(libc::EINVAL) => {
                         copied = true;
                         crate::mm::with_page_bytes(sh.pool.mapping(), e.slot, |data| {
-                            sh.uffd.copy(addr, data, false, false)
+                            sh.install_gated(addr, || sh.uffd.copy(addr, data, false, false))
                         })
                     }
-                    r => r.map(|_| ()),
+                    r => r,
                 }
             }
             PageState::Remote => match sh.far.home(e.far) {
                 // In the host tier: one copy from its memory slab.
                 Some((Home::Memory(m), page)) => st
                     .mem
-                    .read(m, page, |src| sh.uffd.copy(addr, src, false, false))
+                    .read(m, page, |src| {
+                        sh.install_gated(addr, || sh.uffd.copy(addr, src, false, false))
+                    })
                     .ok_or(RuntimeError::Internal(
                         "a page in the host tier has no memory slab",
                     ))?,
@@ -153,7 +159,7 @@ pub(super) fn bring_back(sh: &Shared, addr: usize) -> Result<(), RuntimeError> {
                     if st.pages.get(addr) != Some(e) {
                         continue; // changed meanwhile: look again
                     }
-                    sh.uffd.copy(addr, &data, false, false)
+                    sh.install_gated(addr, || sh.uffd.copy(addr, &data, false, false))
                 }
             },
             _ => return Ok(()), // resident already, or released

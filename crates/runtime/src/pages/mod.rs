@@ -78,10 +78,6 @@ pub(crate) struct Pages {
     /// Entries in the `Evicting` state right now.
     evicting: u64,
     peak_resident: u64,
-    /// Pages installed since the fault loop last had every event it read handled: a program
-    /// release it has read may already have been applied by the kernel before such an
-    /// install, so its handling takes them out again ([`crate::threads::events`]).
-    recent: Vec<usize>,
 }
 
 impl Pages {
@@ -92,7 +88,6 @@ impl Pages {
             resident: 0,
             evicting: 0,
             peak_resident: 0,
-            recent: Vec::new(),
         }
     }
 
@@ -188,9 +183,8 @@ impl Pages {
         Some((before, e))
     }
 
-    /// Counts a newly resident page: resident count, peak, eviction policy, recent installs.
+    /// Counts a newly resident page: resident count, peak, eviction policy.
     fn count_install(&mut self, addr: usize, origin: Origin, touched: bool) {
-        self.recent.push(addr);
         self.resident += 1;
         self.peak_resident = self.peak_resident.max(self.resident);
         self.policy.insert(pid_of(addr), origin);
@@ -432,32 +426,6 @@ impl Pages {
         if let Some((_, e)) = self.apply(addr, Transition::PrefetchToPool) {
             e.slot = slot;
         }
-    }
-
-    /// Takes the pages of `start..end` installed since [`Pages::forget_recent`] and still
-    /// resident (their entries are not changed).
-    pub(crate) fn take_recent_in(&mut self, start: usize, end: usize) -> Vec<usize> {
-        if self.recent.is_empty() {
-            return Vec::new();
-        }
-        let mut taken = Vec::new();
-        self.recent.retain(|&a| {
-            let inside = (start..end).contains(&a);
-            if inside {
-                taken.push(a);
-            }
-            !inside
-        });
-        taken.sort_unstable();
-        taken.dedup();
-        taken.retain(|&a| self.get(a).is_some_and(|e| e.state.is_resident()));
-        taken
-    }
-
-    /// Every event the fault loop read is handled: no release read earlier can be applied
-    /// after an install made until now, so the record of recent installs starts afresh.
-    pub(crate) fn forget_recent(&mut self) {
-        self.recent.clear();
     }
 
     /// Any state → `Empty`: the program released the page. Returns the pool slot and far page

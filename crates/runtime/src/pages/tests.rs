@@ -431,20 +431,3 @@ fn a_zero_install_stays_zeroed_while_resident_and_not_after() {
     p.adopt(BASE + P);
     assert!(!p.get(BASE + P).unwrap().zeroed);
 }
-
-#[test]
-fn recent_installs_are_taken_by_range_until_forgotten() {
-    let mut p = pages();
-    p.install_zero(BASE);
-    p.install_zero(BASE + 2 * P);
-    reach(&mut p, BASE + 5 * P, PageState::ResidentClean);
-    // Outside the range, or no longer resident: not taken.
-    p.release(BASE + 2 * P);
-    assert_eq!(p.take_recent_in(BASE, BASE + 3 * P), vec![BASE]);
-    // Each is taken once.
-    assert_eq!(p.take_recent_in(BASE, BASE + 3 * P), Vec::<usize>::new());
-    assert_eq!(p.take_recent_in(BASE, BASE + 64 * P), vec![BASE + 5 * P]);
-    p.install_zero(BASE + 7 * P);
-    p.forget_recent();
-    assert_eq!(p.take_recent_in(BASE, BASE + 64 * P), Vec::<usize>::new());
-}

@@ -7,17 +7,18 @@
 //!
 //! `madvise(MADV_DONTNEED)` (or `MADV_FREE`) sends its REMOVE event and waits only until the
 //! fault loop has *read* it; the kernel then zaps the range, while the runtime applies the
-//! release when it *handles* the event (found by the page model, docs/decisions/0069):
+//! release when it *handles* the event (found by the page model; docs/decisions/0069):
 //!
-//! - A page installed between the read and the handling (by the prefetch thread, or by this
-//!   thread for an earlier event of the same batch) holds data from before the release, and
-//!   the zap may already be past it. Handling the release takes such pages out again
-//!   ([`crate::mm::take_out_region_page`]), using the record of pages installed since every
-//!   event read was handled ([`crate::pages::Pages::take_recent_in`]).
+//! - Nothing is installed between the read and the handling, where it could land after the
+//!   zap with contents from before the release: the fault loop handles a batch's releases
+//!   before its faults ([`crate::fault`]), and other threads install only while no REMOVE read
+//!   is unhandled ([`Shared::install_gated`]). A zero fault that meets a page (EEXIST) takes
+//!   that page out first ([`crate::mm::take_out_region_page`]): it is one the zap has still
+//!   to reach.
 //! - A page installed after the handling is a zero install (the release forgot every copy),
 //!   and the zap may still come and remove it: such a page (`zeroed`) found gone is taken
-//!   for released, not lost ([`released_late`]). Its only contents were written after the
-//!   release raced with them, which the kernel's own order lets the release discard.
+//!   for released, not lost ([`released_late`]). Its only contents were written while the
+//!   madvise was running, which the kernel's own order lets the release discard.
 
 use farmem_proto::PAGE_SIZE;
 
@@ -42,32 +43,9 @@ pub(crate) fn release(sh: &Shared, start: usize, end: usize, unmapped: bool) {
         st.forkmarks.forget(start, end);
     }
     for (start, end) in runs {
-        if !unmapped {
-            take_out_recent(sh, &mut st, start, end);
-        }
         for (addr, r) in st.pages.release_range(start, end, unmapped) {
             st.settle_released(&sh.pf, addr, r);
         }
-    }
-}
-
-/// Takes out of `start..end` the pages installed since every event read was handled: the
-/// kernel may have zapped the range before their install (see the module's docs).
-fn take_out_recent(sh: &Shared, st: &mut State, start: usize, end: usize) {
-    let recent = st.pages.take_recent_in(start, end);
-    let mut undone = 0u64;
-    for addr in recent {
-        match crate::mm::take_out_region_page(&sh.pool_uffd, &sh.pool, addr) {
-            Ok(true) => undone += 1,
-            Ok(false) => {} // zapped by the kernel already
-            Err(e) => tracing::warn!(
-                "page {addr:#x}, released by the program just after the runtime installed it, \
-                 could not be taken out ({e}); it may keep its contents from before the release"
-            ),
-        }
-    }
-    if undone > 0 {
-        sh.stats.lock().s.released_pages_taken_out += undone;
     }
 }
 

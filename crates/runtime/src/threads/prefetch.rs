@@ -57,7 +57,7 @@ fn arrive_awaited(
         if ours(st) {
             // Write-protected and clean: it equals its donor copy; a write faults once more
             // and marks it dirty.
-            match sh.uffd.copy(addr, d, false, true) {
+            match sh.install_gated(addr, || sh.uffd.copy(addr, d, false, true)) {
                 Ok(()) | Err(UffdError::Exists { .. }) => {
                     st.pages.install_fetched(addr, false, Origin::Prefetch);
                     sh.kick_evictor(st);
@@ -282,7 +282,7 @@ fn keep(sh: &Shared, st: &mut State, r: &Req, page_data: &[u8]) {
     let marker = r.addr == r.window;
     if pf.mode == PrefetchInstall::Marker && !marker && st.pages.resident() < sh.budget.high_water()
     {
-        match sh.uffd.copy(r.addr, page_data, false, true) {
+        match sh.install_gated(r.addr, || sh.uffd.copy(r.addr, page_data, false, true)) {
             Ok(()) => {
                 st.pages.install_prefetched(r.addr, Origin::Prefetch, false);
                 sh.kick_evictor(st);
