@@ -126,8 +126,8 @@ fn prepare_one(dir: &Path, name: Name) -> anyhow::Result<Program> {
                 .chain([
                     classes.display().to_string(),
                     s("Soak"),
-                    s("400000"),
-                    s("3"),
+                    s("200000"),
+                    s("2"),
                 ])
                 .collect()
         }
