@@ -53,6 +53,9 @@ pub struct RuntimeConfig {
     pub link_delay_us: u64,
     /// Tries for a demand fetch before the page is poisoned; default 2.
     pub fetch_attempts: u32,
+    /// How long a demand fetch whose tries failed still waits while a copy of its page is on
+    /// a donor that stalled or was cut off (it may come back with the page); default 60 s.
+    pub stall_patience: Duration,
     /// Whether pages are sealed (encrypted and authenticated) before they leave the process;
     /// default [`SealMode::Auto`]: sealed when any donor is on another host.
     pub seal: SealMode,
@@ -128,6 +131,7 @@ impl Default for RuntimeConfig {
             request_timeout: Duration::from_secs(5),
             link_delay_us: 0,
             fetch_attempts: 2,
+            stall_patience: Duration::from_secs(60),
             seal: SealMode::Auto,
             tier: TierMode::Auto,
             replicas: None,

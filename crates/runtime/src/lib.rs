@@ -44,8 +44,9 @@
 //!   after fork. Pages shared with a child cannot be MOVEd (EBUSY): either side drops its own
 //!   mapping of one to evict it ([`threads::cow`]).
 //! - Donor failure: a page that cannot be fetched after `fetch_attempts` tries (each bounded by
-//!   `request_timeout`) is poisoned; the faulting thread gets SIGBUS, the error is logged and
-//!   counted. Write-back failures (donor full, donor gone) are retried while the pages stay in
+//!   `request_timeout`), and no sooner than `stall_patience` while a copy is on a donor that
+//!   stalled or was cut off, is poisoned; the faulting thread gets SIGBUS, the error is logged
+//!   and counted. Write-back failures (donor full, donor gone) are retried while the pages stay in
 //!   the pool; the program keeps running on local memory and the error is in
 //!   [`Stats::last_error`].
 //!

@@ -118,6 +118,9 @@ pub(crate) struct Shared {
     /// the runtime runs ([`crate::Runtime::set_budget_pages`]).
     pub(crate) budget: Budget,
     pub(crate) fetch_attempts: u32,
+    /// How long a failed fetch waits for a stalled donor holding a copy
+    /// ([`crate::fault`]'s `complete_fetch`).
+    pub(crate) stall_patience: Duration,
     /// Limit for each donor request (a read waits this long on its last copy).
     pub(crate) request_timeout: Duration,
     /// Most bytes a second re-replication copies ([`crate::threads::heal`]).
@@ -300,6 +303,7 @@ impl Shared {
             in_child: AtomicBool::new(false),
             budget: Budget::new(budget_pages),
             fetch_attempts: cfg.fetch_attempts,
+            stall_patience: cfg.stall_patience,
             request_timeout: cfg.request_timeout,
             heal_rate_bytes: cfg.heal_rate_bytes,
             thread_hook: cfg.thread_hook.clone(),

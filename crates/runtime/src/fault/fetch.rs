@@ -1,11 +1,15 @@
 //! Completing remote reads: installing a fetched page, failing over between copies, and
 //! poisoning a page that cannot be brought back.
 
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
 use farmem_policy::Origin;
 use farmem_uffd::UffdError;
 
 use crate::copies::failover::ReplicaRead;
 use crate::failure::ThreadError;
+use crate::far::health::Cause;
 use crate::pages::PageState;
 use crate::shared::Shared;
 use crate::stats::FaultKind;
@@ -13,9 +17,17 @@ use farmem_proto::PAGE_SIZE;
 
 use super::{FaultMsg, Fetch, Queues};
 
+/// How often the waiting fault tries its copies again.
+const STALL_RETRY: Duration = Duration::from_millis(250);
+
 /// Waits for one remote read (failing over between its copies, retrying on failure) and
-/// installs the page.
+/// installs the page. When every try failed but a copy is on a donor that stalled or was cut
+/// off, it waits for that donor up to `stall_patience` (a page that exists is worth a wait
+/// rather than SIGBUS; one on a donor that crashed or restarted is gone); the faults behind it
+/// in this thread wait too.
 pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
+    // Since when the tries are over and the fault waits for a stalled donor.
+    let mut waiting: Option<Instant> = None;
     loop {
         let read = f
             .read
@@ -31,20 +43,49 @@ pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
                 install_fetched(sh, f.msg, data.into_boxed_slice(), kind, q);
                 return;
             }
-            Err(source) => sh.report(ThreadError::Fetch {
+            Err(source) if waiting.is_none() => sh.report(ThreadError::Fetch {
                 addr: f.msg.addr,
                 far: f.far,
                 attempt: f.attempts,
                 attempts: sh.fetch_attempts,
                 source,
             }),
+            Err(_) => {}
         }
-        if f.attempts >= sh.fetch_attempts {
+        if f.attempts < sh.fetch_attempts {
+            f.attempts += 1;
+            continue;
+        }
+        let since = *waiting.get_or_insert_with(|| {
+            if may_come_back(sh, f.far) {
+                tracing::warn!(
+                    "page {:#x} (far page {}) has a copy only on a donor that stalled or was \
+                     cut off: waiting up to {:.1} s for it to come back",
+                    f.msg.addr,
+                    f.far,
+                    sh.stall_patience.as_secs_f64()
+                );
+            }
+            Instant::now()
+        });
+        if since.elapsed() >= sh.stall_patience
+            || sh.shutdown.load(Ordering::Relaxed)
+            || !may_come_back(sh, f.far)
+        {
             fail_fetch(sh, f.msg, q);
             return;
         }
-        f.attempts += 1;
+        std::thread::sleep(STALL_RETRY);
     }
+}
+
+/// Whether a copy of far page `far` is on a donor that may come back with it: suspected (no
+/// verdict yet), or declared dead for a stall or a partition.
+fn may_come_back(sh: &Shared, far: u64) -> bool {
+    sh.far.read_sources(far).iter().any(|&(d, _)| {
+        let h = &sh.far.donor(d).health;
+        h.is_suspect() || matches!(h.death(), Some((Cause::Stall | Cause::Partition, _)))
+    })
 }
 
 /// A page that cannot be brought back: poison it so the faulting thread gets SIGBUS.

@@ -19,9 +19,9 @@
 //! program wrote took such a WP fault ([`farmem_policy::ahead_writes`]).
 //!
 //! Failure: a page that cannot be fetched (donor dead or stalled past the transport's
-//! request timeout, after `fetch_attempts` tries) is logged as an error, counted, and
-//! answered with UFFDIO_POISON: the faulting thread gets SIGBUS rather than hanging or
-//! reading wrong data.
+//! request timeout, after `fetch_attempts` tries, and past `stall_patience` while a copy is on
+//! a donor that stalled or was cut off) is logged as an error, counted, and answered with
+//! UFFDIO_POISON: the faulting thread gets SIGBUS rather than hanging or reading wrong data.
 //!
 //! # Limitations
 //!
