@@ -8,7 +8,9 @@
 //! 60-minute soak of decision 0068 still loses pages then (a forked child reading pages lent
 //! on donors that die; a second donor lost before re-replication finished), open in issue 43.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn soak() -> Command {
     Command::new(env!("CARGO_BIN_EXE_farmem-bench"))
@@ -71,4 +73,80 @@ fn bad_arguments_are_refused_with_a_reason() {
         assert!(!o.status.success(), "{args:?} was accepted");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// The namespaces process `pid` created (the test kit names them after their owner).
+fn namespaces_of(pid: u32) -> Vec<String> {
+    let o = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|ns| farmem_testkit::netns::ns_owner(ns) == Some(pid))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn an_interrupted_soak_ends_its_runs_and_removes_what_it_set_up() {
+    let mut child = soak()
+        .args([
+            "soak",
+            "--minutes",
+            "10",
+            "--programs",
+            "threads",
+            "--no-failures",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting farmem-bench soak");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in err.lines().map_while(Result::ok) {
+            if let Some(dir) = line.strip_prefix("farmem-bench soak: work directory ") {
+                let _ = tx.send(dir.to_string());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let dir = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the soak names its work directory");
+    // Its three donors' namespaces are up, and a run is under way.
+    let up = Instant::now() + Duration::from_secs(120);
+    while namespaces_of(pid).len() < 3 {
+        assert!(Instant::now() < up, "the soak's namespaces did not come up");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::SIGINT,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the interrupted soak did not end within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = reader.join().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}\n{log}");
+    assert!(log.contains("cleaned up, no verdict"), "{log}");
+    assert_eq!(namespaces_of(pid), Vec::<String>::new(), "{log}");
+    assert!(
+        !std::path::Path::new(&dir).exists(),
+        "the work directory {dir} is left\n{log}"
+    );
 }

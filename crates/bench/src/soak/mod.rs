@@ -7,6 +7,9 @@
 //!
 //! A seed fixes the failures and when they happen, not the programs' interleaving with them: a
 //! failing seed replays the same schedule, which makes the failure likely again, not certain.
+//!
+//! SIGINT or SIGTERM ends the runs in progress and removes what the soak set up (namespaces,
+//! donors, node, work directory), with no verdict and exit status 128 + the signal.
 
 mod cluster;
 mod failures;
@@ -14,6 +17,7 @@ mod programs;
 mod verdict;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -59,6 +63,53 @@ pub struct SoakArgs {
     json: bool,
 }
 
+/// The signal (SIGINT or SIGTERM) that interrupted the soak, or 0: runs in progress are
+/// killed, none and no failure starts after it, and the soak cleans up (namespaces, donors,
+/// node, work directory) and exits with 128 + the signal, without a verdict.
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+
+/// Whether SIGINT or SIGTERM came.
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst) != 0
+}
+
+/// Catches SIGINT and SIGTERM: the first interrupts the soak ([`INTERRUPTED`]), a second
+/// ends the process at once (what it set up is then left; the next soak's namespaces remove
+/// a dead process's leftovers).
+fn catch_interrupts() -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("installing the SIGINT/SIGTERM handler")?;
+    std::thread::Builder::new()
+        .name("soak-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if INTERRUPTED.swap(sig, Ordering::SeqCst) != 0 {
+                    std::process::exit(128 + sig);
+                }
+                eprintln!(
+                    "farmem-bench soak: interrupted (signal {sig}): ending the runs and \
+                     cleaning up (again to quit at once)"
+                );
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+/// Sleeps for `d`, or less when interrupted; returns whether the soak goes on.
+fn sleep_unless_interrupted(d: Duration) -> bool {
+    let end = Instant::now() + d;
+    while !interrupted() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+    false
+}
+
 pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
     if !(a.minutes > 0.0 && a.minutes <= 24.0 * 60.0) {
         bail!(
@@ -83,6 +134,7 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
         "farmem-bench soak: seed {seed} (replay: farmem-bench soak --minutes {} --seed {seed})",
         a.minutes
     );
+    catch_interrupts()?;
     let length = Duration::from_secs_f64(a.minutes * 60.0);
     let kinds = match (a.no_failures, a.failures) {
         (true, _) => Vec::new(),
@@ -93,6 +145,7 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
         .prefix("farmem-soak-")
         .tempdir()
         .context("making a work directory")?;
+    eprintln!("farmem-bench soak: work directory {}", dir.path().display());
     let names = a.programs.unwrap_or_else(|| Name::ALL.to_vec());
     let progs = programs::prepare(dir.path(), &names)?;
     let cluster = Cluster::start(dir.path(), DONORS)?;
@@ -109,7 +162,7 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
                 // Staggered, so the programs' phases do not line up.
                 std::thread::sleep(Duration::from_millis(700 * i as u64));
                 let mut n = 0;
-                while Instant::now() < deadline {
+                while Instant::now() < deadline && !interrupted() {
                     let stats = dir.join(format!("stats-{:?}-{n}.json", p.name));
                     let gate = cluster.starting.read().unwrap();
                     let outcome = programs::run_farmem(p, farmem_args, &stats, || drop(gate))?;
@@ -130,7 +183,9 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
             if at + step.hold > deadline {
                 break;
             }
-            std::thread::sleep(step.gap);
+            if !sleep_unless_interrupted(step.gap) {
+                break;
+            }
             let started = Instant::now();
             let error = cluster
                 .inject(step.kind, step.donor, step.hold)
@@ -152,6 +207,13 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(())
     })?;
+    let sig = INTERRUPTED.load(Ordering::SeqCst);
+    if sig != 0 {
+        drop(cluster);
+        drop(dir);
+        eprintln!("farmem-bench soak: interrupted; cleaned up, no verdict");
+        return Ok(ExitCode::from((128 + sig) as u8));
+    }
     let runs = runs.into_inner().unwrap();
     let v = verdict::judge(seed, a.minutes, t0, cluster.donor_addrs(), &injected, &runs);
     report(&v);

@@ -342,7 +342,8 @@ fn wait(mut child: std::process::Child) -> anyhow::Result<Finished> {
         if let Some(st) = child.try_wait().context("waiting for a program")? {
             break Some(st);
         }
-        if Instant::now() > deadline {
+        // Hung, or the soak was interrupted (SIGINT or SIGTERM).
+        if Instant::now() > deadline || super::interrupted() {
             let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::SIGKILL);
             let _ = child.wait();

@@ -36,3 +36,4 @@ mod subnet;
 
 pub use donor::HostDonor;
 pub use host::Host;
+pub use names::ns_owner;
