@@ -124,6 +124,28 @@ pub enum RuntimeError {
     Internal(&'static str),
 }
 
+impl RuntimeError {
+    /// The error's text without the figures that change from one try to the next (what this
+    /// program holds on donors), so a cause that lasts is said once and then counted
+    /// ([`crate::failure_log::FailureLog`]), not said again whenever the program places a slab.
+    pub(crate) fn lasting_cause(&self) -> String {
+        match self {
+            RuntimeError::DonorsFull {
+                live,
+                donors,
+                addr,
+                source,
+                ..
+            } => format!(
+                "the donors are full: no slab could be placed on any of the {live} live \
+                 donor(s) of {donors}; {addr} refused: {source}; start more donors or give \
+                 them more --capacity, or raise the budget"
+            ),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// [`RuntimeError::NowhereToPlace`]'s message: what is out of room, and what to do. It said
 /// "no host tier lends no more slabs and no donor is configured" with every donor dead.
 fn nowhere_why(tier: Option<&str>, node_gone: bool, donors: usize) -> String {
@@ -210,4 +232,32 @@ pub enum SealError {
         /// The far page number.
         far: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(taken_bytes: u64) -> RuntimeError {
+        RuntimeError::DonorsFull {
+            live: 2,
+            donors: 3,
+            addr: "127.0.0.1:7070".into(),
+            taken_bytes,
+            filled_bytes: taken_bytes,
+            source: Box::new(farmem_transport::TransportError::BadAddress {
+                addr: "x".into(),
+                reason: "capacity exhausted".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_full_donor_is_the_same_lasting_cause_whatever_this_program_holds() {
+        assert_eq!(full(1 << 20).lasting_cause(), full(9 << 20).lasting_cause());
+        assert_ne!(full(1 << 20).to_string(), full(9 << 20).to_string());
+        let cause = full(1 << 20).lasting_cause();
+        assert!(cause.contains("127.0.0.1:7070 refused") && cause.contains("capacity exhausted"));
+        assert!(!cause.contains("this program holds"), "{cause}");
+    }
 }

@@ -370,7 +370,7 @@ fn heal_one(sh: &Shared) -> Healed {
                 Err(e) => {
                     // Every other slab short of copies would meet the same refusal: one try
                     // a round, not one per slab.
-                    why = Some(e.to_string());
+                    why = Some(e.lasting_cause());
                     no_room = true;
                     break;
                 }
