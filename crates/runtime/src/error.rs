@@ -25,6 +25,14 @@ pub enum RuntimeError {
         #[source]
         source: farmem_transport::TransportError,
     },
+    /// A slab copy in progress lost a copy it read from or wrote to: the slab dropped it
+    /// meanwhile (its donor was declared dead), and a donor re-adopted after a restart may have
+    /// given its slab ids to other slabs since. The copy is abandoned and planned again.
+    #[error(
+        "far slab {idx}: a copy the re-replication used was dropped meanwhile (its donor \
+         failed); the copy is abandoned and made again from the copies left"
+    )]
+    CopyGone { idx: u64 },
     /// Every live donor refused a slab. Says what ran out in the donor's own words (capacity,
     /// a tenant's or client's quota, its host's memory) and what this runtime holds of them,
     /// so "full" is never stranded capacity taken for exhaustion.

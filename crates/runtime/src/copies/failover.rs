@@ -54,9 +54,15 @@ impl ReplicaRead {
         r
     }
 
-    /// Sends the read to the next copy that accepts it.
+    /// Sends the read to the next copy that accepts it. After a failure, only to a copy the
+    /// page's slab still has: one dropped meanwhile (its donor declared dead) may be on a donor
+    /// re-adopted after a restart, where its slab id names another slab by then.
     fn ask_next(&mut self, sh: &Shared) {
+        let now = (!self.errors.is_empty()).then(|| sh.far.read_sources(self.far));
         while let Some((d, addr)) = self.rest.pop() {
+            if now.as_ref().is_some_and(|now| !now.contains(&(d, addr))) {
+                continue;
+            }
             match sh.far.submit_read_on(d, addr) {
                 Ok(p) => {
                     self.current = Some((d, p, Instant::now()));

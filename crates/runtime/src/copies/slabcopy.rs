@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use farmem_transport::{PageAddr, PageWrite};
 
 use crate::error::RuntimeError;
+use crate::far::Home;
 use crate::shared::Shared;
 use crate::slabs::replicas::{Replica, Replicas};
 use farmem_proto::PAGE_SIZE;
@@ -59,7 +60,7 @@ pub(crate) fn copy_slab(
     let mut page = 0u64;
     while page < far.slab_pages {
         let n = chunk.min(far.slab_pages - page);
-        if let Err(e) = copy_chunk(sh, source, dest, first_far, page, n) {
+        if let Err(e) = copy_chunk(sh, idx, source, dest, first_far, page, n) {
             far.drop_replica(idx, dest.donor);
             return Err(e);
         }
@@ -87,10 +88,16 @@ pub(crate) fn copy_slab(
     Ok(())
 }
 
-/// Copies pages `page..page + n` of a far slab from `source` to donor `dest`'s slab, with the
-/// copy gate held (no write to replicas in between).
+/// Copies pages `page..page + n` of far slab `idx` from `source` to donor `dest`'s slab, with
+/// the copy gate held (no write to replicas in between). Refuses ([`RuntimeError::CopyGone`])
+/// once the slab no longer has either copy: a donor declared dead loses its copies, and once
+/// re-adopted after a restart ([`crate::threads::heal`]) the same slab ids may name other
+/// slabs, so reading the source there would copy another slab's pages, and writing the
+/// destination would overwrite them.
+#[allow(clippy::too_many_arguments)]
 fn copy_chunk(
     sh: &Shared,
+    idx: u64,
     source: Source,
     dest: Replica,
     first_far: u64,
@@ -99,6 +106,20 @@ fn copy_chunk(
 ) -> Result<(), RuntimeError> {
     let far = &sh.far;
     let _gate = far.copy_gate.write();
+    let Some((Home::Donors(now), _)) = far.home(first_far) else {
+        return Err(RuntimeError::CopyGone { idx });
+    };
+    let source_kept = match source {
+        Source::Donor(x) => now.readable().any(|y| y == x),
+        Source::Backup => true,
+    };
+    let filling = Replica {
+        filling: true,
+        ..dest
+    };
+    if !source_kept || !now.as_slice().contains(&filling) {
+        return Err(RuntimeError::CopyGone { idx });
+    }
     let mut data = vec![0u8; n as usize * PAGE_SIZE];
     let mut present = vec![true; n as usize];
     match source {

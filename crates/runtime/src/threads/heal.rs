@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::copies::slabcopy::copy_slab;
+use crate::error::RuntimeError;
 use crate::failure_log::FailureLog;
 use crate::far::health::Cause;
 use crate::shared::Shared;
@@ -367,6 +368,8 @@ fn heal_one(sh: &Shared) -> Healed {
             SlabPlan::NoRoom => no_room = true,
             SlabPlan::Copy(source) => match copy_slab(sh, idx, r, source) {
                 Ok(()) => return Healed::One,
+                // A copy it used was dropped meanwhile: planned again from what is left.
+                Err(RuntimeError::CopyGone { .. }) => return Healed::One,
                 Err(e) => {
                     // Every other slab short of copies would meet the same refusal: one try
                     // a round, not one per slab.
