@@ -368,8 +368,10 @@ fn heal_one(sh: &Shared) -> Healed {
             SlabPlan::NoRoom => no_room = true,
             SlabPlan::Copy(source) => match copy_slab(sh, idx, r, source) {
                 Ok(()) => return Healed::One,
-                // A copy it used was dropped meanwhile: planned again from what is left.
-                Err(RuntimeError::CopyGone { .. }) => return Healed::One,
+                // A copy it used was dropped meanwhile (its donor failing): planned again from
+                // what is left at the next retry, as after any failed copy, but not said as
+                // "no room". Not at once: the failing donor is to be probed first.
+                Err(RuntimeError::CopyGone { .. }) => return Healed::NoRoom { why: None },
                 Err(e) => {
                     // Every other slab short of copies would meet the same refusal: one try
                     // a round, not one per slab.
