@@ -13,14 +13,15 @@
 //!   the latter keep their first lender (so a [`LentDonors`] may name several). Their far
 //!   pages are disjoint: each process's own far pages start above everything it borrowed.
 //!
-//! # Limitations
-//!
-//! - A child knows the copies a slab had at the fork. A parent that heals a slab elsewhere
-//!   after a donor death does not tell its children.
+//! - The lender keeps a table of where each lent slab's copies are now
+//!   ([`crate::lentcopies`]); a child's runtime connects to every donor of its lender and,
+//!   once every copy it knows has failed, takes the copies the table gives (the parent healed
+//!   the slab elsewhere), waiting for that while the lender lives.
 
 use farmem_transport::{ClientConfig, DonorClient, ReconnectKey};
 
 use crate::error::SealError;
+use crate::lentcopies::TableAt;
 use crate::readtimes::FAULT_PATH_SPIN;
 use crate::slabs::replicas::{Replica, Replicas};
 use crate::slabs::seal::LentSeals;
@@ -48,6 +49,19 @@ pub(crate) struct Lender {
     slabs: Vec<(u64, Replicas)>,
     /// The lent pages' seals and its key, when it sealed them.
     seals: Option<LentSeals>,
+    /// Its table of where the lent slabs' copies are now, if it keeps one.
+    copies: Option<TableAt>,
+}
+
+/// A forked child's connections to what its parent lent on donors ([`LentDonors::connect`]).
+#[derive(Default)]
+pub(crate) struct Borrowed {
+    /// The connections, in the child's donor numbering from `first`.
+    pub(crate) clients: Vec<DonorClient>,
+    /// Each lent far slab's copies on them.
+    pub(crate) homes: Vec<(u64, Replicas)>,
+    /// Per lender, its donor index → the child's connection (donor index), if connected.
+    pub(crate) index: Vec<Vec<Option<usize>>>,
 }
 
 impl Lender {
@@ -58,6 +72,7 @@ impl Lender {
         addrs: Vec<String>,
         slabs: Vec<(u64, Replicas)>,
         seals: Option<LentSeals>,
+        copies: Option<TableAt>,
     ) -> Lender {
         Lender {
             client_id: client.client_id(),
@@ -65,6 +80,7 @@ impl Lender {
             addrs,
             slabs,
             seals,
+            copies,
         }
     }
 
@@ -128,6 +144,30 @@ impl LentDonors {
             .find_map(|l| l.slab(idx).map(|r| (l, r)))
     }
 
+    /// In a child's runtime: lent far page `far`'s copies as its lender published them last,
+    /// on the child's connections (`index`, from [`LentDonors::connect`]); `None` if its
+    /// lender keeps no table or never published that slab.
+    pub(crate) fn copies_now(&self, far: u64, index: &[Vec<Option<usize>>]) -> Option<Replicas> {
+        let idx = far / self.slab_pages;
+        let li = self.lenders.iter().position(|l| l.slab(idx).is_some())?;
+        let published = self.lenders[li].copies?.copies(idx)?;
+        let mut r = Replicas::empty();
+        for p in published {
+            if let Some(Some(d)) = index.get(li).and_then(|m| m.get(p.donor)) {
+                r.push(p.on(*d));
+            }
+        }
+        Some(r)
+    }
+
+    /// Whether lent far page `far`'s lender keeps a table and still lives: it may yet heal
+    /// a slab whose copies all failed.
+    pub(crate) fn lender_may_heal(&self, far: u64) -> bool {
+        self.lender_of(far)
+            .and_then(|(l, _)| l.copies)
+            .is_some_and(|t| t.lender_alive())
+    }
+
     /// Whether far page `far` is in a slab lent on donors.
     pub(crate) fn has(&self, far: u64) -> bool {
         self.lender_of(far).is_some()
@@ -148,22 +188,20 @@ impl LentDonors {
         }
     }
 
-    /// In a forked child's runtime: connects to every donor a lent slab has a copy on, as
-    /// its lender's client (read only; `base` gives the timeouts and hooks), numbering the
-    /// connections from `first`; returns them with each lent far slab's copies renumbered to
-    /// them. A donor that cannot be reached is left out (reads fail over to the slab's other
-    /// copies; a page with none left fails as in the parent: SIGBUS rather than wrong data).
-    pub(crate) fn connect(
-        &self,
-        base: &ClientConfig,
-        first: usize,
-    ) -> (Vec<DonorClient>, Vec<(u64, Replicas)>) {
+    /// In a forked child's runtime: connects to every donor a lent slab has a copy on (every
+    /// donor of a lender that keeps a table: the slab may be healed onto any), as its lender's
+    /// client (read only; `base` gives the timeouts and hooks), numbering the connections from
+    /// `first`; returns them with each lent far slab's copies renumbered to them. A donor
+    /// that cannot be reached is left out (reads fail over to the slab's other copies; a page
+    /// with none left fails as in the parent: SIGBUS rather than wrong data).
+    pub(crate) fn connect(&self, base: &ClientConfig, first: usize) -> Borrowed {
         let mut borrowed = Vec::new();
         let mut homes = Vec::new();
+        let mut indexes = Vec::new();
         for l in &self.lenders {
             let mut index: Vec<Option<usize>> = vec![None; l.addrs.len()];
             for (p, addr) in l.addrs.iter().enumerate() {
-                if !l.slabs.iter().any(|(_, r)| r.has(p)) {
+                if l.copies.is_none() && !l.slabs.iter().any(|(_, r)| r.has(p)) {
                     continue;
                 }
                 let cfg = ClientConfig {
@@ -194,8 +232,13 @@ impl LentDonors {
                 }
                 homes.push((*idx, mine));
             }
+            indexes.push(index);
         }
-        (borrowed, homes)
+        Borrowed {
+            clients: borrowed,
+            homes,
+            index: indexes,
+        }
     }
 
     /// In a child without a runtime of its own: reads lent far pages from the donors (as

@@ -75,6 +75,7 @@ mod fault;
 mod fork;
 mod forkhold;
 mod forkmarks;
+mod lentcopies;
 mod lentdonors;
 mod mm;
 mod pages;

@@ -274,3 +274,32 @@ pub(crate) fn drop_inherited_page_if_equal(dst: usize, src: usize) -> bool {
     }
     same
 }
+
+/// The words of a shared mapping this process made (a lender's table of lent copies,
+/// [`crate::lentcopies`]), as atomics.
+pub(crate) fn shared_words(m: &Mapping) -> &[std::sync::atomic::AtomicU64] {
+    // SAFETY: the mapping is page-aligned (so 8-byte aligned), `len` bytes long and lives as
+    // long as the borrow of `m`; its memory is only ever accessed through atomics (here, in
+    // this process's other threads, and in forked children through `inherited_words`), so no
+    // non-atomic reference aliases it.
+    unsafe {
+        std::slice::from_raw_parts(
+            m.as_ptr().cast::<std::sync::atomic::AtomicU64>(),
+            m.len() / 8,
+        )
+    }
+}
+
+/// In a descendant of a lender: the `words` words of its table of lent copies, inherited at
+/// `addr` by fork ([`crate::lentcopies`]).
+pub(crate) fn inherited_words(
+    addr: usize,
+    words: usize,
+) -> &'static [std::sync::atomic::AtomicU64] {
+    // SAFETY: `addr` comes from the lender's own `shared_words` mapping, carried in the `Lent`
+    // that only a fork of it hands over; a fork copies the mapping to the same address, and
+    // nothing in a descendant unmaps it (the lender's runtime, which owns it, is never dropped
+    // there: see `adopt_inherited`), so it lives as long as the process. Accessed as atomics
+    // only, as in the lender.
+    unsafe { std::slice::from_raw_parts(addr as *const std::sync::atomic::AtomicU64, words) }
+}

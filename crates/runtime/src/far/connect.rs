@@ -14,9 +14,10 @@ use crate::far::backup::Backup;
 use crate::far::health::Health;
 use crate::far::tier::Tier;
 use crate::far::{Donor, Far, Home, Parts};
+use crate::lentdonors::Borrowed;
 use crate::readtimes::FAULT_PATH_SPIN;
 use crate::slabs::pack::Pack;
-use crate::slabs::replicas::{Replicas, MAX_REPLICAS};
+use crate::slabs::replicas::MAX_REPLICAS;
 use crate::slabs::seal::Sealer;
 use crate::sync::Mutex;
 use farmem_contract::SealMode;
@@ -86,10 +87,11 @@ impl Far {
             Some(path) => Some(Backup::create(path)?),
             None => None,
         };
-        let (borrowed, borrowed_homes) = borrowed_donors(cfg, &ccfg, donors.len());
+        let (borrowed, lent) = borrowed_donors(cfg, &ccfg, donors.len());
         let far = Far::from_parts(Parts {
             donors,
             borrowed,
+            borrowed_index: lent.index,
             far_floor: cfg.far_floor,
             lent: cfg.lent_donors.clone(),
             client_base: ccfg,
@@ -112,7 +114,7 @@ impl Far {
                 far.slab_pages
             )));
         }
-        for (idx, r) in borrowed_homes {
+        for (idx, r) in lent.homes {
             far.set_home(idx, Some(Home::Borrowed(r)));
         }
         Ok(far)
@@ -269,18 +271,15 @@ fn sealer_for(
 }
 
 /// In a forked child: read-only connections to what its parent lent on donors (numbered after
-/// the `own` donors), and the homes of the borrowed slabs.
-fn borrowed_donors(
-    cfg: &RuntimeConfig,
-    ccfg: &ClientConfig,
-    own: usize,
-) -> (Vec<Donor>, Vec<(u64, Replicas)>) {
-    let (clients, homes) = match &cfg.lent_donors {
+/// the `own` donors), and the rest of what [`LentDonors::connect`] found (the borrowed slabs'
+/// homes, each lender's donors' connections).
+fn borrowed_donors(cfg: &RuntimeConfig, ccfg: &ClientConfig, own: usize) -> (Vec<Donor>, Borrowed) {
+    let mut b = match &cfg.lent_donors {
         Some(l) => l.connect(ccfg, own),
-        None => (Vec::new(), Vec::new()),
+        None => Borrowed::default(),
     };
     // Read only: the same connection serves as the write side, which is never used.
-    let donors = clients
+    let donors = std::mem::take(&mut b.clients)
         .into_iter()
         .map(|c| Donor {
             capacity_bytes: c.info().capacity_bytes,
@@ -292,7 +291,7 @@ fn borrowed_donors(
             health: Health::default(),
         })
         .collect();
-    (donors, homes)
+    (donors, b)
 }
 
 #[cfg(test)]

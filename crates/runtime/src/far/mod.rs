@@ -49,6 +49,7 @@ use rand::Rng;
 use crate::embedded::EmbeddedDonor;
 use crate::error::RuntimeError;
 use crate::error::SealError;
+use crate::lentcopies::{LentCopies, TableAt};
 use crate::lentdonors::LentDonors;
 use crate::readtimes::ReadTimes;
 use crate::slabs::pack::{Pack, Piece};
@@ -92,6 +93,8 @@ pub(crate) struct Far {
     /// In a forked child that borrowed pages its parent left on donors: connections attached
     /// as the parent's client (read only), numbered after [`Far::donors`] ([`Far::donor`]).
     pub(crate) borrowed: Vec<Donor>,
+    /// Per lender (in [`Far::lent`]), its donor index → the [`Far::borrowed`] connection.
+    borrowed_index: Vec<Vec<Option<usize>>>,
     /// Far pages below this are the parent's (a forked child; 0 elsewhere).
     far_floor: u64,
     /// What the parent lent on donors (a forked child): how to open those pages, and what
@@ -106,6 +109,9 @@ pub(crate) struct Far {
     pub(crate) replicas: usize,
     /// Far slab index → where the slab lives.
     placement: Mutex<Vec<Option<Home>>>,
+    /// Where the copies of slabs this process lent its forked children are now (made at the
+    /// first fork that lends donor pages, [`crate::lentcopies`]); kept current with placement.
+    lent_copies: std::sync::OnceLock<LentCopies>,
     /// The host tier, when one is used ([`crate::far::tier`]).
     pub(crate) tier: Option<Tier>,
     /// Seals pages before they leave and opens them when they come back; `None`: pages
@@ -138,6 +144,7 @@ pub(crate) struct Far {
 pub(crate) struct Parts {
     pub(crate) donors: Vec<Donor>,
     pub(crate) borrowed: Vec<Donor>,
+    pub(crate) borrowed_index: Vec<Vec<Option<usize>>>,
     pub(crate) far_floor: u64,
     pub(crate) lent: Option<LentDonors>,
     pub(crate) client_base: ClientConfig,
@@ -155,12 +162,14 @@ impl Far {
         Far {
             donors: p.donors,
             borrowed: p.borrowed,
+            borrowed_index: p.borrowed_index,
             far_floor: p.far_floor,
             lent: p.lent,
             client_base: p.client_base,
             slab_pages: p.slab_pages,
             replicas: p.replicas,
             placement: Mutex::new(Vec::new()),
+            lent_copies: std::sync::OnceLock::new(),
             tier: p.tier,
             sealer: p.sealer,
             backup: p.backup,
@@ -218,11 +227,18 @@ impl Far {
     /// Records where far slab `idx` lives (`None`: nowhere yet).
     pub(crate) fn set_home(&self, idx: u64, home: Option<Home>) {
         let mut p = self.placement.lock();
-        let idx = idx as usize;
-        if p.len() <= idx {
-            p.resize(idx + 1, None);
+        let i = idx as usize;
+        if p.len() <= i {
+            p.resize(i + 1, None);
         }
-        p[idx] = home;
+        p[i] = home;
+        if let Some(t) = self.lent_copies.get() {
+            let r = match home {
+                Some(Home::Donors(r)) => Some(r),
+                _ => None,
+            };
+            t.republish(idx, r.as_ref());
+        }
     }
 
     /// Changes the replicas of far slab `idx` if it lives on donors; returns them after.
@@ -235,10 +251,78 @@ impl Far {
         match p.get_mut(idx as usize) {
             Some(Some(Home::Donors(r))) => {
                 f(r);
+                if let Some(t) = self.lent_copies.get() {
+                    t.republish(idx, Some(r));
+                }
                 Some(*r)
             }
             _ => None,
         }
+    }
+
+    /// Publishes the copies of far slabs `idx` (lent to a fork now) in this process's table
+    /// of lent copies, made on first use; returns where its children find it, or `None`
+    /// (logged) if it cannot be made: they keep the copies of the fork.
+    pub(crate) fn publish_lent(&self, slabs: &[(u64, Replicas)]) -> Option<TableAt> {
+        if self.lent_copies.get().is_none() {
+            match LentCopies::new() {
+                Ok(t) => {
+                    let _ = self.lent_copies.set(t);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "no table of lent copies ({e}): a forked child reads the copies its \
+                         pages had at the fork"
+                    );
+                    return None;
+                }
+            }
+        }
+        let t = self.lent_copies.get()?;
+        // Under the placement lock: no change of these slabs' copies is published between
+        // reading them and publishing them.
+        let p = self.placement.lock();
+        for &(idx, fork_time) in slabs {
+            let r = match p.get(idx as usize) {
+                Some(Some(Home::Donors(r))) => *r,
+                _ => fork_time,
+            };
+            t.publish(idx, &r);
+        }
+        Some(t.at())
+    }
+
+    /// In a forked child, once every copy it knows of lent far page `far` has failed: takes
+    /// the copies its lender published since (it healed the slab). Returns whether they
+    /// changed.
+    pub(crate) fn refresh_borrowed(&self, far: u64) -> bool {
+        if far >= self.far_floor {
+            return false;
+        }
+        let Some(now) = self
+            .lent
+            .as_ref()
+            .and_then(|l| l.copies_now(far, &self.borrowed_index))
+        else {
+            return false;
+        };
+        let mut p = self.placement.lock();
+        match p.get_mut((far / self.slab_pages) as usize) {
+            Some(Some(Home::Borrowed(r))) if *r != now && !now.is_empty() => {
+                tracing::info!(
+                    "far page {far}: its lender copied it elsewhere since the fork; reading it there"
+                );
+                *r = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether lent far page `far` (a forked child's) has a lender that lives and may still
+    /// heal its slab.
+    pub(crate) fn lender_may_heal(&self, far: u64) -> bool {
+        far < self.far_floor && self.lent.as_ref().is_some_and(|l| l.lender_may_heal(far))
     }
 
     /// Every far slab on donors, with its replicas.

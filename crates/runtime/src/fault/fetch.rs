@@ -56,8 +56,21 @@ pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
             f.attempts += 1;
             continue;
         }
+        if sh.far.refresh_borrowed(f.far) {
+            // A forked child's lent page: its parent copied the slab elsewhere since.
+            f.attempts = 1;
+            continue;
+        }
         let since = *waiting.get_or_insert_with(|| {
-            if may_come_back(sh, f.far) {
+            if sh.far.lender_may_heal(f.far) {
+                tracing::warn!(
+                    "page {:#x} (lent far page {}): every copy known failed; waiting up to \
+                     {:.1} s for the parent process to copy it elsewhere",
+                    f.msg.addr,
+                    f.far,
+                    sh.stall_patience.as_secs_f64()
+                );
+            } else if may_come_back(sh, f.far) {
                 tracing::warn!(
                     "page {:#x} (far page {}) has a copy only on a donor that stalled or was \
                      cut off: waiting up to {:.1} s for it to come back",
@@ -80,12 +93,14 @@ pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
 }
 
 /// Whether a copy of far page `far` is on a donor that may come back with it: suspected (no
-/// verdict yet), or declared dead for a stall or a partition.
+/// verdict yet), or declared dead for a stall or a partition; or, in a forked child, whether
+/// the parent that lent it lives and may heal its slab elsewhere.
 fn may_come_back(sh: &Shared, far: u64) -> bool {
-    sh.far.read_sources(far).iter().any(|&(d, _)| {
-        let h = &sh.far.donor(d).health;
-        h.is_suspect() || matches!(h.death(), Some((Cause::Stall | Cause::Partition, _)))
-    })
+    sh.far.lender_may_heal(far)
+        || sh.far.read_sources(far).iter().any(|&(d, _)| {
+            let h = &sh.far.donor(d).health;
+            h.is_suspect() || matches!(h.death(), Some((Cause::Stall | Cause::Partition, _)))
+        })
 }
 
 /// A page that cannot be brought back: poison it so the faulting thread gets SIGBUS.

@@ -57,8 +57,10 @@
 //!   by the child with its old contents (what it read before the release).
 //! - While any child that borrowed pages lives, the parent's rewritten far pages are not
 //!   reused: its host-tier (or donor) use grows by up to the pages lent.
-//! - A child knows the donor copies a lent slab had at the fork: if they all die, its reads of
-//!   those pages fail (SIGBUS), even when the parent has since healed the slab elsewhere.
+//! - A child with a runtime follows the parent's heals of lent slabs through the parent's
+//!   table of lent copies ([`crate::lentcopies`]); a child without one, and a child whose
+//!   parent has exited, reads the copies of the fork: if they all die, its reads of those
+//!   pages fail (SIGBUS).
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -281,8 +283,9 @@ fn lend_pages(sh: &Shared, st: &mut State, pages: Vec<(usize, u64, LentAt)>) -> 
                 .iter()
                 .map(|d| d.read.addr().to_string())
                 .collect();
-            let slabs = donor_slabs.into_iter().collect();
-            lenders.push(Lender::new(&first.read, addrs, slabs, seals));
+            let slabs: Vec<(u64, Replicas)> = donor_slabs.into_iter().collect();
+            let copies = sh.far.publish_lent(&slabs);
+            lenders.push(Lender::new(&first.read, addrs, slabs, seals, copies));
         }
     }
     let donors = LentDonors::new(slab_pages, lenders, &sh.far.client_base);

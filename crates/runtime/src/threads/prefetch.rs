@@ -23,6 +23,7 @@ use farmem_policy::Origin;
 use farmem_transport::{Completion, Pending, TransportError};
 use farmem_uffd::UffdError;
 
+use crate::failure_log::FailureLog;
 use crate::pages::PageState;
 use crate::prefetch::{page_of, Req, MAX_WINDOWS};
 use crate::shared::{Shared, State};
@@ -78,6 +79,10 @@ fn arrive_awaited(
 pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
     let pf = &sh.pf;
     let mut reqs: Vec<Req> = Vec::new();
+    // A donor that is gone fails every batch sent to it (a forked child's connections to
+    // its parent's donors are never suspected, so batches keep going there): one line per
+    // cause, not one per batch.
+    let mut failures = FailureLog::default();
     while !sh.shutdown.load(Ordering::Relaxed) {
         take_queued(&sh, &mut reqs);
         drop_consumed(&mut pf.inner.lock(), &mut reqs);
@@ -102,7 +107,7 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
             arrive(&sh, lost, None);
         }
         for (d, reqs, p, sent) in submitted {
-            finish_batch(&sh, d, reqs, p, sent);
+            finish_batch(&sh, d, reqs, p, sent, &mut failures);
         }
     }
 }
@@ -130,6 +135,7 @@ fn finish_batch(
     reqs: Vec<Req>,
     p: Result<Pending, TransportError>,
     sent: Instant,
+    failures: &mut FailureLog,
 ) {
     let other_copy = sh.far.replicas > 1 || sh.far.backup.is_some();
     let failed = |e: TransportError| {
@@ -174,7 +180,14 @@ fn finish_batch(
                 Err(e) => e,
                 Ok(_) => "the donor answered with the wrong amount of data".into(),
             };
-            tracing::warn!("prefetching {} pages failed: {why}", reqs.len());
+            if let Some(n) = failures.should_log(&why.to_string()) {
+                let again = if n > 0 {
+                    format!(" ({n} more batches failed so since said)")
+                } else {
+                    String::new()
+                };
+                tracing::warn!("prefetching {} pages failed: {why}{again}", reqs.len());
+            }
             arrive(sh, reqs, None);
         }
     }
