@@ -649,6 +649,63 @@ fn a_restarted_donor_is_used_again_and_then_holds_the_only_copies() {
 }
 
 #[test]
+fn a_forked_child_reads_its_pages_through_copies_its_parent_made_on_a_restarted_donor() {
+    // The same with a forked child that borrows the parent's pages on the donors and reads
+    // them only at the end. The parent must take the restarted donor back although the child
+    // lives, and the child must follow it there: once the other donor is lost, every page it
+    // reads comes from a copy made after the fork, on a donor restarted after the fork. (The
+    // parent did not take a restarted donor back while a child lived, and the child knew
+    // only the copies of the fork: its reads failed, SIGBUS.)
+    let mut ds = donors(2);
+    let (dir, stats, mut run) = phases_run(
+        &ds,
+        "lost-fork-restart",
+        &[
+            "fill:1",
+            "fork:1:read",
+            "wait:restarted",
+            "loop:1:crashed",
+            "check:1",
+        ],
+    );
+    until_file(&mut run, &dir, "at-restarted");
+    ds[1].restart();
+    touch(&dir, "restarted");
+    let back = ds[1].addr().to_string();
+    until_stats(
+        "the restarted donor taken back while the child lives, holding copies again",
+        &mut run,
+        &stats,
+        || {},
+        |s| {
+            died_as(s, &ds[1], "restart")
+                && !s.dead_donors.iter().any(|x| x.starts_with(&back))
+                && s.slabs_degraded == 0
+                && s.donors.iter().any(|d| d.addr == back && d.far_slabs > 0)
+        },
+    );
+    ds[0].crash();
+    touch(&dir, "read");
+    touch(&dir, "crashed");
+    let log = finish(&mut run);
+    assert!(
+        log.contains("child ok") && log.contains("ok "),
+        "the child or the parent read a wrong page or none:\n{log}"
+    );
+    let s = final_stats(&stats).runtime.unwrap();
+    assert!(dead_as(&s, &ds[0], "crash"), "{s:?}");
+    assert!(
+        s.fork_pages_lent > 0,
+        "nothing was lent to the child: {s:?}"
+    );
+    assert_eq!(
+        (s.slabs_lost, s.pages_lost, s.seal_rejected),
+        (0, 0, 0),
+        "{s:?}"
+    );
+}
+
+#[test]
 fn a_donor_resumed_after_a_stall_never_hands_back_stale_pages() {
     let ds = donors(3);
     let (dir, stats, mut run) = phases_run(

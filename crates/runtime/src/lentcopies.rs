@@ -21,16 +21,20 @@
 //! - The lender publishes a slab when it lends it, and again whenever that slab's copies change
 //!   ([`crate::far::Far::set_home`], [`crate::far::Far::update_replicas`]); only slabs once lent
 //!   are rewritten. Copies still being filled are left out: a child reads only complete ones.
-//! - A child consults the table when every copy it knows has failed ([`crate::fault`]), and
-//!   waits for the parent's heal (up to the stall patience) while the lender lives: the header
-//!   holds its pid.
+//! - A child reads a lent page from the copies the table gives at that moment
+//!   ([`crate::far::Far::read_sources`]), and waits for the parent's heal (up to the stall
+//!   patience) when none answers while the lender lives: the header holds its pid.
+//! - A donor that restarted empty is used again by the lender while children live: every copy
+//!   it had was dropped (and republished) first, then the header's *epoch* is bumped, then the
+//!   lender registers there afresh. A child's read counts only if the epoch is the same before
+//!   its copies are looked up and once the page arrived: a read that reached the new donor
+//!   through an old slab id (naming another slab there) is thrown away and made again.
 //!
 //! # Limitations
 //!
-//! - A child reads a new copy only on a donor it connected to at its start (it connects to every
-//!   donor of its lender then); a donor unreachable at that moment stays unreachable to it.
-//! - A child without a runtime of its own ([`crate::fork::Lent::copy_in`]) reads the fork-time
-//!   copies (it reads them right away).
+//! - A child's runtime reads a new copy only on a donor it connected to at its start (it
+//!   connects to every donor of its lender then); a donor unreachable at that moment stays
+//!   unreachable to it.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -44,8 +48,10 @@ pub(crate) const SLABS: u64 = 1 << 16;
 /// Words (u64) per entry: the sequence, the count, then two per copy.
 const ENTRY_WORDS: usize = 16;
 const _: () = assert!(2 + 2 * MAX_REPLICAS <= ENTRY_WORDS);
-/// The header's words (a page, so the table is whole pages): a magic, the lender's pid.
+/// The header's words (a page, so the table is whole pages): a magic, the lender's pid, its
+/// restart epoch.
 const HEADER_WORDS: usize = 4096 / 8;
+const EPOCH: usize = 2;
 const MAGIC: u64 = u64::from_le_bytes(*b"fmcopy01");
 /// The whole table, in words and bytes (sparse: only entries written take memory).
 const WORDS: usize = HEADER_WORDS + SLABS as usize * ENTRY_WORDS;
@@ -66,6 +72,8 @@ pub(crate) struct LentCopies {
     /// One writer at a time (writes come from the heal thread, the sender's placements and
     /// forks).
     writing: Mutex<()>,
+    /// A slab past the table was lent: some child keeps fork-time copies (until the thaw).
+    unpublished: std::sync::atomic::AtomicBool,
 }
 
 impl LentCopies {
@@ -78,6 +86,7 @@ impl LentCopies {
         let t = LentCopies {
             mapping,
             writing: Mutex::new(()),
+            unpublished: std::sync::atomic::AtomicBool::new(false),
         };
         let w = t.words();
         w[0].store(MAGIC, Ordering::Relaxed);
@@ -98,10 +107,30 @@ impl LentCopies {
 
     /// Publishes far slab `idx`'s readable copies `r`.
     pub(crate) fn publish(&self, idx: u64, r: &Replicas) {
-        if let Some(e) = entry(self.words(), idx) {
-            let _w = self.writing.lock();
-            write_entry(e, r);
+        match entry(self.words(), idx) {
+            Some(e) => {
+                let _w = self.writing.lock();
+                write_entry(e, r);
+            }
+            None => self.unpublished.store(true, Ordering::Relaxed),
         }
+    }
+
+    /// Whether every slab lent since the last [`LentCopies::thawed`] is in the table.
+    pub(crate) fn complete(&self) -> bool {
+        !self.unpublished.load(Ordering::Relaxed)
+    }
+
+    /// Every child that borrowed is gone: none keeps fork-time copies any more.
+    pub(crate) fn thawed(&self) {
+        self.unpublished.store(false, Ordering::Relaxed);
+    }
+
+    /// Before a donor that restarted empty is used again: every child's read of a lent page
+    /// that overlaps this is thrown away (it may have reached the new donor through a slab id
+    /// the table had just before, which names another slab there now).
+    pub(crate) fn bump_epoch(&self) {
+        self.words()[EPOCH].fetch_add(1, Ordering::SeqCst);
     }
 
     /// Publishes far slab `idx`'s copies `r` if it was ever lent; `None` (no longer on donors)
@@ -137,6 +166,12 @@ impl TableAt {
             return None;
         }
         read_entry(entry(w, idx)?)
+    }
+
+    /// The lender's restart epoch: a read of a lent page is good only if it is the same
+    /// before the copies are looked up and once the page has arrived.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.words()[EPOCH].load(Ordering::SeqCst)
     }
 
     /// Whether the lender process still lives (and so may heal a slab whose copies died).

@@ -14,9 +14,9 @@
 //!   pages are disjoint: each process's own far pages start above everything it borrowed.
 //!
 //! - The lender keeps a table of where each lent slab's copies are now
-//!   ([`crate::lentcopies`]); a child's runtime connects to every donor of its lender and,
-//!   once every copy it knows has failed, takes the copies the table gives (the parent healed
-//!   the slab elsewhere), waiting for that while the lender lives.
+//!   ([`crate::lentcopies`]); a child reads each lent page from the copies it gives then (the
+//!   parent may have healed the slab elsewhere since the fork), under its restart epoch. A
+//!   child's runtime connects to every donor of its lender at its start.
 
 use farmem_transport::{ClientConfig, DonorClient, ReconnectKey};
 
@@ -160,6 +160,15 @@ impl LentDonors {
         Some(r)
     }
 
+    /// The restart epochs of every lender that keeps a table, added: a read of a lent page is
+    /// good only if this is the same before its copies are looked up and once it arrived.
+    pub(crate) fn epochs(&self) -> u64 {
+        self.lenders
+            .iter()
+            .filter_map(|l| l.copies)
+            .fold(0u64, |sum, t| sum.wrapping_add(t.epoch()))
+    }
+
     /// Whether lent far page `far`'s lender keeps a table and still lives: it may yet heal
     /// a slab whose copies all failed.
     pub(crate) fn lender_may_heal(&self, far: u64) -> bool {
@@ -248,58 +257,95 @@ impl LentDonors {
         // (lender, its donor index) → connection, made on first use (`None`: it failed, and
         // is not tried again for every page).
         let mut clients: Vec<((usize, usize), Option<DonorClient>)> = Vec::new();
-        let mut out = Vec::with_capacity(fars.len());
-        for &far in fars {
-            let Some((l, r)) = self.lender_of(far) else {
-                out.push(Err(format!("far page {far} is in no lent slab")));
+        fars.iter()
+            .map(|&far| {
+                // A read across a restart's epoch is made again (see crate::lentcopies).
+                let mut result = Err(String::new());
+                for _ in 0..3 {
+                    let epoch = self.epochs();
+                    match self.read_one(far, &mut clients, epoch) {
+                        Err(Retry::Epoch) => continue,
+                        Err(Retry::No(e)) => result = Err(e),
+                        Ok(data) => result = Ok(data),
+                    }
+                    break;
+                }
+                result.map_err(|e| {
+                    if e.is_empty() {
+                        "the lender kept re-adopting restarted donors".to_string()
+                    } else {
+                        e
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// One try of [`LentDonors::read`] for far page `far`, made in restart epoch `epoch`.
+    fn read_one(
+        &self,
+        far: u64,
+        clients: &mut Vec<((usize, usize), Option<DonorClient>)>,
+        epoch: u64,
+    ) -> Result<Vec<u8>, Retry> {
+        let Some((l, r)) = self.lender_of(far) else {
+            return Err(Retry::No(format!("far page {far} is in no lent slab")));
+        };
+        let li = self
+            .lenders
+            .iter()
+            .position(|x| std::ptr::eq(x, l))
+            .unwrap_or(0);
+        let page = (far % self.slab_pages) as u32;
+        // The copies as the lender published them last (it may have healed the slab since
+        // the fork), else those of the fork.
+        let copies: Vec<Replica> = match l.copies.and_then(|t| t.copies(far / self.slab_pages)) {
+            Some(now) => now.iter().map(|p| p.on(p.donor)).collect(),
+            None => r.readable().collect(),
+        };
+        let mut errors = Vec::new();
+        for x in copies {
+            let Some(addr) = l.addrs.get(x.donor) else {
                 continue;
             };
-            let li = self
-                .lenders
-                .iter()
-                .position(|x| std::ptr::eq(x, l))
-                .unwrap_or(0);
-            let page = (far % self.slab_pages) as u32;
-            let mut errors = Vec::new();
-            let mut got = None;
-            for x in r.readable() {
-                let Some(addr) = l.addrs.get(x.donor) else {
-                    continue;
-                };
-                let key = (li, x.donor);
-                if !clients.iter().any(|(k, _)| *k == key) {
-                    match DonorClient::connect(addr, l.client(&self.base)) {
-                        Ok(c) => clients.push((key, Some(c))),
-                        Err(e) => {
-                            errors.push(format!("{addr}: {e}"));
-                            clients.push((key, None));
-                        }
+            let key = (li, x.donor);
+            if !clients.iter().any(|(k, _)| *k == key) {
+                match DonorClient::connect(addr, l.client(&self.base)) {
+                    Ok(c) => clients.push((key, Some(c))),
+                    Err(e) => {
+                        errors.push(format!("{addr}: {e}"));
+                        clients.push((key, None));
                     }
-                }
-                let Some((_, Some(c))) = clients.iter().find(|(k, _)| *k == key) else {
-                    continue; // that donor could not be reached
-                };
-                let mut data = vec![0u8; PAGE_SIZE];
-                let read = c
-                    .read_pages(&[x.addr(page)], &mut data)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| self.open(far, &mut data).map_err(|e| e.to_string()));
-                match read {
-                    Ok(()) => {
-                        got = Some(data);
-                        break;
-                    }
-                    Err(e) => errors.push(format!("{addr}: {e}")),
                 }
             }
-            out.push(got.ok_or_else(|| {
-                if errors.is_empty() {
-                    "no copy of its slab is left".to_string()
-                } else {
-                    errors.join("; ")
-                }
-            }));
+            let Some((_, Some(c))) = clients.iter().find(|(k, _)| *k == key) else {
+                continue; // that donor could not be reached
+            };
+            let mut data = vec![0u8; PAGE_SIZE];
+            if let Err(e) = c.read_pages(&[x.addr(page)], &mut data) {
+                errors.push(format!("{addr}: {e}"));
+                continue;
+            }
+            if self.epochs() != epoch {
+                return Err(Retry::Epoch);
+            }
+            match self.open(far, &mut data) {
+                Ok(()) => return Ok(data),
+                Err(e) => errors.push(format!("{addr}: {e}")),
+            }
         }
-        out
+        Err(Retry::No(if errors.is_empty() {
+            "no copy of its slab is left".to_string()
+        } else {
+            errors.join("; ")
+        }))
     }
+}
+
+/// Why one try of [`LentDonors::read_one`] gave no page.
+enum Retry {
+    /// The lender re-adopted a restarted donor meanwhile: try again.
+    Epoch,
+    /// Every copy failed, for these reasons.
+    No(String),
 }

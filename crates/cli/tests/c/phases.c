@@ -8,8 +8,12 @@
  *   wait:NAME    create DIR/at-NAME, then wait, touching nothing, until DIR/NAME exists
  *   loop:S:NAME  create DIR/at-NAME, then check every word again and again until DIR/NAME
  *                exists (checked after each pass), then once more
+ *   fork:S:NAME  fork a child that waits, touching nothing, until DIR/NAME exists, then checks
+ *                every word against S (the working set as at the fork) and exits; the parent
+ *                goes on with the next step, and waits for its children at the end
  * Prints "ok PASSES" and exits 0, or prints "FAIL STEP: why" and exits 1 at the first wrong
- * word (a stale page holds another seed's pattern, a lost one zeros).
+ * word (a stale page holds another seed's pattern, a lost one zeros), or when a child did not
+ * exit 0 ("FAIL child PID: status").
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *dir;
@@ -91,6 +96,20 @@ int main(int argc, char **argv) {
         } else if (sscanf(step, "wait:%255s", name) == 1) {
             announce(name);
             while (!exists(name)) usleep(20000);
+        } else if (sscanf(step, "fork:%llu:%255s", &seed, name) == 2) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid < 0) {
+                perror("fork");
+                return 2;
+            }
+            if (pid == 0) {
+                while (!exists(name)) usleep(20000);
+                check(step, seed);
+                printf("child ok\n");
+                fflush(stdout);
+                _exit(0);
+            }
         } else if (sscanf(step, "loop:%llu:%255s", &seed, name) == 2) {
             announce(name);
             do check(step, seed);
@@ -99,6 +118,14 @@ int main(int argc, char **argv) {
         } else {
             fprintf(stderr, "phases: unknown step %s\n", step);
             return 2;
+        }
+    }
+    int status;
+    pid_t child;
+    while ((child = wait(&status)) > 0) {
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            printf("FAIL child %d: status %#x\n", (int)child, status);
+            return 1;
         }
     }
     printf("ok %lu\n", passes);

@@ -36,11 +36,15 @@ pub(crate) struct ReplicaRead {
     failed_over: bool,
     /// What went wrong with each copy, for the error.
     errors: Vec<CopyFailure>,
+    /// A forked child's lenders' restart epoch before the copies were looked up
+    /// ([`crate::lentcopies`]).
+    epoch: u64,
 }
 
 impl ReplicaRead {
     /// Sends the read of far page `far` to its first copy.
     pub(crate) fn start(sh: &Shared, far: u64) -> ReplicaRead {
+        let epoch = sh.far.lent_epochs();
         let mut rest = sh.far.read_sources(far);
         rest.reverse();
         let mut r = ReplicaRead {
@@ -49,6 +53,7 @@ impl ReplicaRead {
             current: None,
             failed_over: false,
             errors: Vec::new(),
+            epoch,
         };
         r.ask_next(sh);
         r
@@ -95,6 +100,11 @@ impl ReplicaRead {
                     CopyFailure::Slow {
                         donor: sh.far.donor(d).read.addr().to_string(),
                     }
+                }
+                Some(Ok(Completion::Pages(_))) if sh.far.lent_epochs() != self.epoch => {
+                    // Every later answer is suspect too: the fault path reads again.
+                    self.rest.clear();
+                    CopyFailure::LenderRestartEpoch
                 }
                 Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
                     sh.far.read_times.record(sent.elapsed());

@@ -29,9 +29,11 @@ impl Far {
     /// with a backup file, the file has every page those have, and asking a cut-off donor
     /// would cost a connect timeout a fault).
     pub(crate) fn read_sources(&self, far: u64) -> Vec<(usize, PageAddr)> {
-        let (Some((Home::Donors(r), page)) | Some((Home::Borrowed(r), page))) = self.home(far)
-        else {
-            return Vec::new();
+        let (r, page) = match self.home(far) {
+            Some((Home::Donors(r), page)) => (r, page),
+            // A forked child's: where its lender says the copies are now, if it keeps a table.
+            Some((Home::Borrowed(r), page)) => (self.borrowed_copies_now(far).unwrap_or(r), page),
+            _ => return Vec::new(),
         };
         let mut out: Vec<(usize, PageAddr)> = r
             .readable()

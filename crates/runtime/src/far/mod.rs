@@ -112,6 +112,9 @@ pub(crate) struct Far {
     /// Where the copies of slabs this process lent its forked children are now (made at the
     /// first fork that lends donor pages, [`crate::lentcopies`]); kept current with placement.
     lent_copies: std::sync::OnceLock<LentCopies>,
+    /// A fork lent donor copies without the table: its child reads fork-time copies until
+    /// the thaw.
+    lent_unfollowed: std::sync::atomic::AtomicBool,
     /// The host tier, when one is used ([`crate::far::tier`]).
     pub(crate) tier: Option<Tier>,
     /// Seals pages before they leave and opens them when they come back; `None`: pages
@@ -170,6 +173,7 @@ impl Far {
             replicas: p.replicas,
             placement: Mutex::new(Vec::new()),
             lent_copies: std::sync::OnceLock::new(),
+            lent_unfollowed: std::sync::atomic::AtomicBool::new(false),
             tier: p.tier,
             sealer: p.sealer,
             backup: p.backup,
@@ -274,6 +278,8 @@ impl Far {
                         "no table of lent copies ({e}): a forked child reads the copies its \
                          pages had at the fork"
                     );
+                    self.lent_unfollowed
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
                     return None;
                 }
             }
@@ -292,30 +298,50 @@ impl Far {
         Some(t.at())
     }
 
-    /// In a forked child, once every copy it knows of lent far page `far` has failed: takes
-    /// the copies its lender published since (it healed the slab). Returns whether they
-    /// changed.
-    pub(crate) fn refresh_borrowed(&self, far: u64) -> bool {
+    /// In a forked child: lent far page `far`'s copies as its lender published them last
+    /// (it may have healed the slab since the fork), on this child's connections; `None`
+    /// where the lender keeps no table or the page is not lent.
+    pub(crate) fn borrowed_copies_now(&self, far: u64) -> Option<Replicas> {
         if far >= self.far_floor {
-            return false;
+            return None;
         }
-        let Some(now) = self
-            .lent
+        self.lent
             .as_ref()
             .and_then(|l| l.copies_now(far, &self.borrowed_index))
-        else {
-            return false;
-        };
-        let mut p = self.placement.lock();
-        match p.get_mut((far / self.slab_pages) as usize) {
-            Some(Some(Home::Borrowed(r))) if *r != now && !now.is_empty() => {
-                tracing::info!(
-                    "far page {far}: its lender copied it elsewhere since the fork; reading it there"
-                );
-                *r = now;
-                true
-            }
-            _ => false,
+    }
+
+    /// In a forked child: the restart epochs of its lenders ([`crate::lentcopies`]); 0 with
+    /// none. A read of a lent page is good only if this is the same before its copies are
+    /// looked up and once it arrived.
+    pub(crate) fn lent_epochs(&self) -> u64 {
+        self.lent.as_ref().map_or(0, LentDonors::epochs)
+    }
+
+    /// Whether a donor that restarted may be used again while children borrow far pages:
+    /// every donor copy lent since the last thaw is in this process's table, so children read
+    /// the copies it gives, under its restart epoch (else a child may still read an old slab
+    /// id that names a new slab there).
+    pub(crate) fn children_follow_restarts(&self) -> bool {
+        !self
+            .lent_unfollowed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self.lent_copies.get().is_none_or(LentCopies::complete)
+    }
+
+    /// Before a restarted donor is used again: children's reads that overlap are thrown away
+    /// ([`LentCopies::bump_epoch`]).
+    pub(crate) fn bump_lent_epoch(&self) {
+        if let Some(t) = self.lent_copies.get() {
+            t.bump_epoch();
+        }
+    }
+
+    /// Every child that borrowed far pages is gone.
+    pub(crate) fn lent_thawed(&self) {
+        self.lent_unfollowed
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.lent_copies.get() {
+            t.thawed();
         }
     }
 

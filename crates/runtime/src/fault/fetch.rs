@@ -56,11 +56,6 @@ pub(super) fn complete_fetch(sh: &Shared, mut f: Fetch, q: &mut Queues) {
             f.attempts += 1;
             continue;
         }
-        if sh.far.refresh_borrowed(f.far) {
-            // A forked child's lent page: its parent copied the slab elsewhere since.
-            f.attempts = 1;
-            continue;
-        }
         let since = *waiting.get_or_insert_with(|| {
             if sh.far.lender_may_heal(f.far) {
                 tracing::warn!(

@@ -57,10 +57,9 @@
 //!   by the child with its old contents (what it read before the release).
 //! - While any child that borrowed pages lives, the parent's rewritten far pages are not
 //!   reused: its host-tier (or donor) use grows by up to the pages lent.
-//! - A child with a runtime follows the parent's heals of lent slabs through the parent's
-//!   table of lent copies ([`crate::lentcopies`]); a child without one, and a child whose
-//!   parent has exited, reads the copies of the fork: if they all die, its reads of those
-//!   pages fail (SIGBUS).
+//! - A child follows the parent's heals of lent slabs through the parent's table of lent
+//!   copies ([`crate::lentcopies`]) while the parent lives; once it has exited, the copies
+//!   the table named last: if they all die, its reads of those pages fail (SIGBUS).
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -316,6 +315,7 @@ pub(crate) fn thaw_if_no_child(sh: &Shared) {
     let tier_holds = sh.far.tier.as_ref().map_or(0, |t| t.live_holds());
     if tier_holds == 0 && st.fork_hold.is_none() {
         st.far_pages.thaw();
+        sh.far.lent_thawed();
         drop(st);
         tracing::debug!("every forked child that borrowed far pages is gone: thawed");
     }

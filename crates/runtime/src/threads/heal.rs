@@ -215,20 +215,27 @@ fn probe_dead(sh: &Shared, d: usize) {
 }
 
 /// Uses restarted donor `d` again, as a new and empty donor, once nothing of this runtime
-/// names a slab it had there: its copies were all dropped when it was declared restarted,
-/// the copies waiting to be freed there are forgotten (freeing one would free a new slab),
-/// and no forked child reads it (a child knows the old slab ids: not while far pages are
-/// frozen). Without this, every restart of a donor took it from a running program for good,
-/// and three restarts left a program with none (found by `farmem-bench soak`).
+/// names a slab it had there: its copies were all dropped when it was declared restarted
+/// (and so republished for forked children), the copies waiting to be freed there are
+/// forgotten (freeing one would free a new slab), and forked children throw away any read
+/// that overlaps this (the lent copies' restart epoch, bumped before this process registers
+/// there again: a child may have looked up an old slab id just before). While a child may
+/// still read fork-time copies (a fork lent some without the table), not at all. Without
+/// this, every restart of a donor took it from a running program for good, and three
+/// restarts left a program with none (found by `farmem-bench soak`).
 fn readopt_restarted(sh: &Shared, d: usize) {
     let far = &sh.far;
-    if sh.state.lock().far_pages.any_frozen() || far.donor_slabs().iter().any(|(_, r)| r.has(d)) {
+    let frozen = sh.state.lock().far_pages.any_frozen();
+    if (frozen && !far.children_follow_restarts())
+        || far.donor_slabs().iter().any(|(_, r)| r.has(d))
+    {
         return; // tried again at the next probe of dead donors
     }
     let donor = &far.donors[d];
     far.dropped.lock().retain(|x| x.donor != d);
     donor.pack.lock().forget_all();
     *donor.slabs_placed.lock() = 0;
+    far.bump_lent_epoch();
     donor.read.register_again();
     donor.write.register_again();
     if probe(sh, d).is_err() {

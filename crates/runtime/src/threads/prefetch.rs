@@ -89,6 +89,9 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         if reqs.is_empty() {
             continue;
         }
+        // A forked child's reads of lent pages count only within one restart epoch of its
+        // lenders (crate::lentcopies): taken before the copies are looked up.
+        let epoch = sh.far.lent_epochs();
         let (batches, lost) = batches(
             reqs.drain(..),
             pf.clients.len(),
@@ -107,7 +110,7 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
             arrive(&sh, lost, None);
         }
         for (d, reqs, p, sent) in submitted {
-            finish_batch(&sh, d, reqs, p, sent, &mut failures);
+            finish_batch(&sh, d, reqs, p, sent, epoch, &mut failures);
         }
     }
 }
@@ -135,6 +138,7 @@ fn finish_batch(
     reqs: Vec<Req>,
     p: Result<Pending, TransportError>,
     sent: Instant,
+    epoch: u64,
     failures: &mut FailureLog,
 ) {
     let other_copy = sh.far.replicas > 1 || sh.far.backup.is_some();
@@ -170,6 +174,13 @@ fn finish_batch(
         sh.pf.inner.lock().lookahead.batch_done(sent.elapsed());
     }
     match result {
+        Ok(Completion::Pages(_)) if sh.far.lent_epochs() != epoch => {
+            tracing::debug!(
+                "a prefetch batch overlapped the parent re-adopting a restarted donor: its \
+                 pages go to the demand path"
+            );
+            arrive(sh, reqs, None);
+        }
         Ok(Completion::Pages(mut data)) if data.len() == reqs.len() * PAGE_SIZE => {
             sh.pf.inner.lock().batches += 1;
             sh.stats.lock().s.bytes_received += data.len() as u64;
