@@ -669,6 +669,8 @@ fn a_forked_child_reads_its_pages_through_copies_its_parent_made_on_a_restarted_
         ],
     );
     until_file(&mut run, &dir, "at-restarted");
+    // The child's runtime has started (and connected to both donors for its own pages).
+    until_file(&mut run, &dir, "at-read");
     ds[1].restart();
     touch(&dir, "restarted");
     let back = ds[1].addr().to_string();
@@ -684,6 +686,17 @@ fn a_forked_child_reads_its_pages_through_copies_its_parent_made_on_a_restarted_
                 && s.donors.iter().any(|d| d.addr == back && d.far_slabs > 0)
         },
     );
+    // The child's runtime also holds slabs of its own (pages it shared with the parent and
+    // copied out to evict): it must have healed them onto the restarted donor too.
+    let (old, new) = (stats_client(&ds[0]), stats_client(&ds[1]));
+    let deadline = Instant::now() + RECOVERY;
+    while !every_client_copied(&old, &new) {
+        assert!(
+            Instant::now() < deadline,
+            "the child's own slabs not copied to the restarted donor within {RECOVERY:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     ds[0].crash();
     touch(&dir, "read");
     touch(&dir, "crashed");
@@ -855,6 +868,19 @@ fn stats_client(d: &HostDonor) -> DonorClient {
     };
     DonorClient::connect(&d.addr().to_string(), cfg)
         .unwrap_or_else(|e| panic!("connecting to the donor {} for its stats: {e}", d.addr()))
+}
+
+/// Whether every client holding slabs on the donor of `from` holds as many bytes on that of
+/// `to` (two donors, two copies: each runtime's slabs fully copied there).
+fn every_client_copied(from: &DonorClient, to: &DonorClient) -> bool {
+    let (Ok(a), Ok(b)) = (from.clients(), to.clients()) else {
+        return false;
+    };
+    a.clients.iter().filter(|c| c.slabs > 0).all(|c| {
+        b.clients
+            .iter()
+            .any(|x| x.client_id == c.client_id && x.used_bytes >= c.used_bytes)
+    })
 }
 
 fn donor_stats(c: &DonorClient) -> DonorStats {

@@ -29,12 +29,8 @@
 //!   lender registers there afresh. A child's read counts only if the epoch is the same before
 //!   its copies are looked up and once the page arrived: a read that reached the new donor
 //!   through an old slab id (naming another slab there) is thrown away and made again.
-//!
-//! # Limitations
-//!
-//! - A child's runtime reads a new copy only on a donor it connected to at its start (it
-//!   connects to every donor of its lender then); a donor unreachable at that moment stays
-//!   unreachable to it.
+//! - A child's runtime has a connection to every donor of its lender: one that does not answer
+//!   at its start is attached at first use ([`farmem_transport::DonorClient::attach_later`]).
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 

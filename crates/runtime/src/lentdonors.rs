@@ -201,8 +201,9 @@ impl LentDonors {
     /// donor of a lender that keeps a table: the slab may be healed onto any), as its lender's
     /// client (read only; `base` gives the timeouts and hooks), numbering the connections from
     /// `first`; returns them with each lent far slab's copies renumbered to them. A donor
-    /// that cannot be reached is left out (reads fail over to the slab's other copies; a page
-    /// with none left fails as in the parent: SIGBUS rather than wrong data).
+    /// that cannot be reached now is attached at first use (reads fail over to the slab's
+    /// other copies meanwhile; a page with none left fails as in the parent: SIGBUS rather
+    /// than wrong data).
     pub(crate) fn connect(&self, base: &ClientConfig, first: usize) -> Borrowed {
         let mut borrowed = Vec::new();
         let mut homes = Vec::new();
@@ -217,15 +218,18 @@ impl LentDonors {
                     spin: FAULT_PATH_SPIN,
                     ..l.client(base)
                 };
-                match DonorClient::connect(addr, cfg) {
-                    Ok(c) => {
-                        index[p] = Some(first + borrowed.len());
-                        borrowed.push(c);
-                    }
-                    Err(e) => tracing::warn!(
+                // A donor that does not answer now may come back (restarted, the parent
+                // taking it back and copying lent slabs there): attached at first use.
+                let c = DonorClient::connect(addr, cfg.clone()).or_else(|e| {
+                    tracing::warn!(
                         "donor {addr}: cannot read the pages a parent process lent there \
-                         ({e}); reading their other copies"
-                    ),
+                         now ({e}); reading their other copies, and there once it answers"
+                    );
+                    DonorClient::attach_later(addr, cfg)
+                });
+                if let Ok(c) = c {
+                    index[p] = Some(first + borrowed.len());
+                    borrowed.push(c);
                 }
             }
             for (idx, r) in &l.slabs {

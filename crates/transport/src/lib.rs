@@ -217,6 +217,17 @@ impl Drop for Inner {
     }
 }
 
+/// Refuses a token no donor could accept before anything is sent.
+fn check_token(cfg: &ClientConfig) -> Result<(), TransportError> {
+    if let Some(token) = &cfg.token {
+        let token = farmem_proto::token_from_file_bytes(token);
+        if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+            return Err(TransportError::TokenLength { len: token.len() });
+        }
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -236,7 +247,8 @@ impl Inner {
         let (conn, info) = Conn::open(&self.addr, &self.cfg, &self.next_id, registered)?;
         self.registered.store(true, Ordering::Relaxed);
         let mut known = lock(&self.info);
-        if *known != info {
+        // A client made by `attach_later` learns the geometry now.
+        if known.slab_size_bytes != 0 && *known != info {
             tracing::warn!(donor = %self.addr, before = ?*known, after = ?info, "donor geometry changed across a reconnect");
         }
         *known = info;
@@ -267,12 +279,7 @@ impl fmt::Debug for DonorClient {
 impl DonorClient {
     /// Connects to the donor at `addr` (`HOST:PORT`) and authenticates with HELLO.
     pub fn connect(addr: &str, cfg: ClientConfig) -> Result<DonorClient, TransportError> {
-        if let Some(token) = &cfg.token {
-            let token = farmem_proto::token_from_file_bytes(token);
-            if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-                return Err(TransportError::TokenLength { len: token.len() });
-            }
-        }
+        check_token(&cfg)?;
         let addr: Arc<str> = Arc::from(addr);
         let next_id = AtomicU64::new(1);
         let (conn, info) = Conn::open(&addr, &cfg, &next_id, false)?;
@@ -283,6 +290,30 @@ impl DonorClient {
                 next_id,
                 conn: Mutex::new(Some(conn)),
                 info: Mutex::new(info),
+                registered: AtomicBool::new(true),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// A connection of client `cfg` (its id and key), registered with the donor at `addr` by
+    /// someone else, made (attaching) at the first request instead of now: a forked child's
+    /// connection to a donor of its parent that did not answer at the child's start, which
+    /// may come back and hold the parent's new copies. It never registers the id: until the
+    /// donor knows it, requests fail ([`TransportError::Forgotten`] or a connection error).
+    /// [`DonorClient::info`] is all zeros until the first connection.
+    pub fn attach_later(addr: &str, cfg: ClientConfig) -> Result<DonorClient, TransportError> {
+        check_token(&cfg)?;
+        Ok(DonorClient {
+            inner: Arc::new(Inner {
+                addr: Arc::from(addr),
+                cfg,
+                next_id: AtomicU64::new(1),
+                conn: Mutex::new(None),
+                info: Mutex::new(DonorInfo {
+                    slab_size_bytes: 0,
+                    capacity_bytes: 0,
+                }),
                 registered: AtomicBool::new(true),
                 counters: Counters::default(),
             }),

@@ -237,6 +237,40 @@ fn a_stopped_donor_gives_disconnected_and_a_restarted_one_says_it_forgot_the_cli
 }
 
 #[test]
+fn a_client_attached_later_reaches_its_slabs_once_the_donor_knows_it_and_never_registers() {
+    let donor = donor(None);
+    let addr = donor.local_addr().to_string();
+    // An address of TEST-NET-1 (RFC 5737), where nothing listens: made without connecting.
+    let nowhere = DonorClient::attach_later("192.0.2.1:9", config(6)).unwrap();
+    assert_eq!(nowhere.info().slab_size_bytes, 0);
+    // An id the donor does not know: refused as forgotten, and not registered by the try.
+    let unknown = DonorClient::attach_later(&addr, config(7)).unwrap();
+    let err = unknown.stats().unwrap_err();
+    assert!(err.is_forgotten(), "{err}");
+    assert!(unknown.stats().unwrap_err().is_forgotten());
+    // Once another connection registered the id with the same key: it attaches and reads
+    // that client's pages.
+    let owner = DonorClient::connect(&addr, config(7)).unwrap();
+    let slab = owner.alloc_slab().unwrap();
+    let data = page(77);
+    owner
+        .write_pages(&[PageWrite {
+            addr: PageAddr { slab, page: 3 },
+            data: &data,
+        }])
+        .unwrap();
+    let mut got = vec![0u8; PAGE_SIZE];
+    unknown
+        .read_pages(&[PageAddr { slab, page: 3 }], &mut got)
+        .unwrap();
+    assert_eq!(got, data);
+    assert_eq!(
+        unknown.info().slab_size_bytes,
+        u64::from(SLAB_PAGES) * PAGE_SIZE as u64
+    );
+}
+
+#[test]
 fn reclaims_names_the_slabs_the_donor_wants_back_until_they_are_freed() {
     let d = DonorServer::bind(DonorConfig {
         listen: "127.0.0.1:0".into(),

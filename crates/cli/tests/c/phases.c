@@ -8,9 +8,10 @@
  *   wait:NAME    create DIR/at-NAME, then wait, touching nothing, until DIR/NAME exists
  *   loop:S:NAME  create DIR/at-NAME, then check every word again and again until DIR/NAME
  *                exists (checked after each pass), then once more
- *   fork:S:NAME  fork a child that waits, touching nothing, until DIR/NAME exists, then checks
- *                every word against S (the working set as at the fork) and exits; the parent
- *                goes on with the next step, and waits for its children at the end
+ *   fork:S:NAME  fork a child that creates DIR/at-NAME (its runtime, if any, has started),
+ *                waits, touching nothing, until DIR/NAME exists, then checks every word against
+ *                S (the working set as at the fork) and exits; the parent goes on with the
+ *                next step, and waits for its children at the end
  * Prints "ok PASSES" and exits 0, or prints "FAIL STEP: why" and exits 1 at the first wrong
  * word (a stale page holds another seed's pattern, a lost one zeros), or when a child did not
  * exit 0 ("FAIL child PID: status").
@@ -104,6 +105,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
             if (pid == 0) {
+                announce(name);
                 while (!exists(name)) usleep(20000);
                 check(step, seed);
                 printf("child ok\n");
