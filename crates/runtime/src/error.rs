@@ -212,10 +212,11 @@ pub enum CopyFailure {
     /// No copy was anywhere to ask.
     #[error("its slab is on no donor")]
     Nowhere,
-    /// A forked child's read of a lent page overlapped its parent re-adopting a restarted
-    /// donor (the page may be another slab's there): thrown away, read again.
-    #[error("the parent process re-adopted a restarted donor during the read")]
-    LenderRestartEpoch,
+    /// The read overlapped a restarted donor being taken back (by this runtime or, for a
+    /// forked child's lent page, its parent): the page may be another slab's there. Thrown
+    /// away, read again.
+    #[error("a restarted donor was taken back during the read")]
+    RestartEpoch,
 }
 
 /// Every copy of a far page failed to serve a read: what went wrong with each, in order.

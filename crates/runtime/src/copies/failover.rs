@@ -36,15 +36,14 @@ pub(crate) struct ReplicaRead {
     failed_over: bool,
     /// What went wrong with each copy, for the error.
     errors: Vec<CopyFailure>,
-    /// A forked child's lenders' restart epoch before the copies were looked up
-    /// ([`crate::lentcopies`]).
+    /// The restart epoch before the copies were looked up ([`crate::far::Far::read_epoch`]).
     epoch: u64,
 }
 
 impl ReplicaRead {
     /// Sends the read of far page `far` to its first copy.
     pub(crate) fn start(sh: &Shared, far: u64) -> ReplicaRead {
-        let epoch = sh.far.lent_epochs();
+        let epoch = sh.far.read_epoch();
         let mut rest = sh.far.read_sources(far);
         rest.reverse();
         let mut r = ReplicaRead {
@@ -101,10 +100,10 @@ impl ReplicaRead {
                         donor: sh.far.donor(d).read.addr().to_string(),
                     }
                 }
-                Some(Ok(Completion::Pages(_))) if sh.far.lent_epochs() != self.epoch => {
+                Some(Ok(Completion::Pages(_))) if sh.far.read_epoch() != self.epoch => {
                     // Every later answer is suspect too: the fault path reads again.
                     self.rest.clear();
-                    CopyFailure::LenderRestartEpoch
+                    CopyFailure::RestartEpoch
                 }
                 Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
                     sh.far.read_times.record(sent.elapsed());

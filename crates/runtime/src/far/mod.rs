@@ -115,6 +115,8 @@ pub(crate) struct Far {
     /// A fork lent donor copies without the table: its child reads fork-time copies until
     /// the thaw.
     lent_unfollowed: std::sync::atomic::AtomicBool,
+    /// Bumped before a restarted donor is registered with again ([`Far::read_epoch`]).
+    restart_epoch: std::sync::atomic::AtomicU64,
     /// The host tier, when one is used ([`crate::far::tier`]).
     pub(crate) tier: Option<Tier>,
     /// Seals pages before they leave and opens them when they come back; `None`: pages
@@ -174,6 +176,7 @@ impl Far {
             placement: Mutex::new(Vec::new()),
             lent_copies: std::sync::OnceLock::new(),
             lent_unfollowed: std::sync::atomic::AtomicBool::new(false),
+            restart_epoch: std::sync::atomic::AtomicU64::new(0),
             tier: p.tier,
             sealer: p.sealer,
             backup: p.backup,
@@ -310,11 +313,14 @@ impl Far {
             .and_then(|l| l.copies_now(far, &self.borrowed_index))
     }
 
-    /// In a forked child: the restart epochs of its lenders ([`crate::lentcopies`]); 0 with
-    /// none. A read of a lent page is good only if this is the same before its copies are
-    /// looked up and once it arrived.
-    pub(crate) fn lent_epochs(&self) -> u64 {
-        self.lent.as_ref().map_or(0, LentDonors::epochs)
+    /// The restart epoch of every read: this runtime's own (bumped before it registers again
+    /// with a restarted donor) and, in a forked child, its lenders' ([`crate::lentcopies`]).
+    /// A page read from a donor is good only if this is the same before its copies are looked
+    /// up and once it arrived: a read that resolved a copy before the donor restarted and
+    /// reached it after it was taken back named an old slab id, another slab there now.
+    pub(crate) fn read_epoch(&self) -> u64 {
+        let own = self.restart_epoch.load(std::sync::atomic::Ordering::SeqCst);
+        own.wrapping_add(self.lent.as_ref().map_or(0, LentDonors::epochs))
     }
 
     /// Whether a donor that restarted may be used again while children borrow far pages:
@@ -328,9 +334,11 @@ impl Far {
             && self.lent_copies.get().is_none_or(LentCopies::complete)
     }
 
-    /// Before a restarted donor is used again: children's reads that overlap are thrown away
-    /// ([`LentCopies::bump_epoch`]).
-    pub(crate) fn bump_lent_epoch(&self) {
+    /// Before a restarted donor is used again: reads that overlap are thrown away, this
+    /// runtime's and its children's ([`Far::read_epoch`], [`LentCopies::bump_epoch`]).
+    pub(crate) fn bump_restart_epoch(&self) {
+        self.restart_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let Some(t) = self.lent_copies.get() {
             t.bump_epoch();
         }

@@ -217,9 +217,10 @@ fn probe_dead(sh: &Shared, d: usize) {
 /// Uses restarted donor `d` again, as a new and empty donor, once nothing of this runtime
 /// names a slab it had there: its copies were all dropped when it was declared restarted
 /// (and so republished for forked children), the copies waiting to be freed there are
-/// forgotten (freeing one would free a new slab), and forked children throw away any read
-/// that overlaps this (the lent copies' restart epoch, bumped before this process registers
-/// there again: a child may have looked up an old slab id just before). While a child may
+/// forgotten (freeing one would free a new slab), and every read that overlaps this, this
+/// runtime's or a forked child's, is thrown away (the restart epoch, `Far::read_epoch`,
+/// bumped before this process registers there again: a read may have looked up an old slab
+/// id just before), as is no write (the copy gate, held meanwhile). While a child may
 /// still read fork-time copies (a fork lent some without the table), not at all. Without
 /// this, every restart of a donor took it from a running program for good, and three
 /// restarts left a program with none (found by `farmem-bench soak`).
@@ -232,12 +233,18 @@ fn readopt_restarted(sh: &Shared, d: usize) {
         return; // tried again at the next probe of dead donors
     }
     let donor = &far.donors[d];
-    far.dropped.lock().retain(|x| x.donor != d);
-    donor.pack.lock().forget_all();
-    *donor.slabs_placed.lock() = 0;
-    far.bump_lent_epoch();
-    donor.read.register_again();
-    donor.write.register_again();
+    {
+        // Exclusively: a sender that looked up a copy on `d` before its copies were dropped
+        // has finished writing to it (it may not write an old slab id there once new ones
+        // exist); reads in flight are thrown away by the epoch.
+        let _gate = far.copy_gate.write();
+        far.dropped.lock().retain(|x| x.donor != d);
+        donor.pack.lock().forget_all();
+        *donor.slabs_placed.lock() = 0;
+        far.bump_restart_epoch();
+        donor.read.register_again();
+        donor.write.register_again();
+    }
     if probe(sh, d).is_err() {
         return; // not answering yet: still dead, registered at its next answer
     }

@@ -89,9 +89,9 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         if reqs.is_empty() {
             continue;
         }
-        // A forked child's reads of lent pages count only within one restart epoch of its
-        // lenders (crate::lentcopies): taken before the copies are looked up.
-        let epoch = sh.far.lent_epochs();
+        // A batch counts only within one restart epoch (Far::read_epoch): taken before the
+        // copies are looked up.
+        let epoch = sh.far.read_epoch();
         let (batches, lost) = batches(
             reqs.drain(..),
             pf.clients.len(),
@@ -174,10 +174,10 @@ fn finish_batch(
         sh.pf.inner.lock().lookahead.batch_done(sent.elapsed());
     }
     match result {
-        Ok(Completion::Pages(_)) if sh.far.lent_epochs() != epoch => {
+        Ok(Completion::Pages(_)) if sh.far.read_epoch() != epoch => {
             tracing::debug!(
-                "a prefetch batch overlapped the parent re-adopting a restarted donor: its \
-                 pages go to the demand path"
+                "a prefetch batch overlapped a restarted donor being taken back: its pages go \
+                 to the demand path"
             );
             arrive(sh, reqs, None);
         }
