@@ -303,6 +303,22 @@ impl DonorClient {
     /// donor knows it, requests fail ([`TransportError::Forgotten`] or a connection error).
     /// [`DonorClient::info`] is all zeros until the first connection.
     pub fn attach_later(addr: &str, cfg: ClientConfig) -> Result<DonorClient, TransportError> {
+        DonorClient::later(addr, cfg, true)
+    }
+
+    /// A client `cfg` of the donor at `addr`, connected (and registered, or attached if
+    /// another connection registered the id first) at its first request instead of now: a
+    /// donor that did not answer when the runtime started, used once it does.
+    /// [`DonorClient::info`] is all zeros until then.
+    pub fn register_later(addr: &str, cfg: ClientConfig) -> Result<DonorClient, TransportError> {
+        DonorClient::later(addr, cfg, false)
+    }
+
+    fn later(
+        addr: &str,
+        cfg: ClientConfig,
+        registered: bool,
+    ) -> Result<DonorClient, TransportError> {
         check_token(&cfg)?;
         Ok(DonorClient {
             inner: Arc::new(Inner {
@@ -314,7 +330,7 @@ impl DonorClient {
                     slab_size_bytes: 0,
                     capacity_bytes: 0,
                 }),
-                registered: AtomicBool::new(true),
+                registered: AtomicBool::new(registered),
                 counters: Counters::default(),
             }),
         })

@@ -271,6 +271,32 @@ fn a_client_attached_later_reaches_its_slabs_once_the_donor_knows_it_and_never_r
 }
 
 #[test]
+fn a_client_registered_later_is_a_new_client_at_its_first_request() {
+    let donor = donor(None);
+    let addr = donor.local_addr().to_string();
+    let c = DonorClient::register_later(&addr, config(8)).unwrap();
+    assert_eq!(c.info().slab_size_bytes, 0, "nothing asked yet");
+    let slab = c.alloc_slab().unwrap();
+    assert_eq!(
+        c.info().slab_size_bytes,
+        u64::from(SLAB_PAGES) * PAGE_SIZE as u64
+    );
+    // A second connection of the same client made the same way attaches to it.
+    let other = DonorClient::register_later(&addr, config(8)).unwrap();
+    let data = page(88);
+    other
+        .write_pages(&[PageWrite {
+            addr: PageAddr { slab, page: 1 },
+            data: &data,
+        }])
+        .unwrap();
+    let mut got = vec![0u8; PAGE_SIZE];
+    c.read_pages(&[PageAddr { slab, page: 1 }], &mut got)
+        .unwrap();
+    assert_eq!(got, data);
+}
+
+#[test]
 fn reclaims_names_the_slabs_the_donor_wants_back_until_they_are_freed() {
     let d = DonorServer::bind(DonorConfig {
         listen: "127.0.0.1:0".into(),

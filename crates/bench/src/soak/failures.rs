@@ -42,7 +42,10 @@ impl Kind {
     pub(crate) fn causes(self) -> &'static [&'static str] {
         match self {
             // Refused while down; a runtime that first meets the fresh donor sees a restart.
-            Kind::DonorKill | Kind::DonorRestart => &["crash", "restart"],
+            // A process being killed still holds its listening socket until it has exited:
+            // a probe in that instant is accepted and unanswered, a stall (the runtime says
+            // crash at its next probe, if the run lives that long).
+            Kind::DonorKill | Kind::DonorRestart => &["crash", "restart", "stall"],
             Kind::DonorStall => &["stall"],
             // Open connections go unanswered (a stall to them); new ones cannot be made.
             Kind::LinkDown => &["partition", "stall"],

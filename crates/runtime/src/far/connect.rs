@@ -3,6 +3,7 @@
 //! a forked child borrows from its parent — one step each.
 
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::time::Duration;
 
 use farmem_transport::{ClientConfig, DonorClient};
@@ -11,9 +12,10 @@ use crate::config::RuntimeConfig;
 use crate::embedded::EmbeddedDonor;
 use crate::error::RuntimeError;
 use crate::far::backup::Backup;
+use crate::far::health::Cause;
 use crate::far::health::Health;
 use crate::far::tier::Tier;
-use crate::far::{Donor, Far, Home, Parts};
+use crate::far::{Donor, Far, Home, Parts, GEOMETRY_KNOWN, GEOMETRY_UNKNOWN};
 use crate::lentdonors::Borrowed;
 use crate::readtimes::FAULT_PATH_SPIN;
 use crate::slabs::pack::Pack;
@@ -80,7 +82,8 @@ impl Far {
             (cfg.donors.clone(), None)
         };
         let donors = connect_donors(&addrs, &ccfg)?;
-        let replicas = replicas_for(cfg, &addrs, donors.len())?;
+        let answered = donors.iter().filter(|d| d.health.is_live()).count();
+        let replicas = replicas_for(cfg, &addrs, answered)?;
         let slab_pages = far_slab_pages(&donors, tier.as_ref(), &addrs)?;
         let sealer = sealer_for(cfg, &addrs, embedded.is_some())?;
         let backup = match &cfg.backup_file {
@@ -167,19 +170,24 @@ fn connect_donors(addrs: &[String], ccfg: &ClientConfig) -> Result<Vec<Donor>, R
                 donors.push(Donor {
                     read,
                     write,
-                    capacity_bytes: info.capacity_bytes,
+                    capacity_bytes: AtomicU64::new(info.capacity_bytes),
+                    geometry: AtomicU8::new(GEOMETRY_KNOWN),
                     slabs_placed: Mutex::new(0),
                     // Cut once the far slab size is known (far_slab_pages).
                     pack: Mutex::new(Pack::new(1, 1)),
                     health: Health::default(),
                 });
             }
-            Err(e @ RuntimeError::Donor { .. }) if is_unreachable(&e) => unreachable.push(e),
+            Err(e @ RuntimeError::Donor { .. }) if is_unreachable(&e) => {
+                donors.push(down_at_start(a, ccfg, &e)?);
+                unreachable.push(e);
+            }
             Err(e) => return Err(e),
         }
     }
+    let answered = donors.len() - unreachable.len();
     if let Some(first) = unreachable.first() {
-        if donors.is_empty() {
+        if answered == 0 {
             return Err(RuntimeError::NoDonorReachable {
                 tried: addrs.len(),
                 first: first.to_string(),
@@ -187,12 +195,48 @@ fn connect_donors(addrs: &[String], ccfg: &ClientConfig) -> Result<Vec<Donor>, R
         }
         for e in &unreachable {
             tracing::warn!(
-                "{e}: going on with the {} donor(s) that answered",
-                donors.len()
+                "{e}: going on with the {answered} donor(s) that answered; it is used once it \
+                 answers"
             );
         }
     }
     Ok(donors)
+}
+
+/// A donor that did not answer at start (`why`): dead for a crash, its connections made at
+/// their first request. The heal thread probes it with the other dead donors and takes it in
+/// when it answers ([`Far::take_in`]).
+fn down_at_start(
+    addr: &str,
+    ccfg: &ClientConfig,
+    why: &RuntimeError,
+) -> Result<Donor, RuntimeError> {
+    let later = |spin: Duration| {
+        DonorClient::register_later(
+            addr,
+            ClientConfig {
+                spin,
+                ..ccfg.clone()
+            },
+        )
+        .map_err(|source| RuntimeError::Donor {
+            addr: addr.to_string(),
+            step: "connecting",
+            source,
+        })
+    };
+    let health = Health::default();
+    health.declare_dead(Cause::Crash);
+    tracing::debug!("donor {addr} is down at start ({why})");
+    Ok(Donor {
+        read: later(FAULT_PATH_SPIN)?,
+        write: later(Duration::ZERO)?,
+        capacity_bytes: AtomicU64::new(0),
+        geometry: AtomicU8::new(GEOMETRY_UNKNOWN),
+        slabs_placed: Mutex::new(0),
+        pack: Mutex::new(Pack::new(1, 1)),
+        health,
+    })
 }
 
 /// Copies each far slab keeps: `--replicas`, or 2 with two donors or more; at most one a
@@ -231,6 +275,8 @@ fn far_slab_pages(
     let slab_bytes = donors
         .iter()
         .map(|d| d.read.info().slab_size_bytes)
+        // A donor down at start does not know it yet (Far::take_in checks it later).
+        .filter(|&b| b > 0)
         .chain(tier.map(Tier::slab_bytes))
         .min()
         .unwrap_or(64 << 20);
@@ -244,7 +290,7 @@ fn far_slab_pages(
         });
     }
     let slab_pages = slab_bytes / PAGE_SIZE as u64;
-    for d in donors {
+    for d in donors.iter().filter(|d| d.read.info().slab_size_bytes > 0) {
         *d.pack.lock() = Pack::new(d.read.info().slab_size_bytes / PAGE_SIZE as u64, slab_pages);
     }
     Ok(slab_pages)
@@ -282,7 +328,8 @@ fn borrowed_donors(cfg: &RuntimeConfig, ccfg: &ClientConfig, own: usize) -> (Vec
     let donors = std::mem::take(&mut b.clients)
         .into_iter()
         .map(|c| Donor {
-            capacity_bytes: c.info().capacity_bytes,
+            capacity_bytes: AtomicU64::new(c.info().capacity_bytes),
+            geometry: AtomicU8::new(GEOMETRY_KNOWN),
             read: c.clone(),
             write: c,
             slabs_placed: Mutex::new(0),

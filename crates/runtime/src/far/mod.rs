@@ -65,7 +65,11 @@ use tier::Tier;
 pub(crate) struct Donor {
     pub(crate) read: DonorClient,
     pub(crate) write: DonorClient,
-    pub(crate) capacity_bytes: u64,
+    /// What it lends (0 until it first answered, for one down at start).
+    pub(crate) capacity_bytes: std::sync::atomic::AtomicU64,
+    /// Whether its slab size and capacity are known and its pieces cut ([`Far::take_in`]):
+    /// [`GEOMETRY_UNKNOWN`] for a donor that did not answer at start, until it does.
+    pub(crate) geometry: std::sync::atomic::AtomicU8,
     /// Far slab copies placed on it (pieces of its slabs).
     pub(crate) slabs_placed: Mutex<u64>,
     /// Its slabs and the far slabs packed into them ([`crate::slabs::pack`]).
@@ -73,6 +77,13 @@ pub(crate) struct Donor {
     /// Alive, suspected or dead ([`crate::far::health`]).
     pub(crate) health: Health,
 }
+
+/// [`Donor::geometry`]: known (connected at start, or taken in since).
+pub(crate) const GEOMETRY_KNOWN: u8 = 0;
+/// [`Donor::geometry`]: not answered yet.
+pub(crate) const GEOMETRY_UNKNOWN: u8 = 1;
+/// [`Donor::geometry`]: answered, with slabs too small for a far slab: never used.
+pub(crate) const GEOMETRY_UNUSABLE: u8 = 2;
 
 /// Where a far slab lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,7 +231,11 @@ impl Far {
     /// Total capacity the donors and the host tier lend, in bytes (each slab takes
     /// `replicas` donor slabs).
     pub(crate) fn capacity_bytes(&self) -> u64 {
-        self.donors.iter().map(|d| d.capacity_bytes).sum::<u64>() / self.replicas.max(1) as u64
+        self.donors
+            .iter()
+            .map(|d| d.capacity_bytes.load(std::sync::atomic::Ordering::Relaxed))
+            .sum::<u64>()
+            / self.replicas.max(1) as u64
             + self.tier.as_ref().map_or(0, Tier::capacity_bytes)
     }
 
@@ -351,6 +366,42 @@ impl Far {
         if let Some(t) = self.lent_copies.get() {
             t.thawed();
         }
+    }
+
+    /// Donor `d`, which did not answer at start, has just answered: learns its slab size and
+    /// capacity and cuts its slabs into pieces, so it can take copies. False (it stays out,
+    /// said once) if its slabs cannot hold a far slab.
+    pub(crate) fn take_in(&self, d: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        let donor = &self.donors[d];
+        match donor.geometry.load(Ordering::Acquire) {
+            GEOMETRY_KNOWN => return true,
+            GEOMETRY_UNUSABLE => return false,
+            _ => {}
+        }
+        let info = donor.write.info();
+        let donor_slab_pages = info.slab_size_bytes / PAGE_SIZE as u64;
+        if donor_slab_pages < self.slab_pages {
+            donor.geometry.store(GEOMETRY_UNUSABLE, Ordering::Release);
+            tracing::warn!(
+                "donor {}: its slabs ({} bytes) are smaller than this runtime's far slabs ({} \
+                 bytes): it is not used",
+                donor.write.addr(),
+                info.slab_size_bytes,
+                self.slab_pages * PAGE_SIZE as u64
+            );
+            return false;
+        }
+        *donor.pack.lock() = Pack::new(donor_slab_pages, self.slab_pages);
+        donor
+            .capacity_bytes
+            .store(info.capacity_bytes, Ordering::Relaxed);
+        donor.geometry.store(GEOMETRY_KNOWN, Ordering::Release);
+        tracing::warn!(
+            "donor {}, down when this program started, answers: used from now on",
+            donor.write.addr()
+        );
+        true
     }
 
     /// Whether lent far page `far` (a forked child's) has a lender that lives and may still
@@ -571,7 +622,9 @@ impl Far {
         let load = |d: usize| {
             let d = &self.donors[d];
             (*d.slabs_placed.lock() * self.slab_pages * PAGE_SIZE as u64) as f64
-                / d.capacity_bytes.max(1) as f64
+                / d.capacity_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .max(1) as f64
         };
         let (first, second) = if load(cands[j]) < load(cands[i]) {
             (cands[j], cands[i])

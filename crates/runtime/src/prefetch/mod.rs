@@ -204,12 +204,21 @@ impl Prefetch {
                     thread_hook: cfg.thread_hook.clone(),
                     ..ClientConfig::default()
                 };
-                let c =
-                    DonorClient::connect(&addr, ccfg).map_err(|source| RuntimeError::Donor {
-                        addr: addr.clone(),
-                        step: "connecting (prefetch)",
-                        source,
-                    })?;
+                // A donor down (at start, or since): this connection attaches once the
+                // runtime's own has registered there again.
+                let down = d.geometry.load(std::sync::atomic::Ordering::Relaxed)
+                    != crate::far::GEOMETRY_KNOWN;
+                let c = if down {
+                    DonorClient::attach_later(&addr, ccfg)
+                } else {
+                    DonorClient::connect(&addr, ccfg.clone())
+                        .or_else(|_| DonorClient::attach_later(&addr, ccfg))
+                }
+                .map_err(|source| RuntimeError::Donor {
+                    addr: addr.clone(),
+                    step: "connecting (prefetch)",
+                    source,
+                })?;
                 clients.push(c);
             }
             // A forked child's connections to its parent's client (pages lent on donors):

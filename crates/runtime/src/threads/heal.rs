@@ -204,6 +204,9 @@ fn probe_dead(sh: &Shared, d: usize) {
             return;
         }
     }
+    if !sh.far.take_in(d) {
+        return; // its slabs cannot hold this runtime's far slabs
+    }
     donor.health.revive();
     let stale = free_stale_copies(sh);
     tracing::warn!(

@@ -155,11 +155,11 @@ pub fn check_donors(donors: &[String], token: Option<Vec<u8>>) -> anyhow::Result
             donors.len()
         )));
     }
+    let answering = donors.len() - unreachable.len();
     for e in unreachable {
         eprintln!(
-            "farmem: warning: {e:#}; starting with the {} other donor(s) (its copies are \
-             made elsewhere)",
-            donors.len() - 1
+            "farmem: warning: {e:#}; starting with the {answering} donor(s) that answered (it \
+             is used once it answers; its copies are made elsewhere meanwhile)"
         );
     }
     Ok(())
