@@ -4,9 +4,10 @@
 //! bad arguments. Needs root (network namespaces) and the soak's programs (scripts/setup.sh).
 //!
 //! CI injects the failures a donor comes back from with its store (stall, link down, capacity
-//! lowered) and node kills. Killing donors is left to `farmem-bench soak` run by hand: the
-//! 60-minute soak of decision 0068 still loses pages then (a forked child reading pages lent
-//! on donors that die; a second donor lost before re-replication finished), open in issue 43.
+//! lowered) and node kills. Killing donors is left to `farmem-bench soak` run by hand: a
+//! forked child now follows its parent's heals (decision 0070) and a donor down at start is
+//! taken in (0071), but a long soak still loses a page now and then when a second donor dies
+//! before the copies of the first one's slabs are complete (open in issue 43).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

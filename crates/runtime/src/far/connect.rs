@@ -203,8 +203,8 @@ fn connect_donors(addrs: &[String], ccfg: &ClientConfig) -> Result<Vec<Donor>, R
     Ok(donors)
 }
 
-/// A donor that did not answer at start (`why`): dead for a crash, its connections made at
-/// their first request. The heal thread probes it with the other dead donors and takes it in
+/// A donor that did not answer at start (`why`): dead (refused: a crash; accepted: a stall;
+/// neither: a partition), its connections made at their first request. The heal thread probes it with the other dead donors and takes it in
 /// when it answers ([`Far::take_in`]).
 fn down_at_start(
     addr: &str,
@@ -226,7 +226,7 @@ fn down_at_start(
         })
     };
     let health = Health::default();
-    health.declare_dead(Cause::Crash);
+    health.declare_dead(Cause::of(addr));
     tracing::debug!("donor {addr} is down at start ({why})");
     Ok(Donor {
         read: later(FAULT_PATH_SPIN)?,

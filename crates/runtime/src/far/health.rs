@@ -42,6 +42,29 @@ pub enum Cause {
     Restarted,
 }
 
+/// How long the classifying connection may take.
+const CONNECT_PROBE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Cause {
+    /// Tells a crash from a stall from a partition at `addr` by opening a fresh TCP
+    /// connection: refused or reset is a crash, accepted a stall, neither a partition.
+    pub(crate) fn of(addr: &str) -> Cause {
+        use std::net::{TcpStream, ToSocketAddrs};
+        let Some(sa) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+            return Cause::Partition;
+        };
+        match TcpStream::connect_timeout(&sa, CONNECT_PROBE) {
+            Ok(_) => Cause::Stall,
+            Err(e) => match e.kind() {
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset => {
+                    Cause::Crash
+                }
+                _ => Cause::Partition,
+            },
+        }
+    }
+}
+
 impl std::fmt::Display for Cause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -29,7 +29,6 @@
 //! - Memory slabs (the host tier) with a copy on a dead donor lose that copy and have every
 //!   page written through again to a new one ([`crate::tier`]).
 
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,9 +41,6 @@ use crate::shared::Shared;
 use crate::slabs::replicas::{Replica, Replicas};
 use crate::threads::heal_plan::{plan_slab, DonorState, Healed, Rounds, SlabPlan};
 use crate::threads::heal_rounds::{run, HealWorld};
-
-/// How long the probe's fresh TCP connection may take.
-const CONNECT_PROBE: Duration = Duration::from_secs(1);
 
 /// The heal thread. Runs until shutdown when donors are used.
 pub(crate) fn heal_loop(sh: Arc<Shared>) {
@@ -290,23 +286,7 @@ fn probe(sh: &Shared, d: usize) -> Result<(), Cause> {
     if err.is_forgotten() {
         return Err(Cause::Restarted);
     }
-    Err(classify(donor.write.addr()))
-}
-
-/// Tells a crash from a stall from a partition by opening a fresh TCP connection.
-fn classify(addr: &str) -> Cause {
-    let Some(sa) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
-        return Cause::Partition;
-    };
-    match TcpStream::connect_timeout(&sa, CONNECT_PROBE) {
-        Ok(_) => Cause::Stall,
-        Err(e) => match e.kind() {
-            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset => {
-                Cause::Crash
-            }
-            _ => Cause::Partition,
-        },
-    }
+    Err(Cause::of(donor.write.addr()))
 }
 
 /// Declares donor `d` dead: drops its copies where a live complete copy exists, and takes
