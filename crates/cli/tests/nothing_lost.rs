@@ -549,6 +549,25 @@ fn numpy_result_unchanged_from_the_backup_file_when_every_donor_crashes() {
     );
 }
 
+/// Waits until restarted donor `d` is taken back and holds copies again, every slab whole
+/// (`what` says it in a failure); returns its address.
+fn until_taken_back(what: &str, run: &mut Running, stats: &Path, d: &HostDonor) -> String {
+    let back = d.addr().to_string();
+    until_stats(
+        what,
+        run,
+        stats,
+        || {},
+        |s| {
+            died_as(s, d, "restart")
+                && !s.dead_donors.iter().any(|x| x.starts_with(&back))
+                && s.slabs_degraded == 0
+                && s.donors.iter().any(|x| x.addr == back && x.far_slabs > 0)
+        },
+    );
+    back
+}
+
 /// Starts the phases program on 128 MiB under `farmem run --replicas 2` on `ds`, with `steps`;
 /// returns its folder, its stats file and the run.
 fn phases_run(ds: &[HostDonor], tag: &str, steps: &[&str]) -> (Scratch, PathBuf, Running) {
@@ -622,18 +641,11 @@ fn a_restarted_donor_is_used_again_and_then_holds_the_only_copies() {
     until_file(&mut run, &dir, "at-restarted");
     ds[1].restart();
     touch(&dir, "restarted");
-    let back = ds[1].addr().to_string();
-    until_stats(
+    let back = until_taken_back(
         "the restarted donor holding copies again",
         &mut run,
         &stats,
-        || {},
-        |s| {
-            died_as(s, &ds[1], "restart")
-                && !s.dead_donors.iter().any(|x| x.starts_with(&back))
-                && s.slabs_degraded == 0
-                && s.donors.iter().any(|d| d.addr == back && d.far_slabs > 0)
-        },
+        &ds[1],
     );
     ds[0].crash();
     touch(&dir, "crashed");
@@ -673,18 +685,11 @@ fn a_forked_child_reads_its_pages_through_copies_its_parent_made_on_a_restarted_
     until_file(&mut run, &dir, "at-read");
     ds[1].restart();
     touch(&dir, "restarted");
-    let back = ds[1].addr().to_string();
-    until_stats(
+    until_taken_back(
         "the restarted donor taken back while the child lives, holding copies again",
         &mut run,
         &stats,
-        || {},
-        |s| {
-            died_as(s, &ds[1], "restart")
-                && !s.dead_donors.iter().any(|x| x.starts_with(&back))
-                && s.slabs_degraded == 0
-                && s.donors.iter().any(|d| d.addr == back && d.far_slabs > 0)
-        },
+        &ds[1],
     );
     // The child's runtime also holds slabs of its own (pages it shared with the parent and
     // copied out to evict): it must have healed them onto the restarted donor too.
