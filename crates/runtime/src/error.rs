@@ -212,11 +212,6 @@ pub enum CopyFailure {
     /// No copy was anywhere to ask.
     #[error("its slab is on no donor")]
     Nowhere,
-    /// The read overlapped a restarted donor being taken back (by this runtime or, for a
-    /// forked child's lent page, its parent): the page may be another slab's there. Thrown
-    /// away, read again.
-    #[error("a restarted donor was taken back during the read")]
-    RestartEpoch,
 }
 
 /// Every copy of a far page failed to serve a read: what went wrong with each, in order.

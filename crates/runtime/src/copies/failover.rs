@@ -101,9 +101,9 @@ impl ReplicaRead {
                     }
                 }
                 Some(Ok(Completion::Pages(_))) if sh.far.read_epoch() != self.epoch => {
-                    // Every later answer is suspect too: the fault path reads again.
-                    self.rest.clear();
-                    CopyFailure::RestartEpoch
+                    // A restarted donor was taken back meanwhile: every copy looked up before
+                    // may name another slab there now. Not a failure: looked up again.
+                    return ReplicaRead::start(sh, self.far).finish(sh);
                 }
                 Some(Ok(Completion::Pages(mut data))) if data.len() == PAGE_SIZE => {
                     sh.far.read_times.record(sent.elapsed());
