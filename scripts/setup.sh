@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 # benchmarks run under farmem (/usr/bin/python3 with numpy and scikit-learn from Debian; node and
 # a JDK for the managed-heap tests and the node-heap/jvm-heap benchmarks; Go for the cgo heap test;
 # spin, the model checker the runtime's page-state model test runs: crates/runtime/tests/page_model.rs;
-# stress-ng, whose verifying memory stressors `farmem-bench soak` runs).
-PACKAGES=(build-essential pkg-config spin stress-ng redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
+# stress-ng, whose verifying memory stressors `farmem-bench soak` runs; prometheus for promtool,
+# which checks every metrics endpoint: crates/cli/tests/run_metrics.rs).
+PACKAGES=(build-essential pkg-config spin stress-ng prometheus redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,7 +25,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # The packaged servers start themselves; farmem's tests and benchmarks start their own.
-  for svc in redis-server memcached; do
+  for svc in redis-server memcached prometheus; do
     if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
     if command -v service >/dev/null 2>&1; then service "$svc" stop >/dev/null 2>&1 || true; fi
   done

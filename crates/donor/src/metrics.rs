@@ -244,7 +244,7 @@ impl Metrics {
 
     /// Renders every metric in the Prometheus text exposition format (version 0.0.4).
     pub fn render(&self, store: &SlabStore) -> String {
-        let mut e = Exposition::new();
+        let mut e = Exposition::new("donor");
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         for (name, help, v) in [
             ("farmem_donor_capacity_bytes", "Lendable capacity in bytes.", store.capacity_bytes()),

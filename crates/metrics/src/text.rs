@@ -31,11 +31,27 @@ pub struct Exposition {
 }
 
 impl Exposition {
-    /// Empty text.
-    pub fn new() -> Exposition {
-        Exposition {
+    /// Text that starts with `farmem_build_info{component, version} 1`: every endpoint says
+    /// what answers it (`donor`, `node`, `run`) and which release, so a dashboard can tell
+    /// versions apart during an upgrade.
+    pub fn new(component: &str) -> Exposition {
+        let mut e = Exposition {
             text: String::with_capacity(4096),
-        }
+        };
+        e.family(
+            "farmem_build_info",
+            Kind::Gauge,
+            "Always 1: the farmem component serving these metrics and its version.",
+        );
+        e.sample(
+            "farmem_build_info",
+            &[
+                ("component", component),
+                ("version", env!("CARGO_PKG_VERSION")),
+            ],
+            1,
+        );
+        e
     }
 
     /// Starts a family: its `# HELP` and `# TYPE` lines. Its samples follow.
@@ -119,8 +135,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_text_starts_with_the_build_info() {
+        let t = Exposition::new("donor").finish();
+        assert_eq!(
+            t,
+            format!(
+                "# HELP farmem_build_info Always 1: the farmem component serving these metrics \
+                 and its version.\n# TYPE farmem_build_info gauge\n\
+                 farmem_build_info{{component=\"donor\",version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+    }
+
+    #[test]
     fn families_and_samples_are_written_in_the_text_format() {
-        let mut e = Exposition::new();
+        let mut e = Exposition::default();
         e.single("a_bytes", Kind::Gauge, "Bytes.", 7);
         e.family("b_total", Kind::Counter, "Bs, by kind.");
         e.sample("b_total", &[("kind", "x"), ("pid", "42")], 3);
@@ -142,7 +172,7 @@ mod tests {
 
     #[test]
     fn a_histogram_has_cumulative_buckets_ending_in_inf_and_its_count() {
-        let mut e = Exposition::new();
+        let mut e = Exposition::default();
         e.histogram("t_seconds", "Time.", &[5e-6, 1e-3], &[1, 0, 2], "0.5");
         assert_eq!(
             e.finish(),

@@ -168,7 +168,7 @@ impl Counters {
 
 /// `stats` in the Prometheus text exposition format (version 0.0.4).
 pub fn render_prometheus(stats: &NodeStats) -> String {
-    let mut e = Exposition::new();
+    let mut e = Exposition::new("node");
     let single: [(&str, &str, u64); 8] = [
         (
             "farmem_node_capacity_bytes",

@@ -46,7 +46,7 @@ use crate::wire::{LineBuffer, ToCoordinator, ToProcess, WireError, TREE_PROTOCOL
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The tree's budget as the run's summary shows it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct TreeSnapshot {
     /// The processes present, then the departed ones (with their peaks).
     pub processes: Vec<ProcessShare>,
@@ -238,6 +238,27 @@ impl Coordinator {
     }
 
     /// Every process's share now (and the departed ones'), for the run's summary.
+    pub fn snapshot(&self) -> TreeSnapshot {
+        self.view().snapshot()
+    }
+
+    /// A handle another thread can read the shares through (the run's metrics endpoint).
+    pub fn view(&self) -> CoordinatorView {
+        CoordinatorView {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Read-only access to a coordinator's shares from another thread. Once the coordinator has
+/// stopped it shows the shares as they were then.
+#[derive(Clone)]
+pub struct CoordinatorView {
+    shared: Arc<Shared>,
+}
+
+impl CoordinatorView {
+    /// What [`Coordinator::snapshot`] gives.
     pub fn snapshot(&self) -> TreeSnapshot {
         let b = lock(&self.shared.budget);
         TreeSnapshot {

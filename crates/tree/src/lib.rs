@@ -45,7 +45,7 @@ pub mod wire;
 pub const LEAST_SHARE_BYTES: u64 = 1 << 20;
 
 pub use client::TreeClient;
-pub use coordinator::{Coordinator, TreeSnapshot};
+pub use coordinator::{Coordinator, CoordinatorView, TreeSnapshot};
 pub use membership::Admission;
 pub use policy::{Budget, ProcessShare};
 pub use wire::{Report, ToCoordinator, ToProcess, MAX_LINE_BYTES, TREE_PROTOCOL_VERSION};

@@ -51,7 +51,7 @@ pub const MIN_STEP_PAGES: u64 = 256;
 pub const MIN_HEADROOM_PAGES: u64 = 16;
 
 /// One process's share of the tree's budget, as the summary shows it.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessShare {
     /// The process id: the kernel's, or the one its Hello gave under `Admission::Anyone`.
     pub pid: u32,

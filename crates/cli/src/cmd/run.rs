@@ -119,6 +119,13 @@ pub struct RunArgs {
     /// refused.
     #[arg(long, value_name = "FILE")]
     pub stats: Option<PathBuf>,
+    /// Serve the program tree's paging counters in Prometheus form at http://ADDR/metrics
+    /// while it runs (e.g. 127.0.0.1:9179; port 0 picks one, logged at start): faults by
+    /// source, bytes in and out by tier, resident and pooled memory against --local-mem,
+    /// prefetch accuracy and coverage, each donor's health and copies, seal rejections, pages
+    /// lost. Figures are at most a second old; the endpoint stops when the run ends.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// Record the program's page accesses into a trace file (for `farmem sim`). A new FILE gets
     /// mode 0600; an existing one must be this user's regular file (it is truncated): a link,
     /// a FIFO, a device or another user's file is refused.
@@ -158,6 +165,7 @@ pub struct RunArgs {
 }
 
 mod launch;
+mod metrics;
 mod preflight;
 mod program;
 mod servers;
@@ -175,10 +183,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .command
         .split_first()
         .context("no COMMAND given after `--`")?;
-    let checked = check(&args, cmd)?;
+    let mut checked = check(&args, cmd)?;
     let far = start_far(&args, checked.token.clone())?;
     let backup_file = check_copies(&args, &far.donors)?;
     let (tree, coordinator) = start_coordinator(&args)?;
+    let _metrics = match checked.metrics.take() {
+        Some(l) => {
+            let m = metrics::serve(l, tree.stats_dir(), coordinator.view(), args.local_mem)?;
+            tracing::info!("metrics at http://{}/metrics", m.addr());
+            Some(m)
+        }
+        None => None,
+    };
     if let Some(p) = &args.stats {
         let _ = std::fs::remove_file(p);
     }
@@ -201,11 +217,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(report(&args, &status, account.as_ref())))
 }
 
-/// What the checks before anything starts found: the program, the preload library, the token.
+/// What the checks before anything starts found: the program, the preload library, the token,
+/// the metrics listener.
 struct Checked {
     program: PathBuf,
     lib: PathBuf,
     token: Option<Vec<u8>>,
+    metrics: Option<std::net::TcpListener>,
 }
 
 /// Checks the command and every flag that can be checked before anything starts.
@@ -232,10 +250,12 @@ fn check(args: &RunArgs, cmd: &OsStr) -> anyhow::Result<Checked> {
         .map(crate::cmd::donor::read_token_file)
         .transpose()?;
     check_flags(args)?;
+    let metrics = args.metrics.as_deref().map(metrics::bind).transpose()?;
     Ok(Checked {
         program,
         lib,
         token,
+        metrics,
     })
 }
 

@@ -13,7 +13,7 @@ use anyhow::Context;
 use farmem_runtime::{
     StatsFile, TreeProcess, TreeStats, UnmanagedReport, TREE_BUDGET_SOCKET, TREE_STATS_DIR,
 };
-use farmem_tree::Coordinator;
+use farmem_tree::TreeSnapshot;
 
 use crate::cmd::treemem::TreeRssReport;
 use farmem_runtime::PAGE_SIZE;
@@ -46,25 +46,31 @@ impl TreeDir {
         self.path.join(TREE_BUDGET_SOCKET)
     }
 
-    fn stats_dir(&self) -> PathBuf {
+    /// Where every process writes its stats file.
+    pub fn stats_dir(&self) -> PathBuf {
         self.path.join(TREE_STATS_DIR)
     }
 
-    /// Every process's last stats file, the tree's root (`root_pid`, the program `farmem run`
-    /// started) first, then by pid. Files being rewritten are skipped (they are replaced by
-    /// rename, so a file read is always whole).
+    /// Every process's last stats file ([`processes_in`]).
     pub fn processes(&self, root_pid: u32) -> Vec<StatsFile> {
-        let mut files: Vec<StatsFile> = std::fs::read_dir(self.stats_dir())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-            .filter_map(|s| serde_json::from_str::<StatsFile>(&s).ok())
-            .collect();
-        files.sort_by_key(|f| (f.pid != root_pid, f.pid));
-        files
+        processes_in(&self.stats_dir(), root_pid)
     }
+}
+
+/// Every process's last stats file in `stats_dir`, the tree's root (`root_pid`, the program
+/// `farmem run` started) first, then by pid. Files being rewritten are skipped (they are
+/// replaced by rename, so a file read is always whole).
+pub fn processes_in(stats_dir: &Path, root_pid: u32) -> Vec<StatsFile> {
+    let mut files: Vec<StatsFile> = std::fs::read_dir(stats_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|s| serde_json::from_str::<StatsFile>(&s).ok())
+        .collect();
+    files.sort_by_key(|f| (f.pid != root_pid, f.pid));
+    files
 }
 
 impl Drop for TreeDir {
@@ -79,7 +85,7 @@ impl Drop for TreeDir {
 /// tree section. `None` when no process wrote a file.
 pub fn account(
     files: &[StatsFile],
-    coordinator: Option<&Coordinator>,
+    coordinator: Option<&TreeSnapshot>,
     sampled: Option<&TreeRssReport>,
     local_mem: u64,
 ) -> Option<StatsFile> {
@@ -94,13 +100,10 @@ pub fn account(
         }
     }
     let (peak_local_bytes, overcommitted_bytes) = match coordinator {
-        Some(c) => {
-            let s = c.snapshot();
-            (
-                s.peak_total_used_pages * PAGE_SIZE as u64,
-                s.overcommitted_pages * PAGE_SIZE as u64,
-            )
-        }
+        Some(s) => (
+            s.peak_total_used_pages * PAGE_SIZE as u64,
+            s.overcommitted_pages * PAGE_SIZE as u64,
+        ),
         None => (0, 0),
     };
     if let Some(t) = &mut total {

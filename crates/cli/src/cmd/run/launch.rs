@@ -120,7 +120,7 @@ pub(super) fn run_program(
     let sampled = sampler.stop();
     let account = run_tree::account(
         &tree.processes(pid),
-        Some(coordinator),
+        Some(&coordinator.snapshot()),
         Some(&sampled),
         args.local_mem,
     );
@@ -176,9 +176,12 @@ fn wait(
                 while writing.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(250));
                     let processes = tree.processes(pid);
-                    if let Some(acc) =
-                        run_tree::account(&processes, Some(coordinator), None, args.local_mem)
-                    {
+                    if let Some(acc) = run_tree::account(
+                        &processes,
+                        Some(&coordinator.snapshot()),
+                        None,
+                        args.local_mem,
+                    ) {
                         let _ = run_tree::write(path, &acc);
                     }
                 }
