@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 # a JDK for the managed-heap tests and the node-heap/jvm-heap benchmarks; Go for the cgo heap test;
 # spin, the model checker the runtime's page-state model test runs: crates/runtime/tests/page_model.rs;
 # stress-ng, whose verifying memory stressors `farmem-bench soak` runs; prometheus for promtool,
-# which checks every metrics endpoint: crates/cli/tests/run_metrics.rs).
-PACKAGES=(build-essential pkg-config spin stress-ng prometheus redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
+# which checks every metrics endpoint: crates/cli/tests/run_metrics.rs; tmux, the terminal
+# `farmem top` is tested in: crates/cli/tests/top_cli.rs).
+PACKAGES=(build-essential pkg-config spin stress-ng prometheus tmux redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

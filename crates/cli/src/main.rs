@@ -52,13 +52,23 @@ enum Command {
     Sim(cmd::sim::SimArgs),
     /// Show a donor's capacity, use, clients, requests per second and service times.
     Stats(cmd::stats::StatsArgs),
+    /// Watch this host live: its node, every farmem program on it, the donors they use.
+    ///
+    /// Redraws each second: the node (capacity, used, free, each client with its slabs and
+    /// the program it belongs to), every program under `farmem run` on this host (local
+    /// memory, resident and pooled, faults a second by source, prefetch accuracy, far slabs
+    /// short of copies) and each donor they use (capacity, what this host holds there, the
+    /// worst health a program sees, the round trip of a TCP connect). Keys: s cycles the
+    /// order, r/f/p sort by resident, faults or pid, q (or Esc) quits. Root sees every
+    /// program; another user only its own. --once prints one view (--json: as JSON) and exits.
+    Top(cmd::top::TopArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The doctor's report is its output: the in-process donor's info lines would clutter it.
     let default_level = match cli.command {
-        Command::Doctor(_) => "warn",
+        Command::Doctor(_) | Command::Top(_) => "warn",
         _ => "info",
     };
     init_logging(default_level);
@@ -69,6 +79,7 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Sim(args) => cmd::sim::run(args),
         Command::Stats(args) => cmd::stats::run(args),
+        Command::Top(args) => cmd::top::run(args),
     };
     match result {
         Ok(code) => code,

@@ -9,5 +9,6 @@ pub mod sim;
 pub mod stale_dirs;
 pub mod stats;
 pub mod tenants;
+pub mod top;
 pub mod treemem;
 pub mod units;
