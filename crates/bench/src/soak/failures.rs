@@ -71,9 +71,8 @@ pub(crate) struct Step {
     pub hold: Duration,
 }
 
-/// Quiet time between failures: enough for a lost donor's slabs to be copied again at the
-/// default heal rate (the soak holds a few hundred MiB), so that one failure at a time never
-/// leaves a page without a copy.
+/// Quiet time between failures (and before one that hits a donor, the soak also waits until
+/// the runs have repaired the last one: `repaired`).
 const GAP_S: (f64, f64) = (4.0, 10.0);
 /// How long a failure lasts: from shorter than failure detection to several times it.
 const HOLD_S: (f64, f64) = (1.0, 8.0);

@@ -14,6 +14,7 @@
 mod cluster;
 mod failures;
 mod programs;
+mod repaired;
 mod verdict;
 
 use std::process::ExitCode;
@@ -30,6 +31,9 @@ use verdict::{Injected, Run};
 
 /// Donors of the soak's cluster (each in a network namespace of its own).
 const DONORS: usize = 3;
+/// The longest the soak waits for the runs to repair one failure before the next hits a
+/// donor (a heal of the soak's few hundred MiB takes seconds; this is for a stuck one).
+const REPAIR_LIMIT: Duration = Duration::from_secs(120);
 
 /// Run a mix of self-checking programs under farmem for N minutes while injecting failures.
 ///
@@ -186,6 +190,24 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
             if !sleep_unless_interrupted(step.gap) {
                 break;
             }
+            // One failure at a time: the next hits a donor only once the runs have made
+            // the copies the last one cost (two copies survive one loss, not two).
+            let mut after_repair = true;
+            if step.kind.hits_donor() {
+                let (waited, repaired) = repaired::wait(dir.path(), REPAIR_LIMIT, interrupted);
+                after_repair = repaired;
+                if !repaired && !interrupted() {
+                    eprintln!(
+                        "farmem-bench soak: a run is still short of copies after {:.0} s; \
+                         injecting {:?} anyway",
+                        waited.as_secs_f64(),
+                        step.kind
+                    );
+                }
+            }
+            if interrupted() || Instant::now() + step.hold > deadline {
+                break;
+            }
             let started = Instant::now();
             let error = cluster
                 .inject(step.kind, step.donor, step.hold)
@@ -200,6 +222,7 @@ pub(crate) fn run(a: SoakArgs) -> anyhow::Result<ExitCode> {
                 started,
                 ended: Instant::now(),
                 error,
+                after_repair,
             });
         }
         for j in jobs {
@@ -242,7 +265,7 @@ fn report(v: &verdict::Verdict) {
     eprintln!(
         "farmem-bench soak: seed {}, {} min: {} runs right of {} ({}); {} failures injected \
          ({} unnoticed by any run); wrong outputs {}, state_lost_pages {}, pages_lost {}, seal \
-         rejections {}, misreported failures {}: {}",
+         rejections {}, misreported failures {}, injected before a repair {}: {}",
         v.seed,
         v.minutes,
         v.runs - v.wrong_outputs,
@@ -255,6 +278,7 @@ fn report(v: &verdict::Verdict) {
         v.pages_lost,
         v.seal_rejected,
         v.failures_misreported,
+        v.injected_before_repair,
         if v.passed { "PASSED" } else { "FAILED" }
     );
     for m in &v.misreported {

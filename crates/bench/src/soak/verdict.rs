@@ -20,6 +20,9 @@ pub(crate) struct Injected {
     /// Why injecting or undoing it failed, if it did (the soak then fails: the cluster is not
     /// what the schedule says).
     pub error: Option<String>,
+    /// Whether the runs going had repaired the previous failures when it was injected (a
+    /// failure hitting a donor waits for that, up to a limit: see `repaired`).
+    pub after_repair: bool,
 }
 
 /// A finished run of one program.
@@ -51,6 +54,10 @@ pub(crate) struct Verdict {
     pub failures_unnoticed: usize,
     /// Runs that left no stats file (their counters are missing from the sums above).
     pub runs_without_stats: usize,
+    /// Failures injected while a run was still short of copies after the previous one (its
+    /// heal took longer than the soak waits): two losses at once, beyond what two copies
+    /// promise, so a page lost then is not a fault of the heal alone.
+    pub injected_before_repair: usize,
 }
 
 #[derive(Serialize)]
@@ -191,6 +198,7 @@ pub(crate) fn judge(
         failures_misreported: misreported.len(),
         misreported,
         failures_unnoticed: unnoticed,
+        injected_before_repair: injected.iter().filter(|i| !i.after_repair).count(),
         runs_without_stats: no_stats,
     }
 }
@@ -223,6 +231,7 @@ mod tests {
             started: t0 + Duration::from_secs(from),
             ended: t0 + Duration::from_secs(to),
             error: None,
+            after_repair: true,
         }
     }
 
