@@ -288,3 +288,83 @@ fn top_without_a_terminal_or_with_bad_flags_says_what_to_do() {
         text(&out)
     );
 }
+
+/// Run as root, `top` reads files under a directory another user's environment names: a FIFO
+/// or a link planted there is neither waited on nor followed, and a directory that is a link
+/// is not read at all.
+#[test]
+fn top_as_root_is_not_held_or_misled_by_a_planted_tree() {
+    use farmem_contract::{OverBudget, RunSettings, SealMode, TierMode};
+    use std::os::unix::fs::symlink;
+    let dir = Scratch::new("top-hostile");
+    let tree = dir.path("tree");
+    std::fs::create_dir_all(tree.join("stats")).unwrap();
+    let fifo = tree.join("stats/1.json");
+    let st = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(st.success());
+    symlink("/etc/shadow", tree.join("stats/2.json")).unwrap();
+    let settings = |tree_dir: &Path| {
+        RunSettings {
+            version: farmem_contract::run_settings::RUN_SETTINGS_VERSION,
+            local_mem_bytes: 7 << 20,
+            donors: Vec::new(),
+            token_file: None,
+            evict: None,
+            prefetch: None,
+            prefetch_install: None,
+            seal: SealMode::Off,
+            tier: TierMode::Off,
+            replicas: None,
+            backup_file: None,
+            heal_rate_bytes: None,
+            over_budget: OverBudget::Allow,
+            stats_file: None,
+            tree_dir: Some(tree_dir.to_path_buf()),
+            record_trace: None,
+            mmap_threshold_bytes: 4096,
+            heap_reserve_bytes: 256 << 30,
+            allocator_only: true,
+            farmem_bin: None,
+            orig_ld_preload: None,
+        }
+        .encode()
+        .unwrap()
+    };
+    let linked = dir.path("linked-tree");
+    symlink(&tree, &linked).unwrap();
+    let mut sleepers: Vec<std::process::Child> = [tree.as_path(), linked.as_path()]
+        .iter()
+        .map(|t| {
+            Command::new("sleep")
+                .arg("60")
+                .env(farmem_contract::run_settings::RUN_SETTINGS_VAR, settings(t))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let out = output_within(
+        Command::new(farmem()).args([
+            "top",
+            "--once",
+            "--json",
+            "--node",
+            "/nonexistent/node.sock",
+        ]),
+        Duration::from_secs(30),
+    );
+    for s in &mut sleepers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mine: Vec<&serde_json::Value> = v["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["local_mem_bytes"] == 7 << 20)
+        .collect();
+    // The real directory is listed (with nothing read from it); the link to it is not.
+    assert_eq!(mine.len(), 1, "{v}");
+    assert_eq!(mine[0]["processes"], 0, "{v}");
+}

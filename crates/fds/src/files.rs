@@ -171,6 +171,28 @@ impl<'a> Target<'a> {
     }
 }
 
+/// Reads `path` if it is a regular file owned by `owner` of at most `limit` bytes, without
+/// following a link at its name or blocking on a FIFO; `None` otherwise. For readers that run
+/// as root over files another user's programs write (`farmem top` reading stats files): such a
+/// user could plant a link to a root-only file, a FIFO that never answers, or a huge file.
+pub fn read_owned(path: &Path, owner: u32, limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    let regular = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
+    if !regular || st.st_uid != owner || st.st_size as u64 > limit {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    File::from(fd).take(limit).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
 /// Refuses `st` unless it is a regular file owned by this process's effective uid.
 fn check_stat(path: &Path, st: &rustix::fs::Stat) -> Result<(), FileError> {
     let kind = match FileType::from_raw_mode(st.st_mode) {
@@ -338,6 +360,32 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn read_owned_reads_only_an_owners_regular_file_within_the_limit() {
+        let d = scratch();
+        let me = rustix::process::geteuid().as_raw();
+        let p = d.join("stats.json");
+        std::fs::write(&p, b"{}").unwrap();
+        assert_eq!(read_owned(&p, me, 16).as_deref(), Some(&b"{}"[..]));
+        assert_eq!(read_owned(&p, me + 1, 16), None, "another owner's");
+        assert_eq!(read_owned(&p, me, 1), None, "over the limit");
+        let link = d.join("link.json");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert_eq!(read_owned(&link, me, 16), None, "a link is not followed");
+        // A FIFO nobody writes: refused at once, not waited on.
+        let fifo = d.join("fifo.json");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert_eq!(read_owned(&fifo, me, 16), None);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -53,21 +53,25 @@ impl TreeDir {
 
     /// Every process's last stats file ([`processes_in`]).
     pub fn processes(&self, root_pid: u32) -> Vec<StatsFile> {
-        processes_in(&self.stats_dir(), root_pid)
+        processes_in(&self.stats_dir(), root_pid, nix::unistd::geteuid().as_raw())
     }
 }
 
-/// Every process's last stats file in `stats_dir`, the tree's root (`root_pid`, the program
-/// `farmem run` started) first, then by pid. Files being rewritten are skipped (they are
-/// replaced by rename, so a file read is always whole).
-pub fn processes_in(stats_dir: &Path, root_pid: u32) -> Vec<StatsFile> {
+/// The largest stats file read: a process's is a few KiB; a bigger one is not farmem's.
+const STATS_FILE_LIMIT: u64 = 4 << 20;
+
+/// Every process's last stats file in `stats_dir` that `owner` owns, the tree's root
+/// (`root_pid`, the program `farmem run` started) first, then by pid. Files being rewritten
+/// are skipped (they are replaced by rename, so a file read is always whole); so is anything
+/// but a regular file (a link or a FIFO planted there is never followed or waited on).
+pub fn processes_in(stats_dir: &Path, root_pid: u32, owner: u32) -> Vec<StatsFile> {
     let mut files: Vec<StatsFile> = std::fs::read_dir(stats_dir)
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|s| serde_json::from_str::<StatsFile>(&s).ok())
+        .filter_map(|e| farmem_fds::files::read_owned(&e.path(), owner, STATS_FILE_LIMIT))
+        .filter_map(|b| serde_json::from_slice::<StatsFile>(&b).ok())
         .collect();
     files.sort_by_key(|f| (f.pid != root_pid, f.pid));
     files

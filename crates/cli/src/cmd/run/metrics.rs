@@ -45,9 +45,10 @@ pub(super) fn serve(
     coordinator: CoordinatorView,
     local_mem: u64,
 ) -> anyhow::Result<MetricsEndpoint> {
+    let me = nix::unistd::geteuid().as_raw();
     MetricsEndpoint::start(listener, "farmem-run-metrics", move || {
         render(
-            &run_tree::processes_in(&stats_dir, 0),
+            &run_tree::processes_in(&stats_dir, 0, me),
             &coordinator.snapshot(),
             local_mem,
         )

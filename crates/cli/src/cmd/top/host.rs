@@ -149,7 +149,11 @@ impl Watcher {
         let mut donors: BTreeMap<String, DonorRow> = BTreeMap::new();
         let mut pid_to_program = HashMap::new();
         for tree in find_trees() {
-            let files = run_tree::processes_in(&tree.dir.join(farmem_contract::TREE_STATS_DIR), 0);
+            let files = run_tree::processes_in(
+                &tree.dir.join(farmem_contract::TREE_STATS_DIR),
+                0,
+                tree.owner,
+            );
             let all: Vec<&Stats> = files.iter().filter_map(|f| f.runtime.as_ref()).collect();
             let running: Vec<&Stats> = files
                 .iter()
@@ -298,6 +302,9 @@ fn health_rank(h: &str) -> usize {
 /// A `farmem run` tree found on the host.
 struct Tree {
     dir: PathBuf,
+    /// The uid of its processes: only its files are read (run as root, `top` follows paths a
+    /// user's environment names; see `processes_in`).
+    owner: u32,
     root: u32,
     pids: Vec<u32>,
     local_mem_bytes: u64,
@@ -306,7 +313,14 @@ struct Tree {
 /// Every process whose environment carries farmem's run settings with a tree directory,
 /// grouped by that directory; a tree's root is its process whose parent is not in it.
 fn find_trees() -> Vec<Tree> {
-    let mut by_dir: BTreeMap<PathBuf, (u64, Vec<(u32, u32)>)> = BTreeMap::new();
+    use std::os::unix::fs::MetadataExt;
+    /// What the processes naming one directory said: the budget, their user, (pid, ppid)s.
+    struct Named {
+        local_mem_bytes: u64,
+        owner: u32,
+        procs: Vec<(u32, u32)>,
+    }
+    let mut by_dir: BTreeMap<PathBuf, Named> = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -320,16 +334,32 @@ fn find_trees() -> Vec<Tree> {
         let Some(dir) = settings.tree_dir else {
             continue;
         };
+        let Ok(uid) = std::fs::metadata(e.path()).map(|m| m.uid()) else {
+            continue;
+        };
         let ppid = parent_of(pid).unwrap_or(0);
-        let entry = by_dir
-            .entry(dir)
-            .or_insert_with(|| (settings.local_mem_bytes, Vec::new()));
-        entry.1.push((pid, ppid));
+        let entry = by_dir.entry(dir).or_insert_with(|| Named {
+            local_mem_bytes: settings.local_mem_bytes,
+            owner: uid,
+            procs: Vec::new(),
+        });
+        // A process of another user naming the same directory is not of this tree.
+        if entry.owner == uid {
+            entry.procs.push((pid, ppid));
+        }
     }
     by_dir
         .into_iter()
-        .filter(|(dir, _)| dir.is_dir())
-        .map(|(dir, (local_mem_bytes, procs))| {
+        // The directory itself, not a link, and its processes' user's own.
+        .filter(|(dir, n)| {
+            std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == n.owner)
+        })
+        .map(|(dir, n)| {
+            let Named {
+                local_mem_bytes,
+                owner,
+                procs,
+            } = n;
             let pids: Vec<u32> = procs.iter().map(|&(p, _)| p).collect();
             let root = procs
                 .iter()
@@ -339,6 +369,7 @@ fn find_trees() -> Vec<Tree> {
                 .unwrap_or(pids[0]);
             Tree {
                 dir,
+                owner,
                 root,
                 pids,
                 local_mem_bytes,
