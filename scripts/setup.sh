@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 # spin, the model checker the runtime's page-state model test runs: crates/runtime/tests/page_model.rs;
 # stress-ng, whose verifying memory stressors `farmem-bench soak` runs; prometheus for promtool,
 # which checks every metrics endpoint: crates/cli/tests/run_metrics.rs; tmux, the terminal
-# `farmem top` is tested in: crates/cli/tests/top_cli.rs).
-PACKAGES=(build-essential pkg-config spin stress-ng prometheus tmux redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go)
+# `farmem top` is tested in: crates/cli/tests/top_cli.rs; systemd for systemd-analyze, strace, and
+# python3-venv for kubernetes-validate's venv, which check deploy/: crates/cli/tests/deploy_files.rs).
+PACKAGES=(build-essential pkg-config spin stress-ng prometheus tmux redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go systemd strace python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -42,6 +43,19 @@ command -v cargo >/dev/null 2>&1 || {
   echo "setup: cargo not found: install Rust ≥ 1.80 (rustup) and re-run" >&2
   exit 1
 }
+
+# kubernetes-validate, pinned, in a project-local venv made by Debian's python3 (whose venv module
+# is python3-venv): crates/cli/tests/deploy_files.rs validates deploy/kubernetes/ with it.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+TOOLS_VENV=target/tools/venv
+if [ "$("$TOOLS_VENV/bin/kubernetes-validate" --version 2>/dev/null)" != "$KUBERNETES_VALIDATE_VERSION" ]; then
+  echo "setup: installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION into $TOOLS_VENV" >&2
+  /usr/bin/python3 -m venv --clear "$TOOLS_VENV"
+  "$TOOLS_VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || {
+    echo "setup: installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION from PyPI failed" >&2
+    exit 1
+  }
+fi
 
 cargo build --release --workspace --locked 2>&1 | grep -Ev '^\s+(Compiling|Downloaded|Downloading)' >&2 || {
   echo "setup: cargo build failed" >&2
