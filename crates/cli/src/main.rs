@@ -28,8 +28,9 @@ enum Command {
     /// page, from a donor started in this process on 127.0.0.1:0, or from --donor). With
     /// --donor: the token file, each donor (nothing there, token refused, or full), and the
     /// donors' room for far memory with --replicas copies against --far-mem. The host tier's
-    /// node: usable, not running, or not for this user. A seccomp filter refusing userfaultfd
-    /// (a container's default profile) is named with the fix. One line per check: ok, note
+    /// node: usable, not running, or not for this user. Each grant userfaultfd needs that is
+    /// missing (the device's permission, a seccomp filter, vm.unprivileged_userfaultfd) is named
+    /// on a line of its own with how to give it, for a container or a host. One line per check: ok, note
     /// (farmem runs, without what it names) or FAILED with what to do. Exits with status 1 if
     /// any check failed.
     Doctor(cmd::doctor::DoctorArgs),

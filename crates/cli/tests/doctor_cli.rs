@@ -2,7 +2,8 @@
 //! and prints one line per check; `--json` says the same; a check that fails (a donor address
 //! that refuses connections) makes it exit non-zero, naming the address and what to do; a
 //! refused token, a careless token file, several donors and a node this user may not use are
-//! each told apart with their fix.
+//! each told apart with their fix; so is each grant userfaultfd lacks (the device's permission,
+//! a seccomp filter, vm.unprivileged_userfaultfd). In a container: tests/container.rs.
 
 use std::process::{Command, Output};
 
@@ -25,6 +26,9 @@ fn text(o: &Output) -> String {
 const CHECKS: &[&str] = &[
     "kernel",
     "userfaultfd",
+    "/dev/userfaultfd",
+    "seccomp",
+    "vm.unprivileged_userfaultfd",
     "UFFD_FEATURE_PAGEFAULT_FLAG_WP",
     "UFFD_FEATURE_MOVE",
     "UFFD_FEATURE_POISON",
@@ -241,6 +245,23 @@ fn a_seccomp_filter_refusing_userfaultfd_is_named_with_the_fix() {
     );
     assert!(line.contains("--security-opt seccomp="), "{line}");
     assert!(!line.contains("run as root"), "{line}");
+    // Root opens the device, so the refusal was its ioctl's: the filter is named, the device
+    // and the sysctl are not missing.
+    let sec = line_of(&o, "seccomp");
+    assert!(
+        sec.starts_with("FAILED ") && sec.contains("refuses USERFAULTFD_IOC_NEW"),
+        "{sec}"
+    );
+    assert!(
+        line_of(&o, "/dev/userfaultfd").starts_with("ok "),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        line_of(&o, "vm.unprivileged_userfaultfd").starts_with("ok "),
+        "{}",
+        text(&o)
+    );
 
     farmem_testkit::bins::require_preload_lib();
     let o = Command::new(&jail)
@@ -334,4 +355,50 @@ fn far_capacity_is_checked_against_far_mem_with_replicas() {
     // --far-mem without a donor is a usage error.
     let o = doctor(&["--far-mem", "1GiB"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// A user the device is not given to, on this host: the device's permission is named with the
+/// fix for this uid, no seccomp filter is blamed, and vm.unprivileged_userfaultfd is told as
+/// the host has it (read, never written).
+#[test]
+fn a_user_without_the_device_is_told_each_missing_grant() {
+    let setpriv = farmem_testkit::run::require_program("setpriv", "util-linux");
+    let o = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_farmem"))
+        .arg("doctor")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let dev = line_of(&o, "/dev/userfaultfd");
+    assert!(
+        dev.starts_with("FAILED ") && dev.contains("but uid 65534 may not open it"),
+        "{dev}"
+    );
+    assert!(
+        dev.contains("setfacl -m u:65534:rw /dev/userfaultfd"),
+        "{dev}"
+    );
+    let sec = line_of(&o, "seccomp");
+    assert!(
+        sec.starts_with("ok ") && sec.contains("no seccomp filter"),
+        "{sec}"
+    );
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap();
+    let ctl = line_of(&o, "vm.unprivileged_userfaultfd");
+    if sysctl.trim() == "0" {
+        assert!(
+            ctl.starts_with("FAILED ") && ctl.contains("0, and this process lacks CAP_SYS_PTRACE"),
+            "{ctl}"
+        );
+        assert!(
+            ctl.contains("sysctl -w vm.unprivileged_userfaultfd=1"),
+            "{ctl}"
+        );
+    } else {
+        assert!(
+            ctl.starts_with("ok ") && ctl.contains("1: every user"),
+            "{ctl}"
+        );
+    }
 }

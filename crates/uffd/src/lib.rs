@@ -154,9 +154,11 @@ impl MoveMode {
 pub enum UffdError {
     #[error(
         "userfaultfd is not available to this user: grant access to /dev/userfaultfd \
-         (e.g. `setfacl -m u:$USER:rw /dev/userfaultfd`), set vm.unprivileged_userfaultfd=1, \
-         or run as root (farmem never uses the user-mode-only mode, which cannot serve faults \
-         inside system calls)"
+         (e.g. `setfacl -m u:$USER:rw /dev/userfaultfd`; in a container, pass a node this user \
+         may open: --device with a node of a group, and --group-add), set \
+         vm.unprivileged_userfaultfd=1, or run as root (farmem never uses the user-mode-only \
+         mode, which cannot serve faults inside system calls); `farmem doctor` names each \
+         missing grant"
     )]
     NoPermission {
         #[source]
@@ -325,7 +327,7 @@ fn create_fd() -> Result<OwnedFd, UffdError> {
     if fd < 0 {
         let e = errno();
         let refused = classify_open(e);
-        if matches!(refused, UffdError::Seccomp { .. }) {
+        if matches!(refused, UffdError::Seccomp { .. }) && filter_refuses_syscall() {
             return Err(refused);
         }
         if dev_err.raw_os_error() == Some(libc::EACCES)
@@ -350,6 +352,24 @@ fn under_seccomp_filter() -> bool {
                 .is_some_and(|(k, v)| k == "Seccomp" && v.trim() == "2")
         })
     })
+}
+
+/// Whether the seccomp filter refuses the userfaultfd system call itself (else the refusal was
+/// the kernel's own: vm.unprivileged_userfaultfd without CAP_SYS_PTRACE). Asked without
+/// creating anything: a user-mode-only request, which the kernel always permits, with a flag it
+/// rejects (EINVAL) before making a descriptor. EINVAL: the call reached the kernel.
+fn filter_refuses_syscall() -> bool {
+    const USER_MODE_ONLY: libc::c_long = 1;
+    const NOT_A_FLAG: libc::c_long = 2;
+    // SAFETY: userfaultfd(2) takes only flags; with an unknown flag it creates nothing.
+    let r = unsafe { libc::syscall(libc::SYS_userfaultfd, USER_MODE_ONLY | NOT_A_FLAG) };
+    if r >= 0 {
+        // A kernel that took the flag after all: not refused. Close what it made.
+        // SAFETY: `r` is a descriptor the kernel just returned to us.
+        drop(unsafe { OwnedFd::from_raw_fd(r as RawFd) });
+        return false;
+    }
+    errno().raw_os_error() != Some(libc::EINVAL)
 }
 
 fn classify_open(e: io::Error) -> UffdError {

@@ -1,6 +1,8 @@
 //! `farmem doctor`: a read-only self-check for users. It changes nothing on the machine: it
 //! reads the kernel version, probes userfaultfd and the kernel features farmem needs (the
-//! runtime's own error when userfaultfd is unavailable), and takes two quick figures: the
+//! runtime's own error when userfaultfd is unavailable, then each grant it needs on a line of
+//! its own: /dev/userfaultfd open to this user, a seccomp filter that lets it through,
+//! vm.unprivileged_userfaultfd; see doctor/grants.rs), and takes two quick figures: the
 //! userfaultfd fault floor (faults answered from memory by a handler thread in this process)
 //! and a donor round trip (one 4 KiB page read from a donor started in this process on
 //! 127.0.0.1:0, or from each `--donor ADDR`, with what it lends). It also checks what users
@@ -12,6 +14,7 @@
 //! exit status is 1 if any check failed. `--json` prints the same as one object.
 
 mod capacity;
+mod grants;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -159,6 +162,10 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         )),
         Err(e) => checks.push(Check::new("userfaultfd", Status::Failed, e.to_string())),
     }
+    // Each grant userfaultfd needs (device, seccomp, sysctl) on its own line, with its fix.
+    checks.extend(grants::checks(&grants::Facts::read(grants::Outcome::of(
+        &probed,
+    ))));
     match &probed {
         Ok(available) => checks.extend(NEEDED.iter().map(|n| check_feature(n, *available))),
         Err(_) => checks.push(Check::new(
