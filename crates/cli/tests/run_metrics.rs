@@ -3,7 +3,7 @@
 //! endpoint (run, donor, node) passes `promtool check metrics`; an address in use fails the run
 //! before the program starts.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,22 +52,6 @@ fn scrape(addr: &str) -> String {
     let (head, body) = http_get(addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     body
-}
-
-fn wait_for(path: &Path, run: &mut Running) {
-    let start = Instant::now();
-    while !path.exists() {
-        if let Some(st) = run.child.try_wait().unwrap() {
-            panic!("farmem run ended ({st}) early; log:\n{}", run.log_text());
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "{} never appeared; log:\n{}",
-            path.display(),
-            run.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn phases(dir: &Scratch) -> PathBuf {
@@ -124,8 +108,8 @@ fn a_running_tree_is_scraped_live_and_every_endpoint_passes_promtool() {
         ],
         &dir.path("run.log"),
     );
-    wait_for(&dir.path("at-child"), &mut run);
-    wait_for(&dir.path("at-parent"), &mut run);
+    run.wait_for_file(&dir.path("at-child"));
+    run.wait_for_file(&dir.path("at-parent"));
     // Each process rewrites its stats file about once a second: the scrape sees both.
     let start = Instant::now();
     let text = loop {

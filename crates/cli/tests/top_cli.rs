@@ -93,21 +93,6 @@ impl Drop for Tmux {
     }
 }
 
-fn wait_for(path: &Path, run: &mut Running) {
-    let start = Instant::now();
-    while !path.exists() {
-        if let Some(st) = run.child.try_wait().unwrap() {
-            panic!("farmem run ended ({st}) early; log:\n{}", run.log_text());
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "{}",
-            run.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The program's pid: the child of `farmem run` (the tree's root).
 fn program_pid(run: &Running) -> u32 {
     let children =
@@ -151,7 +136,7 @@ fn top_draws_the_node_the_program_and_its_donor_and_answers_its_keys() {
         ],
         &dir.path("run.log"),
     );
-    wait_for(&dir.path("at-stop"), &mut run);
+    run.wait_for_file(&dir.path("at-stop"));
     let pid = program_pid(&run).to_string();
 
     let top = format!("{} top --node {}", farmem().display(), socket.display());

@@ -117,6 +117,24 @@ impl Running {
         }
     }
 
+    /// Waits until `path` exists (a program's step announced there); a test failure with the
+    /// log if `farmem run` ends first or 120 s pass.
+    pub fn wait_for_file(&mut self, path: &Path) {
+        let start = Instant::now();
+        while !path.exists() {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("farmem run ended ({st}) early; log:\n{}", self.log_text());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{} never appeared; log:\n{}",
+                path.display(),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Sends `sig` to `farmem run` (which passes SIGTERM/SIGHUP on to the program).
     pub fn signal(&self, sig: &str) {
         let st = Command::new("kill")
