@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 # which checks every metrics endpoint: crates/cli/tests/run_metrics.rs; tmux, the terminal
 # `farmem top` is tested in: crates/cli/tests/top_cli.rs; systemd for systemd-analyze, strace, and
 # python3-venv for kubernetes-validate's venv, which check deploy/: crates/cli/tests/deploy_files.rs;
-# podman with runc (crun refuses this machine kind's hybrid cgroups): crates/cli/tests/container.rs).
-PACKAGES=(build-essential pkg-config spin stress-ng prometheus tmux redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go systemd strace python3-venv podman runc)
+# podman with runc (crun refuses this machine kind's hybrid cgroups): crates/cli/tests/container.rs;
+# curl, which docs/operating.md uses: crates/cli/tests/operating_guide.rs).
+PACKAGES=(build-essential pkg-config spin stress-ng prometheus tmux redis-server redis-tools memcached python3 python3-numpy python3-sklearn util-linux procps nodejs openjdk-17-jdk-headless golang-go systemd strace python3-venv podman runc curl)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
