@@ -7,11 +7,13 @@
 //! hosts on `budget.sock`. This module adds them up: the summary line and `--stats` give the
 //! tree's totals, with each process's own figures and the coordinator's peak beside them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use farmem_runtime::{
-    StatsFile, TreeProcess, TreeStats, UnmanagedReport, TREE_BUDGET_SOCKET, TREE_STATS_DIR,
+    DonorUse, StatsFile, TreeProcess, TreeStats, UnmanagedReport, TREE_BUDGET_SOCKET,
+    TREE_STATS_DIR,
 };
 use farmem_tree::TreeSnapshot;
 
@@ -171,6 +173,43 @@ fn unmanaged_total(files: &[StatsFile]) -> Option<UnmanagedReport> {
         }
     }
     total
+}
+
+/// A donor's health as the runtime words it (`DonorUse::health`), best first.
+pub const DONOR_HEALTH: [&str; 3] = ["live", "suspect", "dead"];
+
+/// The worse of two donor healths ([`DONOR_HEALTH`]; a word it lacks counts as worst).
+pub fn worse_health<'a>(a: &'a str, b: &'a str) -> &'a str {
+    let rank = |h: &str| {
+        DONOR_HEALTH
+            .iter()
+            .position(|x| *x == h)
+            .unwrap_or(DONOR_HEALTH.len())
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// Every donor the processes `running` use, by address: the worst health any of them sees,
+/// what they hold there together, the largest capacity it told them.
+pub fn donors_in_use(running: &[&farmem_contract::Stats]) -> BTreeMap<String, DonorUse> {
+    let mut by_addr: BTreeMap<String, DonorUse> = BTreeMap::new();
+    for d in running.iter().flat_map(|s| &s.donors) {
+        let e = by_addr.entry(d.addr.clone()).or_insert_with(|| DonorUse {
+            addr: d.addr.clone(),
+            health: d.health.clone(),
+            capacity_bytes: d.capacity_bytes,
+            ..DonorUse::default()
+        });
+        e.health = worse_health(&e.health, &d.health).to_string();
+        e.far_slabs += d.far_slabs;
+        e.bytes_taken += d.bytes_taken;
+        e.capacity_bytes = e.capacity_bytes.max(d.capacity_bytes);
+    }
+    by_addr
 }
 
 /// Writes `file` to `path` atomically, without following a link another user planted there

@@ -15,7 +15,6 @@
 //! # Limitations
 //! A pid reused within one run (a tree that starts more processes than the pid space) replaces
 //! the earlier process's file, and its counts leave the totals.
-use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 
@@ -219,14 +218,14 @@ fn prefetch(e: &mut Exposition, total: &dyn Fn(fn(&Stats) -> u64) -> u64) {
 /// Donors and copies: each donor's health and what the running processes hold there, the
 /// copies short or lost, and what failures cost.
 fn far(e: &mut Exposition, running: &[&Stats], total: &dyn Fn(fn(&Stats) -> u64) -> u64) {
-    let donors = donors(running);
+    let donors = run_tree::donors_in_use(running);
     e.family(
         "farmem_run_donor_health",
         Kind::Gauge,
         "1 for each donor's health now (live, suspect or dead; the worst any process sees).",
     );
     for (addr, d) in &donors {
-        for state in HEALTH {
+        for state in run_tree::DONOR_HEALTH {
             let v = u8::from(d.health == state);
             e.sample(
                 "farmem_run_donor_health",
@@ -325,31 +324,6 @@ fn far(e: &mut Exposition, running: &[&Stats], total: &dyn Fn(fn(&Stats) -> u64)
 
 /// A family of one figure per donor: its name, its help, the figure.
 type DonorFigure = (&'static str, &'static str, fn(&DonorUse) -> u64);
-
-/// A donor's health states, best first.
-const HEALTH: [&str; 3] = ["live", "suspect", "dead"];
-
-/// Every donor the running processes use, by address: the worst health any of them sees, what
-/// they hold there together.
-fn donors(running: &[&Stats]) -> BTreeMap<String, DonorUse> {
-    let rank = |h: &str| HEALTH.iter().position(|x| *x == h).unwrap_or(HEALTH.len());
-    let mut by_addr: BTreeMap<String, DonorUse> = BTreeMap::new();
-    for d in running.iter().flat_map(|s| &s.donors) {
-        let e = by_addr.entry(d.addr.clone()).or_insert_with(|| DonorUse {
-            addr: d.addr.clone(),
-            health: d.health.clone(),
-            capacity_bytes: d.capacity_bytes,
-            ..DonorUse::default()
-        });
-        if rank(&d.health) > rank(&e.health) {
-            e.health = d.health.clone();
-        }
-        e.far_slabs += d.far_slabs;
-        e.bytes_taken += d.bytes_taken;
-        e.capacity_bytes = e.capacity_bytes.max(d.capacity_bytes);
-    }
-    by_addr
-}
 
 #[cfg(test)]
 mod tests {

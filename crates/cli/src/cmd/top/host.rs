@@ -187,30 +187,20 @@ impl Watcher {
             let prefetched: u64 = all.iter().map(|s| s.prefetched_pages).sum();
             let hits: u64 = all.iter().map(|s| s.prefetch_hits).sum();
             let page = PAGE_SIZE as u64;
-            for d in running.iter().flat_map(|s| &s.donors) {
-                let row = donors.entry(d.addr.clone()).or_insert_with(|| DonorRow {
+            // One tree's use of each donor, added to the others'.
+            for (addr, d) in run_tree::donors_in_use(&running) {
+                let row = donors.entry(addr).or_insert_with(|| DonorRow {
                     addr: d.addr.clone(),
-                    health: "live".into(),
-                    capacity_bytes: d.capacity_bytes,
+                    health: d.health.clone(),
+                    capacity_bytes: 0,
                     used_bytes: 0,
                     programs: 0,
                     round_trip_ms: None,
                 });
-                if health_rank(&d.health) > health_rank(&row.health) {
-                    row.health = d.health.clone();
-                }
+                row.health = run_tree::worse_health(&row.health, &d.health).to_string();
                 row.used_bytes += d.bytes_taken;
                 row.capacity_bytes = row.capacity_bytes.max(d.capacity_bytes);
-            }
-            for addr in running
-                .iter()
-                .flat_map(|s| &s.donors)
-                .map(|d| d.addr.clone())
-                .collect::<std::collections::BTreeSet<_>>()
-            {
-                if let Some(row) = donors.get_mut(&addr) {
-                    row.programs += 1;
-                }
+                row.programs += 1;
             }
             for &p in &tree.pids {
                 pid_to_program.insert(p, tree.root);
@@ -290,13 +280,6 @@ fn newest_write(dir: &Path) -> SystemTime {
         .filter_map(|e| e.metadata().ok()?.modified().ok())
         .max()
         .unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
-fn health_rank(h: &str) -> usize {
-    ["live", "suspect", "dead"]
-        .iter()
-        .position(|x| *x == h)
-        .unwrap_or(3)
 }
 
 /// A `farmem run` tree found on the host.
