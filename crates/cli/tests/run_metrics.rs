@@ -110,18 +110,22 @@ fn a_running_tree_is_scraped_live_and_every_endpoint_passes_promtool() {
     );
     run.wait_for_file(&dir.path("at-child"));
     run.wait_for_file(&dir.path("at-parent"));
-    // Each process rewrites its stats file about once a second: the scrape sees both.
+    // Each process rewrites its stats file about once a second, the child's first at its
+    // start: wait until the parent's (which holds the faults) has been written too.
     let start = Instant::now();
     let text = loop {
         let t = scrape(&run_metrics);
+        let positive = |s: &str| sample(&t, s).unwrap_or(0.0) > 0.0;
         if sample(&t, "farmem_run_processes") == Some(2.0)
-            && sample(&t, "farmem_run_resident_bytes").unwrap_or(0.0) > 0.0
+            && positive("farmem_run_resident_bytes")
+            && positive("farmem_run_faults_total{source=\"remote\"}")
+            && positive("farmem_run_faults_total{source=\"host_tier\"}")
         {
             break t;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "the scrape never showed both processes:\n{t}\nlog:\n{}",
+            "the scrape never showed both processes and their faults:\n{t}\nlog:\n{}",
             run.log_text()
         );
         std::thread::sleep(Duration::from_millis(200));
