@@ -127,6 +127,9 @@ struct Reader {
     payload: Vec<u8>,
     /// The socket's current receive timeout.
     timeout: Duration,
+    /// How long the rest of a frame that has begun is waited for: the request timeout,
+    /// whatever the waiter's own deadline (see [`read_one`]).
+    patience: Duration,
     /// `ClientConfig::spin`.
     spin: Duration,
 }
@@ -286,6 +289,7 @@ impl Conn {
                 stream: BufReader::with_capacity(READ_BUFFER_BYTES, reader_stream),
                 payload: Vec::new(),
                 timeout: cfg.request_timeout,
+                patience: cfg.request_timeout,
                 spin: cfg.spin,
             }),
             demux: Mutex::new(Demux::default()),
@@ -418,6 +422,7 @@ impl Conn {
             stream,
             payload,
             timeout,
+            patience,
             spin,
         } = &mut *reader;
         loop {
@@ -442,7 +447,7 @@ impl Conn {
             if stream.buffer().is_empty() && !spin.is_zero() {
                 spin_until_readable(stream.get_ref(), (Instant::now() + *spin).min(deadline));
             }
-            let (rid, result) = match read_one(stream, payload) {
+            let (rid, result) = match read_one(stream, payload, timeout, *patience) {
                 Ok(frame) => frame,
                 Err(ReadError::TimedOut) => continue,
                 Err(ReadError::Failed(failure)) => {
@@ -705,8 +710,18 @@ fn spin_until_readable(stream: &TcpStream, until: Instant) {
     }
 }
 
-/// Reads one response frame.
-fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, ReadError> {
+/// Reads one response frame. Before its first byte a timeout is the waiter's (the socket's
+/// receive timeout, `timeout`, may be as short as its deadline: a prefetch batch waited for
+/// only the failover delay); once the frame has begun, the rest of it is waited for up to
+/// `patience` (the socket's timeout raised to it), since a frame cut short leaves the stream
+/// unusable. A short deadline expiring inside a batch of pages used to break a healthy
+/// donor's connection and have it suspected, its copies left out of writes and dropped.
+fn read_one(
+    reader: &mut BufReader<TcpStream>,
+    payload: &mut Vec<u8>,
+    timeout: &mut Duration,
+    patience: Duration,
+) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut filled = 0;
     while filled < HEADER_LEN {
@@ -721,7 +736,20 @@ fn read_one(reader: &mut impl Read, payload: &mut Vec<u8>) -> Result<Frame, Read
                     "the donor closed the connection inside a frame header ({filled} of {HEADER_LEN} bytes)"
                 ))))
             }
-            Ok(n) => filled += n,
+            Ok(n) => {
+                if filled == 0 && *timeout < patience {
+                    reader
+                        .get_ref()
+                        .set_read_timeout(Some(patience))
+                        .map_err(|e| {
+                            ReadError::Failed(Failure::Lost(format!(
+                                "setting the read timeout failed: {e}"
+                            )))
+                        })?;
+                    *timeout = patience;
+                }
+                filled += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // A timeout in the middle of a header leaves the stream unusable.
             Err(e) if filled > 0 && is_timeout(&e) => {

@@ -102,6 +102,58 @@ fn wait_until_gives_up_early_on_a_slow_donor_and_keeps_the_request_in_flight() {
 }
 
 #[test]
+fn a_short_wait_that_ends_inside_a_batch_of_pages_keeps_the_connection() {
+    // The donor sends a 64-page answer in two halves, 300 ms apart; the waiter gives up after
+    // 50 ms (a prefetch batch waits only the failover delay). The frame has begun when the
+    // deadline passes: the reader finishes it instead of breaking the stream (which made a
+    // healthy donor suspected), and the pages are there for the next wait.
+    let store: Store = Arc::default();
+    let slabs = Arc::new(AtomicUsize::new(1));
+    let s = Arc::clone(&store);
+    let peer = spawn_peer(move |mut stream, _| {
+        if handshake(&mut stream, |_| true).is_none() {
+            return;
+        }
+        while let Some((header, payload)) = next_request(&mut stream) {
+            let mut out = Vec::new();
+            answer(&header, &payload, &s, &slabs, &mut out);
+            let half = out.len() / 2;
+            if stream.write_all(&out[..half]).is_err() {
+                return;
+            }
+            let _ = stream.flush();
+            std::thread::sleep(Duration::from_millis(300));
+            if stream.write_all(&out[half..]).is_err() {
+                return;
+            }
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, patient_config()).unwrap();
+    let addrs: Vec<PageAddr> = (0..64).map(|page| PageAddr { slab: 0, page }).collect();
+    let pages: Vec<Vec<u8>> = (0..64).map(page).collect();
+    let writes: Vec<PageWrite<'_>> = addrs
+        .iter()
+        .zip(&pages)
+        .map(|(&addr, data)| PageWrite { addr, data })
+        .collect();
+    client.write_pages(&writes).unwrap();
+    for _ in 0..3 {
+        let mut p = client.submit_read(&addrs).unwrap();
+        let data = match p.wait_until(Instant::now() + Duration::from_millis(50)) {
+            Some(r) => r,
+            None => p.wait(),
+        }
+        .unwrap_or_else(|e| panic!("the read failed: {}", chain(&e)));
+        let Completion::Pages(data) = data else {
+            panic!("not pages: {data:?}");
+        };
+        assert_eq!(data, pages.concat());
+    }
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(client.counters().reconnects_total, 0);
+}
+
+#[test]
 fn a_donor_that_never_answers_hello_gives_timeout_at_connect() {
     let peer = spawn_peer(|mut stream, _| stall(&mut stream));
     let start = Instant::now();
