@@ -702,6 +702,15 @@ fn a_forked_child_reads_its_pages_through_copies_its_parent_made_on_a_restarted_
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The parent's counters again, from a stats file written after that (each process
+    // rewrites its own every second): the ones above may predate it by a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    until_taken_back(
+        "the parent's slabs all with two copies just before the other donor crashes",
+        &mut run,
+        &stats,
+        &ds[1],
+    );
     ds[0].crash();
     touch(&dir, "read");
     touch(&dir, "crashed");

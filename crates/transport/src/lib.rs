@@ -348,6 +348,16 @@ impl DonorClient {
         self.inner.registered.store(false, Ordering::Relaxed);
     }
 
+    /// Closes this client's connection, if it has one: the next request opens a new one, as
+    /// the same client. For a connection left unused while its donor was down: it may still be
+    /// one to the donor's old process (restarted) or one a partition broke, and the first
+    /// request on it would fail although the donor is back.
+    pub fn reconnect(&self) {
+        if let Some(conn) = lock(&self.inner.conn).take() {
+            conn.close();
+        }
+    }
+
     /// The donor address this client talks to.
     pub fn addr(&self) -> &str {
         &self.inner.addr

@@ -88,6 +88,8 @@ pub(crate) struct Health {
     probing: AtomicBool,
     /// Reads given up on in a row for slowness (reset by any answer in time).
     slow_streak: AtomicU32,
+    /// How many times it came back from the dead ([`Health::returns`]).
+    returns: AtomicU32,
 }
 
 impl Health {
@@ -116,8 +118,16 @@ impl Health {
     pub(crate) fn revive(&self) {
         if let Some((cause, at)) = self.dead.lock().take() {
             self.past.lock().push((cause, at.elapsed()));
+            self.returns.fetch_add(1, Ordering::AcqRel);
         }
         self.state.store(LIVE, Ordering::Release);
+    }
+
+    /// How many times the donor came back from the dead: a connection kept by a thread from
+    /// before a return (the prefetch thread's) is opened again before its next use, since it
+    /// may lead to the donor's old process.
+    pub(crate) fn returns(&self) -> u32 {
+        self.returns.load(Ordering::Acquire)
     }
 
     /// The probe failed: the donor is dead, for `cause` (a later probe may find out more: a
@@ -179,8 +189,13 @@ mod tests {
         assert!(h.is_dead());
         assert_eq!(h.death().map(|d| d.0), Some(Cause::Stall));
         assert!(!h.suspect(), "a dead donor is not suspected");
+        assert_eq!(h.returns(), 0);
         h.revive();
         assert!(h.is_live() && h.death().is_none());
+        assert_eq!(h.returns(), 1, "back from the dead once");
+        assert!(h.suspect());
+        h.revive();
+        assert_eq!(h.returns(), 1, "a suspect revived was never dead");
         assert!(h.start_probe() && !h.start_probe());
         h.end_probe();
         assert!(h.start_probe());

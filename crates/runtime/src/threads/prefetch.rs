@@ -83,6 +83,10 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
     // its parent's donors are never suspected, so batches keep going there): one line per
     // cause, not one per batch.
     let mut failures = FailureLog::default();
+    // Each donor's returns from the dead as of this thread's last batch there.
+    let mut returns: Vec<u32> = (0..pf.clients.len())
+        .map(|d| sh.far.donor(d).health.returns())
+        .collect();
     while !sh.shutdown.load(Ordering::Relaxed) {
         take_queued(&sh, &mut reqs);
         drop_consumed(&mut pf.inner.lock(), &mut reqs);
@@ -102,6 +106,7 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         let submitted: Vec<_> = batches
             .into_iter()
             .map(|b| {
+                reopen_after_return(&sh, b.donor, &mut returns[b.donor]);
                 let p = pf.clients[b.donor].submit_read(&b.addrs);
                 (b.donor, b.reqs, p, Instant::now())
             })
@@ -112,6 +117,19 @@ pub(crate) fn prefetch_loop(sh: Arc<Shared>) {
         for (d, reqs, p, sent) in submitted {
             finish_batch(&sh, d, reqs, p, sent, epoch, &mut failures);
         }
+    }
+}
+
+/// Opens this thread's connection to donor `d` again if the donor came back from the dead
+/// since the thread last used it: left unused meanwhile, it may lead to the donor's old
+/// process, and the batch failing on it had the donor, just taken back, suspected again and
+/// its copies left out of writes (one copy of those slabs, lost with the other donor: found
+/// by a forked child's test under load).
+fn reopen_after_return(sh: &Shared, d: usize, seen: &mut u32) {
+    let now = sh.far.donor(d).health.returns();
+    if now != *seen {
+        *seen = now;
+        sh.pf.clients[d].reconnect();
     }
 }
 

@@ -26,6 +26,8 @@ pub struct HostDonor {
     token: Vec<u8>,
     token_dir: Scratch,
     host: Host,
+    /// What the donor's earlier processes (before a crash or restart) wrote to stderr.
+    earlier_log: String,
 }
 
 impl HostDonor {
@@ -69,6 +71,7 @@ impl HostDonor {
             token,
             token_dir,
             host,
+            earlier_log: String::new(),
         };
         d.launch();
         d
@@ -143,6 +146,10 @@ impl HostDonor {
             Ok(Some(_)) => {}
             other => panic!("the donor did not die of SIGKILL within 10 s: {other:?}"),
         }
+        if let Some(text) = child.stderr_text() {
+            self.earlier_log.push_str(&text);
+            self.earlier_log.push_str("(killed)\n");
+        }
     }
 
     /// Stops the donor with SIGSTOP (returns once it is stopped): connections stay open and
@@ -179,6 +186,30 @@ impl HostDonor {
         self.launch();
     }
 }
+
+/// A failing test shows each donor's log (its earlier processes' too): a donor's side of a
+/// failure (why it closed a connection, what it refused) is otherwise lost with the test.
+impl Drop for HostDonor {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let now = self.stderr_text();
+        let log = format!("{}{now}", self.earlier_log);
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(DONOR_LOG_LINES)..];
+        eprintln!(
+            "--- donor {} in host {} (its last {} log lines) ---\n{}",
+            self.addr,
+            self.host.name(),
+            tail.len(),
+            tail.join("\n")
+        );
+    }
+}
+
+/// How much of a donor's log a failing test shows.
+const DONOR_LOG_LINES: usize = 80;
 
 fn write_token(path: &Path, token: &[u8]) {
     let mut f = std::fs::OpenOptions::new()
