@@ -33,12 +33,18 @@ pub(crate) fn copy_slab(
     source: Source,
 ) -> Result<(), RuntimeError> {
     let far = &sh.far;
-    let new = far.alloc_replicas(1, &r)?;
-    let Some(&dest) = new.as_slice().first() else {
-        return Err(RuntimeError::Internal("a new copy was allocated nowhere"));
-    };
-    {
-        let _gate = far.copy_gate.write();
+    let dest = {
+        // Held from the allocation until the copy has joined the slab, as the sender holds it
+        // from placing a slab to writing it: no donor is declared dead, or taken back after a
+        // restart, in between. Taken back meanwhile, its piece was one of the donor's old
+        // process, and the copy joined under an id that names nothing there, or another of
+        // this client's slabs (writes to it failed for good: a soak run killed for 30 s of
+        // failed write-back).
+        let _gate = far.copy_gate.read();
+        let new = far.alloc_replicas(1, &r)?;
+        let Some(&dest) = new.as_slice().first() else {
+            return Err(RuntimeError::Internal("a new copy was allocated nowhere"));
+        };
         if far
             .update_replicas(idx, |x| {
                 x.push(Replica {
@@ -52,7 +58,8 @@ pub(crate) fn copy_slab(
             far.release(dest);
             return Err(RuntimeError::Internal("the slab left the donors meanwhile"));
         }
-    }
+        dest
+    };
     let started = Instant::now();
     let mut copied = 0u64;
     let chunk = farmem_transport::MAX_BATCH_PAGES as u64;

@@ -197,6 +197,10 @@ fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
         if sh.shutdown.load(Ordering::Relaxed) || written >= WRITE_THROUGH_PAGES {
             break;
         }
+        // Held from the allocation until the copies have joined the memory slab: a donor
+        // declared dead, or taken back after a restart, in between would leave the slab a copy
+        // under an id of the donor's old process (see `copy_slab`).
+        let gate = sh.far.copy_gate.read();
         let have = sh.state.lock().mem.get(m).map(|s| s.donors);
         if let Some(have) = have {
             let want = sh.far.replicas.saturating_sub(have.len());
@@ -215,6 +219,7 @@ fn write_through(sh: &Shared) -> Result<usize, RuntimeError> {
                 }
             }
         }
+        drop(gate);
         while written < WRITE_THROUGH_PAGES {
             let n = write_through_slab(sh, m, WRITE_THROUGH_PAGES - written)?;
             if n == 0 {
