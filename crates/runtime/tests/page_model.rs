@@ -9,6 +9,10 @@
 //! one); the REMOVE races the model found in the runtime before the fix are found with the fix
 //! switched off (`BUG_NO_RELEASE_FIX`); and what A1 rules out is found without it (`NO_A1`).
 //!
+//! A second, small model (`model/copies.pml`) checks a far slab's copies while a donor restarts
+//! and is taken back: a copy allocated and added under the copy gate never names a slab of the
+//! donor's old process; allocated outside it (as before the fix), spin finds the interleaving.
+//!
 //! spin and gcc are needed: `apt-get install spin gcc` (scripts/setup.sh installs them).
 
 use std::path::{Path, PathBuf};
@@ -45,17 +49,20 @@ fn run(dir: &Path, program: &str, args: &[&str]) -> Output {
     out
 }
 
-/// Checks the model with the macros `defines` (`-DNAME`): safety (assertions, invalid end
-/// states), exhaustive, with partial-order reduction and state compression.
+/// Checks the page model with the macros `defines` (`-DNAME`).
 fn check(defines: &[&str]) -> Checked {
+    check_model("pages.pml", defines)
+}
+
+/// Checks model `file` of `model/` with the macros `defines`: safety (assertions, invalid end
+/// states), exhaustive, with partial-order reduction and state compression.
+fn check_model(file: &str, defines: &[&str]) -> Checked {
     let t0 = Instant::now();
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let model: PathBuf = [env!("CARGO_MANIFEST_DIR"), "model", "pages.pml"]
-        .iter()
-        .collect();
-    std::fs::copy(&model, dir.path().join("pages.pml")).expect("the model is readable");
+    let model: PathBuf = [env!("CARGO_MANIFEST_DIR"), "model", file].iter().collect();
+    std::fs::copy(&model, dir.path().join(file)).expect("the model is readable");
     let mut spin_args: Vec<&str> = defines.to_vec();
-    spin_args.extend(["-a", "pages.pml"]);
+    spin_args.extend(["-a", file]);
     run(dir.path(), "spin", &spin_args);
     run(
         dir.path(),
@@ -97,7 +104,7 @@ fn check(defines: &[&str]) -> Checked {
     let states = number_before(&out, "", " states, stored")
         .unwrap_or_else(|| panic!("{defines:?}: no state count in pan's output:\n{out}"));
     eprintln!(
-        "page model {defines:?}: {errors} errors, {states} states, {:.1} s",
+        "{file} {defines:?}: {errors} errors, {states} states, {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     Checked {
@@ -277,5 +284,28 @@ fn remove_race_a_prefetch_installed_before_the_release_is_handled_survives_it() 
     assert_found(
         &["-DBUG_NO_RELEASE_FIX", "-DRELEASE_APART"],
         "assertion violated ((val[p]==logical[p])",
+    );
+}
+
+// model/copies.pml: a far slab's copies while a donor restarts and is taken back.
+
+#[test]
+fn a_copy_allocated_and_added_under_the_copy_gate_never_names_a_restarted_donors_old_slab() {
+    let c = check_model("copies.pml", &[]);
+    assert_eq!(c.errors, 0, "spin found an error:\n{}", c.out);
+    assert!(c.states > 50, "too few states:\n{}", c.out);
+}
+
+#[test]
+fn a_copy_allocated_outside_the_copy_gate_names_the_old_slab_of_a_donor_taken_back() {
+    // copies/slabcopy.rs:copy_slab before the fix: the piece is cut from the pack, the donor
+    // restarts, is declared dead and taken back (its pack forgotten), and the copy joins the
+    // slab under the old process's slab id (a soak run's write-back then failed for good).
+    let c = check_model("copies.pml", &["-DBUG_ALLOC_OUTSIDE_GATE"]);
+    assert!(c.errors >= 1, "spin found no error:\n{}", c.out);
+    assert!(
+        c.out.contains("assertion violated") && c.out.contains("copy_of==incarnation"),
+        "not the copy's incarnation that was violated:\n{}",
+        c.out
     );
 }
