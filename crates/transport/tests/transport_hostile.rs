@@ -154,6 +154,52 @@ fn a_short_wait_that_ends_inside_a_batch_of_pages_keeps_the_connection() {
 }
 
 #[test]
+fn a_donor_that_stops_inside_a_batch_of_pages_is_a_lost_connection_after_the_request_timeout() {
+    // Half an answer, then nothing: the reader finishes a begun frame within the request
+    // timeout only, so a short wait still ends (early, with no answer) and the request fails
+    // once the timeout is up, instead of hanging; the next request reconnects.
+    let peer = spawn_peer(|mut stream, index| {
+        if handshake(&mut stream, |_| true).is_none() {
+            return;
+        }
+        let store: Store = Arc::default();
+        let slabs = AtomicUsize::new(1);
+        while let Some((header, payload)) = next_request(&mut stream) {
+            let mut out = Vec::new();
+            answer(&header, &payload, &store, &slabs, &mut out);
+            if index == 0 {
+                let _ = stream.write_all(&out[..out.len() / 2]);
+                stall(&mut stream);
+                return;
+            }
+            if stream.write_all(&out).is_err() {
+                return;
+            }
+        }
+    });
+    let client = DonorClient::connect(&peer.addr, quick_config()).unwrap();
+    let addrs: Vec<PageAddr> = (0..64).map(|page| PageAddr { slab: 0, page }).collect();
+    let start = Instant::now();
+    let mut p = client.submit_read(&addrs).unwrap();
+    let err = match p.wait_until(Instant::now() + Duration::from_millis(50)) {
+        Some(r) => r.unwrap_err(),
+        None => p.wait().unwrap_err(),
+    };
+    assert!(start.elapsed() < NO_HANG, "took {:?}", start.elapsed());
+    assert!(
+        matches!(
+            err,
+            TransportError::Disconnected { .. } | TransportError::Timeout { .. }
+        ),
+        "{}",
+        chain(&err)
+    );
+    let mut out = vec![0u8; 64 * PAGE_SIZE];
+    client.read_pages(&addrs, &mut out).unwrap();
+    assert_eq!(peer.connections.load(Ordering::SeqCst), 2);
+}
+
+#[test]
 fn a_donor_that_never_answers_hello_gives_timeout_at_connect() {
     let peer = spawn_peer(|mut stream, _| stall(&mut stream));
     let start = Instant::now();
