@@ -342,9 +342,7 @@ impl DonorClient {
     /// [`TransportError::Forgotten`]. Only for a caller that has forgotten every slab id it had
     /// there: an old id could name a new slab.
     pub fn register_again(&self) {
-        if let Some(conn) = lock(&self.inner.conn).take() {
-            conn.close();
-        }
+        self.reconnect();
         self.inner.registered.store(false, Ordering::Relaxed);
     }
 
